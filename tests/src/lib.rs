@@ -1,0 +1,1 @@
+//! Helpers for pvmm end-to-end tests.
