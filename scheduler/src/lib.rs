@@ -1,6 +1,29 @@
 //! pvmm's placement engine: which host CPUs each vCPU thread may run on.
 //!
 //! This crate has no KVM dependency. The live VMM (`pvmm`) and the trace-driven
-//! simulator (`pvmm-sim`, module [`sim`]) run the same placement code.
+//! simulator (`pvmm-sim`, module [`sim`]) run the same placement code:
+//!
+//! - [`topology`]: the host's packages, dies, cores and threads (sysfs, spec, file);
+//! - [`capacity`]: the 1024 capacity scale, SMT sharing, the 80 % fit rule;
+//! - [`util`]: PELT-style vCPU utilization from idle counters;
+//! - [`policy`]: `performance`, `balance`, `powersaving[:1|2]`;
+//! - [`placement`]: the [`Engine`] that turns loads into a [`Decision`];
+//! - [`executor`]: applying a decision with `sched_setaffinity`.
 
+pub mod capacity;
+pub mod cpuset;
+pub mod executor;
+pub mod placement;
+pub mod policy;
 pub mod sim;
+pub mod topology;
+pub mod util;
+
+pub use cpuset::CpuSet;
+pub use executor::{Executor, ExecutorError, LinuxExecutor, RecordingExecutor};
+pub use placement::{
+    Assignment, Decision, Engine, EngineConfig, Migration, PlaceError, VcpuId, VcpuLoad,
+};
+pub use policy::Policy;
+pub use topology::{parse_host_topology_arg, HostCpu, HostTopology, TopologyError};
+pub use util::{IdleSample, UtilConfig, UtilTracker};

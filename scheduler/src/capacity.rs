@@ -1,0 +1,150 @@
+//! Capacity on the kernel's 1024 scale: how much work a CPU, a core, a group of
+//! CPUs or a vCPU's share of a CPU can do, and the 80 % fit rule.
+
+use crate::cpuset::CpuSet;
+use crate::topology::HostTopology;
+
+/// One full CPU (the fastest CPU of the host running alone on its core); the
+/// scale of `cpu_capacity`, PELT utilization and every capacity in this crate.
+pub const CAPACITY_SCALE: u32 = 1024;
+
+/// Capacity of a whole SMT core when its threads are all busy: the kernel's
+/// `smt_gain` (1178, i.e. SMT adds about 15 % throughput; each of two busy
+/// siblings gets about 589).
+pub const SMT_GAIN: u32 = 1178;
+
+/// The fit rule's multiplier: utilization `u` fits capacity `c` when
+/// `u * FIT_MARGIN < c * CAPACITY_SCALE`, i.e. `u < 80 % of c` (the kernel's
+/// `fits_capacity`): 20 % headroom absorbs PELT's lag and bursts before a CPU
+/// saturates.
+pub const FIT_MARGIN: u64 = 1280;
+
+/// `capacity_greater(a, b)` multiplier: `a` is meaningfully greater than `b`
+/// when `a * 1024 > b * 1078`, about 5 % (the kernel's `capacity_greater`);
+/// smaller differences are noise and must not trigger moves.
+pub const CAPACITY_GREATER_MARGIN: u64 = 1078;
+
+/// True when `util` fits in `capacity` with the 20 % headroom of [`FIT_MARGIN`].
+pub fn fits(util: u64, capacity: u64) -> bool {
+    util * FIT_MARGIN < capacity * u64::from(CAPACITY_SCALE)
+}
+
+/// True when `a` is more than about 5 % greater than `b` ([`CAPACITY_GREATER_MARGIN`]).
+pub fn capacity_greater(a: u64, b: u64) -> bool {
+    a * u64::from(CAPACITY_SCALE) > b * CAPACITY_GREATER_MARGIN
+}
+
+/// Capacity of a core with `threads` hardware threads each of capacity
+/// `thread_capacity` (alone), when all of them are busy: SMT adds
+/// [`SMT_GAIN`]/1024, it does not multiply by the thread count.
+pub fn core_capacity(thread_capacity: u32, threads: u32) -> u32 {
+    if threads <= 1 {
+        thread_capacity
+    } else {
+        ((u64::from(thread_capacity) * u64::from(SMT_GAIN)) / u64::from(CAPACITY_SCALE)) as u32
+    }
+}
+
+/// Capacity one thread gets when `busy_threads` of its core's `threads` are
+/// busy: the whole thread capacity when it runs alone, else an equal share of
+/// [`core_capacity`].
+pub fn thread_share(thread_capacity: u32, threads: u32, busy_threads: u32) -> u32 {
+    if busy_threads <= 1 || threads <= 1 {
+        thread_capacity
+    } else {
+        (core_capacity(thread_capacity, threads) / busy_threads.min(threads)).max(1)
+    }
+}
+
+/// Effective capacity of a vCPU from its placement: its host CPU's share of the
+/// core ([`thread_share`], lower when an SMT sibling is busy) divided among the
+/// `vcpus_on_cpu` vCPUs allowed on that CPU. Always at least 1.
+pub fn effective_capacity(
+    thread_capacity: u32,
+    threads: u32,
+    busy_threads: u32,
+    vcpus_on_cpu: u32,
+) -> u32 {
+    (thread_share(thread_capacity, threads, busy_threads) / vcpus_on_cpu.max(1)).max(1)
+}
+
+/// Capacity of a group of CPUs (a package, a die, an allowed set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupCapacity {
+    /// Throughput with every thread busy: sum over cores of [`core_capacity`].
+    pub capacity: u32,
+    /// Physical cores with at least one CPU in the group.
+    pub cores: u32,
+    /// Logical CPUs in the group.
+    pub cpus: u32,
+    /// How many always-busy tasks the group runs at about full speed, without
+    /// "ghost cores": `min(cores, round(capacity / 1024))`. Summing SMT
+    /// capacities (4 cores x 1178 = 4712) would claim 5 cores where there are 4.
+    pub task_slots: u32,
+}
+
+/// Capacity of the CPUs of `cpus` that exist in `topology`.
+pub fn group_capacity(topology: &HostTopology, cpus: &CpuSet) -> GroupCapacity {
+    let mut group = GroupCapacity::default();
+    for package in topology.packages() {
+        for core in package.cores() {
+            let mut in_group = 0u32;
+            let mut thread_capacity = 0u32;
+            for id in core.cpus.iter().filter(|c| cpus.contains(**c)) {
+                in_group += 1;
+                if let Some(cpu) = topology.cpu(*id) {
+                    thread_capacity = thread_capacity.max(cpu.capacity);
+                }
+            }
+            if in_group > 0 {
+                group.cores += 1;
+                group.cpus += in_group;
+                group.capacity += core_capacity(thread_capacity, in_group);
+            }
+        }
+    }
+    let rounded = (group.capacity + CAPACITY_SCALE / 2) / CAPACITY_SCALE;
+    group.task_slots = group.cores.min(rounded);
+    group
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_rule_is_eighty_percent_strict() {
+        assert!(fits(818, 1024));
+        assert!(fits(819, 1024)); // 819 * 1280 = 1_048_320 < 1_048_576
+        assert!(!fits(820, 1024));
+        assert!(!fits(1024, 1024));
+        assert!(capacity_greater(1100, 1024));
+        assert!(!capacity_greater(1070, 1024));
+    }
+
+    #[test]
+    fn smt_sharing() {
+        assert_eq!(core_capacity(1024, 2), 1178);
+        assert_eq!(thread_share(1024, 2, 1), 1024);
+        assert_eq!(thread_share(1024, 2, 2), 589);
+        assert_eq!(effective_capacity(1024, 2, 2, 2), 294);
+        assert_eq!(effective_capacity(1024, 1, 1, 4), 256);
+        assert_eq!(effective_capacity(1, 1, 1, 8), 1);
+    }
+
+    #[test]
+    fn no_ghost_cores() {
+        let topo = HostTopology::from_spec("1x4x2").unwrap();
+        let group = group_capacity(&topo, &topo.cpu_set());
+        assert_eq!(group.capacity, 4 * 1178);
+        assert_eq!(group.cores, 4);
+        assert_eq!(group.cpus, 8);
+        assert_eq!(
+            group.task_slots, 4,
+            "4712 rounds to 5, but there are 4 cores"
+        );
+        let one_thread_each = group_capacity(&topo, &"0-3".parse().unwrap());
+        assert_eq!(one_thread_each.capacity, 4096);
+        assert_eq!(one_thread_each.task_slots, 4);
+    }
+}

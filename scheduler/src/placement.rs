@@ -1,0 +1,1055 @@
+//! The placement engine: one decision, for all vCPUs of all VMs at once, of the
+//! host CPU each vCPU thread may run on.
+//!
+//! # How a decision is made
+//!
+//! Every vCPU has a *weight*: its utilization (0..=1024), at least
+//! [`MIN_VCPU_WEIGHT`]. The engine then works in one of two modes.
+//!
+//! **Spread** (policy `performance`, or any policy while the host is
+//! overutilized): each vCPU goes to the least loaded package, then the least
+//! loaded core in it, then the least loaded thread, loads being weights
+//! relative to capacity. A vCPU keeps its current CPU when doing so keeps the
+//! middle of its weight within the capacity-proportional fair share of its
+//! package, core and CPU (so two busy vCPUs never stay on one core while
+//! another core is idle, but small imbalances do not move anything).
+//!
+//! **Pack** (`balance`, `powersaving`): every vCPU has a *fit demand*
+//! `min(weight x 1280, slot)`: its weight plus the 20 % headroom of the fit
+//! rule, but never more than one CPU slot (an always-busy vCPU fills one slot;
+//! it cannot use headroom). Slots are one thread per core for `balance`, every
+//! logical CPU for `powersaving` (an SMT thread's slot is its share of the
+//! core, 1178 / 2). A package fits a set of vCPUs while the sum of their fit
+//! demands is at most the sum of its slots. The engine computes how many
+//! packages the total needs, applies thrash control (up at once, down along a
+//! quadratic ramp), ranks packages by load (the fullest first, lower ids on
+//! ties, as sched_mc's group_leader) and uses the first `k`. vCPUs stay where
+//! they are while their package is in use and their CPU still fits them; the
+//! others go to their VM's package if it has room (a VM's vCPUs share a cache
+//! there), else to the first package that fits their whole VM, else to the
+//! first package that fits them, first-fit over CPUs in packing order.
+//! `powersaving:2` then lets the preferred (first-ranked) package pull busy
+//! vCPUs from other packages as soon as it has room.
+//!
+//! Migrations are bounded per vCPU by a token bucket
+//! ([`EngineConfig::max_migrations_per_vcpu_per_s`]); a vCPU without a token
+//! stays where it is, whatever the policy wants.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+
+use thiserror::Error;
+
+use crate::capacity::{
+    capacity_greater, core_capacity, effective_capacity, thread_share, CAPACITY_SCALE, FIT_MARGIN,
+};
+use crate::cpuset::CpuSet;
+use crate::policy::Policy;
+use crate::topology::HostTopology;
+
+/// Default consolidation ramp: 5 s, as powernv's global pstate ramp-down
+/// (5120 ms there). Long enough that a load dipping between bursts of a
+/// kernel build does not trigger a consolidate/spread cycle.
+pub const DEFAULT_RAMP_DOWN_WINDOW_MS: u64 = 5000;
+
+/// Default migration bound. A migrated vCPU refills its L1/L2 (a few hundred
+/// microseconds to milliseconds of slower execution); at most 2 moves per
+/// second keeps that cost under about 1 % while still letting a vCPU leave a
+/// package within one 100 ms tick when it must.
+pub const DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S: u32 = 2;
+
+/// Smallest weight a vCPU counts for (about 1.6 % of a CPU). An idle guest
+/// vCPU still wakes for timers and interrupts; the floor also spreads idle
+/// vCPUs by count under `performance` and caps how many idle vCPUs
+/// `powersaving` stacks on one CPU (819 / 16 = 51).
+pub const MIN_VCPU_WEIGHT: u32 = 16;
+
+/// A CPU counts as busy, for its SMT siblings' capacity, when the vCPUs on it
+/// have this much utilization in total (half a CPU) or any of them is busy now.
+pub const BUSY_CPU_UTIL: u64 = 512;
+
+/// Token cost of one migration in the bucket's fixed-point units.
+const TOKEN: u64 = 1000;
+
+/// Marks "no CPU" in dense CPU index arrays.
+const NO_CPU: u32 = u32::MAX;
+
+/// Marks "no package" in dense package index arrays.
+const NO_PKG: u32 = u32::MAX;
+
+/// Identifies one vCPU of one VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VcpuId {
+    /// VM id, unique on the host.
+    pub vm: u32,
+    /// vCPU index within the VM.
+    pub vcpu: u32,
+}
+
+/// The engine's input for one vCPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VcpuLoad {
+    /// Which vCPU.
+    pub id: VcpuId,
+    /// Decayed utilization, 0..=1024 (larger values are clamped), e.g. from
+    /// [`crate::util::UtilTracker::util`].
+    pub util: u32,
+    /// Whether it is running now ([`crate::util::UtilTracker::is_busy`]).
+    pub busy: bool,
+}
+
+/// Engine tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Quadratic consolidation ramp length ([`DEFAULT_RAMP_DOWN_WINDOW_MS`]).
+    /// 0 consolidates as soon as the load allows.
+    pub ramp_down_window_ms: u64,
+    /// Migrations a vCPU may make per second, with bursts up to this many
+    /// ([`DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S`]). 0 pins every vCPU to its
+    /// first placement.
+    pub max_migrations_per_vcpu_per_s: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            ramp_down_window_ms: DEFAULT_RAMP_DOWN_WINDOW_MS,
+            max_migrations_per_vcpu_per_s: DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S,
+        }
+    }
+}
+
+/// Where one vCPU may run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Assignment {
+    /// Which vCPU.
+    pub id: VcpuId,
+    /// Host CPUs its thread may run on (one CPU).
+    pub cpus: CpuSet,
+    /// Package id of those CPUs.
+    pub package: u32,
+    /// Capacity the vCPU gets there, 1..=1024: its CPU's share of the core
+    /// (less when an SMT sibling is busy) divided by the vCPUs on that CPU.
+    pub capacity: u32,
+}
+
+/// A change of a vCPU's allowed CPUs from the previous decision.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Migration {
+    /// Which vCPU.
+    pub id: VcpuId,
+    /// Its previous CPUs; `None` for a vCPU placed for the first time (an
+    /// initial placement, not a move).
+    pub from: Option<CpuSet>,
+    /// Its new CPUs.
+    pub to: CpuSet,
+}
+
+/// One placement decision.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// One per input [`VcpuLoad`], in the same order.
+    pub assignments: Vec<Assignment>,
+    /// vCPUs whose CPUs changed (or were set for the first time), in input order.
+    pub migrations: Vec<Migration>,
+    /// The host had no headroom for the policy (total fit demand above its
+    /// capacity), so the engine spread the load instead of packing it.
+    pub overutilized: bool,
+    /// Packages the policy allowed this time (all of them when spreading).
+    pub target_packages: u32,
+    /// `powersaving:2`'s preferred package id (where waking vCPUs go).
+    pub preferred_package: Option<u32>,
+}
+
+impl Decision {
+    /// Number of moves (migrations of vCPUs that had a previous placement).
+    pub fn moves(&self) -> usize {
+        self.migrations.iter().filter(|m| m.from.is_some()).count()
+    }
+
+    /// Package ids hosting at least one vCPU, ascending.
+    pub fn used_packages(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.assignments.iter().map(|a| a.package).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+}
+
+/// Errors from [`Engine::place`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PlaceError {
+    /// The same vCPU appeared twice in one input.
+    #[error("vCPU {vcpu} of VM {vm} appears more than once in the load list", vm = .0.vm, vcpu = .0.vcpu)]
+    DuplicateVcpu(VcpuId),
+}
+
+/// Per-vCPU state kept between decisions.
+#[derive(Debug, Clone, Copy)]
+struct VcpuState {
+    id: VcpuId,
+    /// Dense VM index.
+    vm: u32,
+    /// Dense CPU index of the previous decision, or [`NO_CPU`].
+    cpu: u32,
+    /// Migration tokens x [`TOKEN`].
+    tokens: u64,
+    /// When `tokens` was last refilled.
+    refill_ms: u64,
+}
+
+/// The topology flattened into dense arrays, with the policy's capacities.
+/// Dense CPU order is package, core, thread, so each package's and each
+/// core's CPUs form a contiguous range.
+#[derive(Debug, Clone, Default)]
+struct Layout {
+    pkg_id: Vec<u32>,
+    /// First dense CPU of each package, plus the total at the end.
+    pkg_cpu_start: Vec<u32>,
+    /// First core index of each package, plus the total at the end.
+    pkg_core_start: Vec<u32>,
+    /// First dense CPU of each core, plus the total at the end.
+    core_cpu_start: Vec<u32>,
+    cpu_id: Vec<u32>,
+    cpu_pkg: Vec<u32>,
+    cpu_core: Vec<u32>,
+    cpu_capacity: Vec<u32>,
+    cpu_threads: Vec<u32>,
+    /// Spread capacities (all threads busy).
+    spread_cpu_cap: Vec<u64>,
+    spread_core_cap: Vec<u64>,
+    spread_pkg_cap: Vec<u64>,
+    spread_total_cap: u64,
+    /// Packing slot of each CPU in fit units (capacity x 1024); 0 = not a slot.
+    slot: Vec<u64>,
+    pkg_fit_cap: Vec<u64>,
+    pkg_slot_max: Vec<u64>,
+    host_slot_max: u64,
+    total_fit_cap: u64,
+    /// Dense CPUs in packing order; package p's are at its `pkg_cpu_start` range.
+    pack_order: Vec<u32>,
+}
+
+impl Layout {
+    fn new(topology: &HostTopology, policy: Policy) -> Layout {
+        let mut l = Layout::default();
+        for package in topology.packages() {
+            l.pkg_id.push(package.id);
+            l.pkg_cpu_start.push(l.cpu_id.len() as u32);
+            l.pkg_core_start.push(l.core_cpu_start.len() as u32);
+            let pkg_index = l.pkg_id.len() as u32 - 1;
+            let mut pkg_spread = 0u64;
+            let mut pkg_fit = 0u64;
+            let mut pkg_slot_max = 0u64;
+            let first_cpu = l.cpu_id.len();
+            for core in package.cores() {
+                let core_index = l.core_cpu_start.len() as u32;
+                l.core_cpu_start.push(l.cpu_id.len() as u32);
+                let threads = core.cpus.len() as u32;
+                let thread_cap = core
+                    .cpus
+                    .iter()
+                    .filter_map(|id| topology.cpu(*id))
+                    .map(|c| c.capacity)
+                    .max()
+                    .unwrap_or(CAPACITY_SCALE);
+                let core_cap = u64::from(core_capacity(thread_cap, threads));
+                l.spread_core_cap.push(core_cap);
+                pkg_spread += core_cap;
+                for (thread, id) in core.cpus.iter().enumerate() {
+                    let capacity = topology.cpu(*id).map_or(thread_cap, |c| c.capacity);
+                    l.cpu_id.push(*id);
+                    l.cpu_pkg.push(pkg_index);
+                    l.cpu_core.push(core_index);
+                    l.cpu_capacity.push(capacity);
+                    l.cpu_threads.push(threads);
+                    let share = u64::from(thread_share(capacity, threads, threads));
+                    l.spread_cpu_cap.push(share);
+                    let slot_capacity = match policy {
+                        Policy::Balance if thread == 0 => u64::from(capacity),
+                        Policy::Balance => 0,
+                        Policy::Performance | Policy::Powersaving { .. } => share,
+                    };
+                    let slot = slot_capacity * u64::from(CAPACITY_SCALE);
+                    l.slot.push(slot);
+                    pkg_fit += slot;
+                    pkg_slot_max = pkg_slot_max.max(slot);
+                }
+            }
+            let mut order: Vec<u32> = (first_cpu as u32..l.cpu_id.len() as u32).collect();
+            if matches!(policy, Policy::Balance) {
+                // One thread per core first: every core's thread 0, then thread 1, ...
+                let thread_of = |c: u32| {
+                    let core = l.cpu_core[c as usize] as usize;
+                    c - l.core_cpu_start[core]
+                };
+                order.sort_by_key(|c| (thread_of(*c), *c));
+            }
+            l.pack_order.extend(order);
+            l.spread_pkg_cap.push(pkg_spread);
+            l.spread_total_cap += pkg_spread;
+            l.pkg_fit_cap.push(pkg_fit);
+            l.pkg_slot_max.push(pkg_slot_max);
+            l.total_fit_cap += pkg_fit;
+            l.host_slot_max = l.host_slot_max.max(pkg_slot_max);
+        }
+        l.pkg_cpu_start.push(l.cpu_id.len() as u32);
+        l.pkg_core_start.push(l.core_cpu_start.len() as u32);
+        l.core_cpu_start.push(l.cpu_id.len() as u32);
+        l
+    }
+
+    fn num_pkgs(&self) -> usize {
+        self.pkg_id.len()
+    }
+
+    fn num_cpus(&self) -> usize {
+        self.cpu_id.len()
+    }
+
+    fn num_cores(&self) -> usize {
+        self.spread_core_cap.len()
+    }
+}
+
+/// Fit demand of weight `w` against a slot of `slot` fit units.
+fn fit_demand(w: u64, slot: u64) -> u64 {
+    (w * FIT_MARGIN).min(slot)
+}
+
+/// `a_num / a_den < b_num / b_den` for non-negative values, dens > 0.
+fn ratio_less(a_num: u64, a_den: u64, b_num: u64, b_den: u64) -> bool {
+    u128::from(a_num) * u128::from(b_den) < u128::from(b_num) * u128::from(a_den)
+}
+
+/// Thrash control state for the number of packages in use.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ramp {
+    /// Packages in use (0 before the first packing decision).
+    active: usize,
+    /// When the current ramp-down started.
+    start_ms: Option<u64>,
+    /// Packages in use when it started.
+    from: usize,
+    /// Packages needed at the previous decision.
+    last_needed: usize,
+}
+
+impl Ramp {
+    /// Packages to use now, given the packages the load needs.
+    fn step(&mut self, now_ms: u64, needed: usize, window_ms: u64) -> usize {
+        if self.active == 0 || needed >= self.active {
+            // First decision, or the load grew: go up at once.
+            self.active = needed;
+            self.start_ms = None;
+        } else {
+            if self.start_ms.is_none() || needed > self.last_needed {
+                // A ramp starts, or any rise restarts it.
+                self.start_ms = Some(now_ms);
+                self.from = self.active;
+            }
+            let elapsed = now_ms.saturating_sub(self.start_ms.unwrap_or(now_ms));
+            let span = (self.from - needed) as u128;
+            // powernv: ramp_down_percent(t) = t^2 / window^2, in packages.
+            let drop = if window_ms == 0 || elapsed >= window_ms {
+                span
+            } else {
+                span * u128::from(elapsed) * u128::from(elapsed)
+                    / (u128::from(window_ms) * u128::from(window_ms))
+            };
+            let target = (self.from as u128 - drop).max(needed as u128) as usize;
+            self.active = self.active.min(target);
+            if self.active == needed {
+                self.start_ms = None;
+            }
+        }
+        self.last_needed = needed;
+        self.active
+    }
+
+    /// Spreading over everything: the ramp restarts from all packages.
+    fn spread_all(&mut self, packages: usize) {
+        self.active = packages;
+        self.start_ms = None;
+        self.last_needed = packages;
+    }
+}
+
+/// The placement engine. See the module documentation for the algorithm.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    topology: HostTopology,
+    policy: Policy,
+    config: EngineConfig,
+    layout: Layout,
+    vcpus: Vec<VcpuState>,
+    num_vms: usize,
+    ramp: Ramp,
+    /// Weight per package at the previous decision (for ranking).
+    prev_pkg_weight: Vec<u64>,
+    scratch: Scratch,
+}
+
+/// Buffers reused across decisions so that a decision allocates little.
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    weight: Vec<u64>,
+    order: Vec<u32>,
+    buckets: Vec<u32>,
+    new_cpu: Vec<u32>,
+    forced: Vec<bool>,
+    cpu_load: Vec<u64>,
+    cpu_fit: Vec<u64>,
+    cpu_count: Vec<u32>,
+    cpu_busy: Vec<bool>,
+    core_load: Vec<u64>,
+    core_busy: Vec<u32>,
+    pkg_load: Vec<u64>,
+    pkg_fit: Vec<u64>,
+    pkg_cursor: Vec<u32>,
+    rank: Vec<u32>,
+    active: Vec<bool>,
+    vm_home: Vec<u32>,
+    vm_remaining: Vec<u64>,
+    vm_pkg_count: Vec<u32>,
+}
+
+impl Engine {
+    /// An engine with no vCPU history.
+    pub fn new(topology: HostTopology, policy: Policy, config: EngineConfig) -> Self {
+        let layout = Layout::new(&topology, policy);
+        let prev_pkg_weight = vec![0; layout.num_pkgs()];
+        Engine {
+            topology,
+            policy,
+            config,
+            layout,
+            vcpus: Vec::new(),
+            num_vms: 0,
+            ramp: Ramp::default(),
+            prev_pkg_weight,
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// The host topology placements are made on.
+    pub fn topology(&self) -> &HostTopology {
+        &self.topology
+    }
+
+    /// The policy in use.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Switches policy; current placements are kept as the starting point.
+    pub fn set_policy(&mut self, policy: Policy) {
+        if policy != self.policy {
+            self.policy = policy;
+            self.layout = Layout::new(&self.topology, policy);
+        }
+    }
+
+    /// One decision for all vCPUs of all VMs, at time `now_ms` (any monotonic
+    /// clock; it only drives thrash control). Deterministic: the same sequence
+    /// of calls gives the same decisions. vCPUs missing from `loads` are
+    /// forgotten; new ones are placed for the first time.
+    pub fn place(&mut self, now_ms: u64, loads: &[VcpuLoad]) -> Result<Decision, PlaceError> {
+        self.sync_state(now_ms, loads)?;
+        let n = loads.len();
+        let num_cpus = self.layout.num_cpus();
+        let num_pkgs = self.layout.num_pkgs();
+        let num_cores = self.layout.num_cores();
+        let s = &mut self.scratch;
+        reset(&mut s.cpu_load, num_cpus, 0);
+        reset(&mut s.cpu_fit, num_cpus, 0);
+        reset(&mut s.cpu_count, num_cpus, 0);
+        reset(&mut s.cpu_busy, num_cpus, false);
+        reset(&mut s.core_load, num_cores, 0);
+        reset(&mut s.core_busy, num_cores, 0);
+        reset(&mut s.pkg_load, num_pkgs, 0);
+        reset(&mut s.pkg_fit, num_pkgs, 0);
+        reset(&mut s.new_cpu, n, NO_CPU);
+        s.weight.clear();
+        s.weight.extend(
+            loads
+                .iter()
+                .map(|l| u64::from(l.util.clamp(MIN_VCPU_WEIGHT, CAPACITY_SCALE))),
+        );
+        // Migration tokens: refill, and note who has none left.
+        let limit = u64::from(self.config.max_migrations_per_vcpu_per_s);
+        s.forced.clear();
+        for v in &mut self.vcpus {
+            let elapsed = now_ms.saturating_sub(v.refill_ms);
+            v.tokens = (v.tokens + elapsed * limit).min(limit * TOKEN);
+            v.refill_ms = v.refill_ms.max(now_ms);
+            s.forced.push(v.cpu != NO_CPU && v.tokens < TOKEN);
+        }
+        counting_sort_desc(&s.weight, &mut s.order, &mut s.buckets);
+
+        let total_fit: u64 = s
+            .weight
+            .iter()
+            .map(|w| fit_demand(*w, self.layout.host_slot_max))
+            .sum();
+        let overutilized = total_fit > self.layout.total_fit_cap;
+        let mut preferred = None;
+        let target_packages;
+        if !self.policy.packs() || overutilized {
+            self.ramp.spread_all(num_pkgs);
+            target_packages = num_pkgs;
+            self.place_spread(loads);
+        } else {
+            let (k, pref) = self.place_pack(now_ms, loads, total_fit);
+            target_packages = k;
+            preferred = pref;
+        }
+        Ok(self.finish(loads, overutilized, target_packages, preferred))
+    }
+
+    /// Aligns `self.vcpus` with `loads` (fast when the order is unchanged).
+    fn sync_state(&mut self, now_ms: u64, loads: &[VcpuLoad]) -> Result<(), PlaceError> {
+        if self.vcpus.len() == loads.len()
+            && self.vcpus.iter().zip(loads).all(|(v, l)| v.id == l.id)
+        {
+            return Ok(());
+        }
+        let mut old: HashMap<VcpuId, VcpuState> = self.vcpus.iter().map(|v| (v.id, *v)).collect();
+        let mut seen: HashMap<VcpuId, ()> = HashMap::with_capacity(loads.len());
+        let mut vm_index: HashMap<u32, u32> = HashMap::new();
+        let full = u64::from(self.config.max_migrations_per_vcpu_per_s) * TOKEN;
+        let mut vcpus = Vec::with_capacity(loads.len());
+        for l in loads {
+            if let Entry::Vacant(e) = seen.entry(l.id) {
+                e.insert(());
+            } else {
+                return Err(PlaceError::DuplicateVcpu(l.id));
+            }
+            let next_vm = vm_index.len() as u32;
+            let vm = *vm_index.entry(l.id.vm).or_insert(next_vm);
+            let mut state = old.remove(&l.id).unwrap_or(VcpuState {
+                id: l.id,
+                vm,
+                cpu: NO_CPU,
+                tokens: full,
+                refill_ms: now_ms,
+            });
+            state.vm = vm;
+            vcpus.push(state);
+        }
+        self.vcpus = vcpus;
+        self.num_vms = vm_index.len();
+        Ok(())
+    }
+
+    /// Records vCPU `i` (weight `w`) on dense CPU `c`.
+    fn assign(&mut self, i: usize, c: u32, busy: bool) {
+        let l = &self.layout;
+        let s = &mut self.scratch;
+        let w = s.weight[i];
+        let cu = c as usize;
+        let p = l.cpu_pkg[cu] as usize;
+        s.new_cpu[i] = c;
+        s.cpu_load[cu] += w;
+        s.cpu_fit[cu] += fit_demand(w, l.slot[cu].max(u64::from(l.cpu_capacity[cu]) * 1024));
+        s.cpu_count[cu] += 1;
+        s.cpu_busy[cu] |= busy;
+        s.core_load[l.cpu_core[cu] as usize] += w;
+        s.pkg_load[p] += w;
+        s.pkg_fit[p] += fit_demand(w, l.pkg_slot_max[p]);
+    }
+
+    /// Undoes [`Engine::assign`].
+    fn unassign(&mut self, i: usize) {
+        let c = self.scratch.new_cpu[i];
+        if c == NO_CPU {
+            return;
+        }
+        let l = &self.layout;
+        let s = &mut self.scratch;
+        let w = s.weight[i];
+        let cu = c as usize;
+        let p = l.cpu_pkg[cu] as usize;
+        s.new_cpu[i] = NO_CPU;
+        s.cpu_load[cu] -= w;
+        s.cpu_fit[cu] -= fit_demand(w, l.slot[cu].max(u64::from(l.cpu_capacity[cu]) * 1024));
+        s.cpu_count[cu] -= 1;
+        s.core_load[l.cpu_core[cu] as usize] -= w;
+        s.pkg_load[p] -= w;
+        s.pkg_fit[p] -= fit_demand(w, l.pkg_slot_max[p]);
+        // cpu_busy is recomputed in `finish`.
+    }
+
+    /// Spread mode (see the module documentation).
+    fn place_spread(&mut self, loads: &[VcpuLoad]) {
+        let total_weight: u64 = self.scratch.weight.iter().sum();
+        let total_cap = self.layout.spread_total_cap.max(1);
+        // Midpoint rule: (2 load + w) / 2 <= total_weight x cap / total_cap.
+        let within = |load: u64, w: u64, cap: u64| {
+            u128::from(2 * load + w) * u128::from(total_cap)
+                <= 2 * u128::from(total_weight) * u128::from(cap)
+        };
+        for k in 0..self.scratch.order.len() {
+            let i = self.scratch.order[k] as usize;
+            let prev = self.vcpus[i].cpu;
+            if prev == NO_CPU {
+                continue;
+            }
+            let forced = self.scratch.forced[i];
+            let pu = prev as usize;
+            let l = &self.layout;
+            let s = &self.scratch;
+            let w = s.weight[i];
+            let p = l.cpu_pkg[pu] as usize;
+            let core = l.cpu_core[pu] as usize;
+            let stays = forced
+                || (within(s.pkg_load[p], w, l.spread_pkg_cap[p])
+                    && within(s.core_load[core], w, l.spread_core_cap[core])
+                    && within(s.cpu_load[pu], w, l.spread_cpu_cap[pu]));
+            if stays {
+                self.assign(i, prev, loads[i].busy);
+            }
+        }
+        for k in 0..self.scratch.order.len() {
+            let i = self.scratch.order[k] as usize;
+            if self.scratch.new_cpu[i] != NO_CPU {
+                continue;
+            }
+            let c = self.least_loaded_cpu(self.scratch.weight[i]);
+            self.assign(i, c, loads[i].busy);
+        }
+    }
+
+    /// Least loaded package, then core in it, then thread in that (weights
+    /// relative to capacity, after adding `w`); ties go to lower indices.
+    fn least_loaded_cpu(&self, w: u64) -> u32 {
+        let l = &self.layout;
+        let s = &self.scratch;
+        let mut best_pkg = 0usize;
+        for p in 1..l.num_pkgs() {
+            if ratio_less(
+                s.pkg_load[p] + w,
+                l.spread_pkg_cap[p],
+                s.pkg_load[best_pkg] + w,
+                l.spread_pkg_cap[best_pkg],
+            ) {
+                best_pkg = p;
+            }
+        }
+        let cores = l.pkg_core_start[best_pkg] as usize..l.pkg_core_start[best_pkg + 1] as usize;
+        let mut best_core = cores.start;
+        for core in cores {
+            if ratio_less(
+                s.core_load[core] + w,
+                l.spread_core_cap[core],
+                s.core_load[best_core] + w,
+                l.spread_core_cap[best_core],
+            ) {
+                best_core = core;
+            }
+        }
+        let cpus = l.core_cpu_start[best_core] as usize..l.core_cpu_start[best_core + 1] as usize;
+        let mut best_cpu = cpus.start;
+        for c in cpus {
+            if ratio_less(
+                s.cpu_load[c] + w,
+                l.spread_cpu_cap[c],
+                s.cpu_load[best_cpu] + w,
+                l.spread_cpu_cap[best_cpu],
+            ) {
+                best_cpu = c;
+            }
+        }
+        best_cpu as u32
+    }
+
+    /// Pack mode (see the module documentation). Returns the packages in use
+    /// and the preferred package id for `powersaving:2`.
+    fn place_pack(
+        &mut self,
+        now_ms: u64,
+        loads: &[VcpuLoad],
+        total_fit: u64,
+    ) -> (usize, Option<u32>) {
+        let num_pkgs = self.layout.num_pkgs();
+        // Rank packages: the most loaded first (sched_mc's group leader), lower
+        // index on ties, so load stays where it is and low packages fill first.
+        {
+            let s = &mut self.scratch;
+            s.rank.clear();
+            s.rank.extend(0..num_pkgs as u32);
+            let prev = &self.prev_pkg_weight;
+            s.rank
+                .sort_by(|a, b| prev[*b as usize].cmp(&prev[*a as usize]).then(a.cmp(b)));
+        }
+        let mut needed = 0usize;
+        let mut cap = 0u64;
+        for r in 0..num_pkgs {
+            if needed > 0 && cap >= total_fit {
+                break;
+            }
+            cap += self.layout.pkg_fit_cap[self.scratch.rank[r] as usize];
+            needed += 1;
+        }
+        let mut active_k = self
+            .ramp
+            .step(now_ms, needed.max(1), self.config.ramp_down_window_ms);
+        {
+            let s = &mut self.scratch;
+            reset(&mut s.active, num_pkgs, false);
+            for r in 0..active_k {
+                s.active[s.rank[r] as usize] = true;
+            }
+            reset(&mut s.pkg_cursor, num_pkgs, 0);
+            for p in 0..num_pkgs {
+                s.pkg_cursor[p] = self.layout.pkg_cpu_start[p];
+            }
+        }
+        let preferred = if self.policy.prefers_package() {
+            Some(self.scratch.rank[0])
+        } else {
+            None
+        };
+
+        // Each VM's home: the active package holding most of its vCPUs now.
+        let num_vms = self.num_vms;
+        {
+            let s = &mut self.scratch;
+            reset(&mut s.vm_pkg_count, num_vms * num_pkgs, 0);
+            reset(&mut s.vm_home, num_vms, NO_PKG);
+            reset(&mut s.vm_remaining, num_vms, 0);
+            for (i, v) in self.vcpus.iter().enumerate() {
+                s.vm_remaining[v.vm as usize] += fit_demand(s.weight[i], self.layout.host_slot_max);
+                if v.cpu != NO_CPU {
+                    let p = self.layout.cpu_pkg[v.cpu as usize] as usize;
+                    if s.active[p] {
+                        s.vm_pkg_count[v.vm as usize * num_pkgs + p] += 1;
+                    }
+                }
+            }
+            for vm in 0..num_vms {
+                let counts = &s.vm_pkg_count[vm * num_pkgs..(vm + 1) * num_pkgs];
+                let mut best = NO_PKG;
+                let mut best_count = 0;
+                for r in 0..num_pkgs {
+                    let p = s.rank[r] as usize;
+                    if counts[p] > best_count {
+                        best = p as u32;
+                        best_count = counts[p];
+                    }
+                }
+                s.vm_home[vm] = best;
+            }
+        }
+
+        // Pass 1: stays. First vCPUs at their VM's home (or forced), then the
+        // others, which move home instead when home has room.
+        for second in [false, true] {
+            for k in 0..self.scratch.order.len() {
+                let i = self.scratch.order[k] as usize;
+                let prev = self.vcpus[i].cpu;
+                if prev == NO_CPU || self.scratch.new_cpu[i] != NO_CPU {
+                    continue;
+                }
+                let vm = self.vcpus[i].vm as usize;
+                let p = self.layout.cpu_pkg[prev as usize];
+                let home = self.scratch.vm_home[vm];
+                let at_home = home == NO_PKG || home == p;
+                if self.scratch.forced[i] {
+                    if !second {
+                        self.assign_pack(i, prev, loads[i].busy);
+                    }
+                    continue;
+                }
+                if at_home == second {
+                    continue;
+                }
+                if !self.stay_fits(i, prev) {
+                    continue;
+                }
+                let w = self.scratch.weight[i];
+                if second && self.pkg_fits(home as usize, w) {
+                    continue; // moves home in pass 2
+                }
+                self.assign_pack(i, prev, loads[i].busy);
+            }
+        }
+
+        // Pass 2: everyone else.
+        for k in 0..self.scratch.order.len() {
+            let i = self.scratch.order[k] as usize;
+            if self.scratch.new_cpu[i] != NO_CPU {
+                continue;
+            }
+            let c = self.choose_pack_cpu(i, &mut active_k);
+            self.assign_pack(i, c, loads[i].busy);
+            let vm = self.vcpus[i].vm as usize;
+            if self.scratch.vm_home[vm] == NO_PKG {
+                self.scratch.vm_home[vm] = self.layout.cpu_pkg[c as usize];
+            }
+        }
+
+        // Pass 3 (powersaving:2): the preferred package pulls busy vCPUs.
+        if let Some(pref) = preferred {
+            let pref = pref as usize;
+            for k in 0..self.scratch.order.len() {
+                let i = self.scratch.order[k] as usize;
+                let c = self.scratch.new_cpu[i];
+                if !loads[i].busy
+                    || self.scratch.forced[i]
+                    || self.layout.cpu_pkg[c as usize] as usize == pref
+                {
+                    continue;
+                }
+                let w = self.scratch.weight[i];
+                if !self.pkg_fits(pref, w) {
+                    continue;
+                }
+                if let Some(target) = self.first_fit_cpu(pref, w) {
+                    self.unassign(i);
+                    self.assign_pack(i, target, loads[i].busy);
+                }
+            }
+        }
+        // Packages opened in pass 2 count as in use at once (going up is immediate).
+        self.ramp.active = self.ramp.active.max(active_k);
+        (active_k, preferred.map(|p| self.layout.pkg_id[p as usize]))
+    }
+
+    /// [`Engine::assign`], also keeping the VM's remaining demand current.
+    fn assign_pack(&mut self, i: usize, c: u32, busy: bool) {
+        let vm = self.vcpus[i].vm as usize;
+        if self.scratch.new_cpu[i] == NO_CPU {
+            let fd = fit_demand(self.scratch.weight[i], self.layout.host_slot_max);
+            self.scratch.vm_remaining[vm] = self.scratch.vm_remaining[vm].saturating_sub(fd);
+        }
+        self.assign(i, c, busy);
+    }
+
+    /// Whether vCPU `i` may stay on dense CPU `c` in pack mode.
+    fn stay_fits(&self, i: usize, c: u32) -> bool {
+        let l = &self.layout;
+        let s = &self.scratch;
+        let cu = c as usize;
+        let p = l.cpu_pkg[cu] as usize;
+        let w = s.weight[i];
+        s.active[p]
+            && l.slot[cu] > 0
+            && s.cpu_fit[cu] + fit_demand(w, l.slot[cu]) <= l.slot[cu]
+            && self.pkg_fits(p, w)
+    }
+
+    fn pkg_fits(&self, p: usize, w: u64) -> bool {
+        let l = &self.layout;
+        self.scratch.pkg_fit[p] + fit_demand(w, l.pkg_slot_max[p]) <= l.pkg_fit_cap[p]
+    }
+
+    /// First CPU of package `p`, in packing order, where weight `w` fits.
+    fn first_fit_cpu(&mut self, p: usize, w: u64) -> Option<u32> {
+        let l = &self.layout;
+        let s = &mut self.scratch;
+        let end = l.pkg_cpu_start[p + 1];
+        let min_fd = u64::from(MIN_VCPU_WEIGHT) * FIT_MARGIN;
+        // Skip CPUs that cannot take even the smallest vCPU any more.
+        while s.pkg_cursor[p] < end {
+            let c = l.pack_order[s.pkg_cursor[p] as usize] as usize;
+            if l.slot[c] > 0 && s.cpu_fit[c] + min_fd.min(l.slot[c]) <= l.slot[c] {
+                break;
+            }
+            s.pkg_cursor[p] += 1;
+        }
+        (s.pkg_cursor[p]..end)
+            .map(|pos| l.pack_order[pos as usize])
+            .find(|c| {
+                let slot = l.slot[*c as usize];
+                slot > 0 && s.cpu_fit[*c as usize] + fit_demand(w, slot) <= slot
+            })
+    }
+
+    /// Picks the CPU for a vCPU that is not staying, in pack mode.
+    fn choose_pack_cpu(&mut self, i: usize, active_k: &mut usize) -> u32 {
+        let num_pkgs = self.layout.num_pkgs();
+        let w = self.scratch.weight[i];
+        let vm = self.vcpus[i].vm as usize;
+        let home = self.scratch.vm_home[vm];
+        if home != NO_PKG && self.scratch.active[home as usize] && self.pkg_fits(home as usize, w) {
+            if let Some(c) = self.first_fit_cpu(home as usize, w) {
+                return c;
+            }
+        }
+        if home == NO_PKG {
+            // A VM not placed yet: the first package where all of it fits.
+            let whole = self.scratch.vm_remaining[vm];
+            for r in 0..*active_k {
+                let p = self.scratch.rank[r] as usize;
+                if self.scratch.pkg_fit[p] + whole <= self.layout.pkg_fit_cap[p] {
+                    if let Some(c) = self.first_fit_cpu(p, w) {
+                        return c;
+                    }
+                }
+            }
+        }
+        for r in 0..num_pkgs {
+            let p = self.scratch.rank[r] as usize;
+            if r >= *active_k {
+                // Nothing active fits: use one more package at once.
+                *active_k = r + 1;
+                self.scratch.active[p] = true;
+            }
+            if self.pkg_fits(p, w) {
+                if let Some(c) = self.first_fit_cpu(p, w) {
+                    return c;
+                }
+            }
+        }
+        self.least_fit_loaded_cpu(i)
+    }
+
+    /// Overflow: the packing slot with the lowest load relative to its size,
+    /// in the least loaded package; the vCPU's previous CPU when that is not
+    /// clearly worse.
+    fn least_fit_loaded_cpu(&self, i: usize) -> u32 {
+        let l = &self.layout;
+        let s = &self.scratch;
+        let w = s.weight[i];
+        let mut best_pkg = 0usize;
+        for p in 1..l.num_pkgs() {
+            if ratio_less(
+                s.pkg_fit[p],
+                l.pkg_fit_cap[p],
+                s.pkg_fit[best_pkg],
+                l.pkg_fit_cap[best_pkg],
+            ) {
+                best_pkg = p;
+            }
+        }
+        let range = l.pkg_cpu_start[best_pkg] as usize..l.pkg_cpu_start[best_pkg + 1] as usize;
+        let mut best = NO_CPU;
+        for pos in range {
+            let c = l.pack_order[pos] as usize;
+            if l.slot[c] == 0 {
+                continue;
+            }
+            if best == NO_CPU
+                || ratio_less(
+                    s.cpu_fit[c],
+                    l.slot[c],
+                    s.cpu_fit[best as usize],
+                    l.slot[best as usize],
+                )
+            {
+                best = c as u32;
+            }
+        }
+        if best == NO_CPU {
+            best = l.pkg_cpu_start[best_pkg];
+        }
+        let prev = self.vcpus[i].cpu;
+        if prev != NO_CPU && l.slot[prev as usize] > 0 {
+            let fd = fit_demand(w, l.slot[prev as usize]);
+            let prev_after = s.cpu_fit[prev as usize] + fd;
+            let best_after = s.cpu_fit[best as usize] + fd;
+            if !capacity_greater(prev_after, best_after) {
+                return prev;
+            }
+        }
+        best
+    }
+
+    /// Builds the decision and moves the per-vCPU state forward.
+    fn finish(
+        &mut self,
+        loads: &[VcpuLoad],
+        overutilized: bool,
+        target_packages: usize,
+        preferred_package: Option<u32>,
+    ) -> Decision {
+        let l = &self.layout;
+        let s = &mut self.scratch;
+        // Busy CPUs, per core, for SMT sharing.
+        for c in 0..l.num_cpus() {
+            s.cpu_busy[c] = false;
+        }
+        for (i, load) in loads.iter().enumerate() {
+            let c = s.new_cpu[i] as usize;
+            s.cpu_busy[c] |= load.busy;
+        }
+        for c in 0..l.num_cpus() {
+            if s.cpu_load[c] >= BUSY_CPU_UTIL {
+                s.cpu_busy[c] = true;
+            }
+            if s.cpu_busy[c] {
+                s.core_busy[l.cpu_core[c] as usize] += 1;
+            }
+        }
+        let mut assignments = Vec::with_capacity(loads.len());
+        let mut migrations = Vec::new();
+        for (i, load) in loads.iter().enumerate() {
+            let c = s.new_cpu[i] as usize;
+            let busy_threads = s.core_busy[l.cpu_core[c] as usize] + u32::from(!s.cpu_busy[c]);
+            let cpus = CpuSet::single(l.cpu_id[c]);
+            let state = &mut self.vcpus[i];
+            if state.cpu != c as u32 {
+                if state.cpu != NO_CPU {
+                    state.tokens = state.tokens.saturating_sub(TOKEN);
+                }
+                migrations.push(Migration {
+                    id: load.id,
+                    from: (state.cpu != NO_CPU)
+                        .then(|| CpuSet::single(l.cpu_id[state.cpu as usize])),
+                    to: cpus.clone(),
+                });
+                state.cpu = c as u32;
+            }
+            assignments.push(Assignment {
+                id: load.id,
+                cpus,
+                package: l.pkg_id[l.cpu_pkg[c] as usize],
+                capacity: effective_capacity(
+                    l.cpu_capacity[c],
+                    l.cpu_threads[c],
+                    busy_threads,
+                    s.cpu_count[c],
+                ),
+            });
+        }
+        self.prev_pkg_weight.clear();
+        self.prev_pkg_weight.extend_from_slice(&s.pkg_load);
+        Decision {
+            assignments,
+            migrations,
+            overutilized,
+            target_packages: target_packages as u32,
+            preferred_package,
+        }
+    }
+}
+
+fn reset<T: Copy>(v: &mut Vec<T>, len: usize, value: T) {
+    v.clear();
+    v.resize(len, value);
+}
+
+/// Indices of `weights` by descending weight, ties in index order (stable):
+/// a counting sort over the 0..=1024 range, O(n) and allocation-free once warm.
+fn counting_sort_desc(weights: &[u64], order: &mut Vec<u32>, buckets: &mut Vec<u32>) {
+    let top = CAPACITY_SCALE as usize;
+    reset(buckets, top + 2, 0);
+    for w in weights {
+        buckets[top - (*w as usize).min(top) + 1] += 1;
+    }
+    for b in 1..buckets.len() {
+        buckets[b] += buckets[b - 1];
+    }
+    reset(order, weights.len(), 0);
+    for (i, w) in weights.iter().enumerate() {
+        let b = top - (*w as usize).min(top);
+        order[buckets[b] as usize] = i as u32;
+        buckets[b] += 1;
+    }
+}
