@@ -1,1 +1,15 @@
-//! pvmm devices.
+//! pvmm's emulated devices.
+//!
+//! Each device is a small state machine behind the [`bus::BusDevice`] trait, so the vCPU run
+//! loop in `pvmm` can dispatch port I/O and MMIO exits without knowing what sits behind an
+//! address. Devices never panic on guest input: odd sizes and offsets are ignored (and counted
+//! where the device keeps statistics).
+//!
+//! - [`bus`]: the address-range bus that routes guest accesses to devices.
+//! - [`serial`]: the 16550A UART console on COM1 (vm-superio), wired to an interrupt.
+//! - [`power`]: the ACPI hardware-reduced sleep control/status and reset registers, plus the
+//!   i8042 reset line, turning guest power-off and reboot into [`power::PowerEvent`]s.
+
+pub mod bus;
+pub mod power;
+pub mod serial;

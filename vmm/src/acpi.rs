@@ -1,0 +1,356 @@
+//! ACPI tables for a hardware-reduced x86 platform, built with the `acpi_tables` crate.
+//!
+//! Layout in the BIOS area at [`ACPI_TABLES_START`]: RSDP first (Linux also finds it there by
+//! scanning), then DSDT, FADT, MADT and XSDT, each 16-byte aligned.
+//!
+//! - FADT: hardware-reduced (no PM1/GPE blocks); power-off through the sleep control register
+//!   and reboot through the reset register, both in pvmm's ACPI power I/O block.
+//! - MADT: one local APIC per vCPU (UID = APIC id = vCPU index) and the IOAPIC.
+//! - DSDT: one processor device (`ACPI0007`) per vCPU with the matching `_UID`, COM1, and the
+//!   `\_S5_` sleep type the power device expects. Later features add objects per processor
+//!   (capacity through `_CPC`).
+
+use acpi_tables::aml;
+use acpi_tables::fadt::{FADTBuilder, Flags, PmProfile};
+use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
+use acpi_tables::rsdp::Rsdp;
+use acpi_tables::sdt::Sdt;
+use acpi_tables::xsdt::XSDT;
+use acpi_tables::Aml;
+use pvmm_devices::power::{
+    ACPI_POWER_PORT_BASE, RESET_OFFSET, RESET_VALUE, S5_SLEEP_TYPE, SLEEP_CONTROL_OFFSET,
+    SLEEP_STATUS_OFFSET,
+};
+use pvmm_devices::serial::{COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
+
+use crate::layout::{ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, IOAPIC_START};
+
+/// OEM id written in every table.
+pub const OEM_ID: [u8; 6] = *b"PVMM  ";
+/// OEM table id written in every table.
+const OEM_TABLE_ID: [u8; 8] = *b"PVMMVM  ";
+/// OEM revision.
+const OEM_REVISION: u32 = 1;
+/// DSDT revision 2: 64-bit AML integers.
+const DSDT_REVISION: u8 = 2;
+/// MADT revision 5 (ACPI 6.x).
+const MADT_REVISION: u8 = 5;
+/// MADT flags: PCAT_COMPAT, the legacy 8259 pair exists (KVM's in-kernel PIC).
+const MADT_PCAT_COMPAT: u32 = 1;
+/// MADT structure types and lengths (ACPI 6.5, 5.2.12).
+const MADT_LOCAL_APIC: u8 = 0;
+const MADT_LOCAL_APIC_LEN: u8 = 8;
+const MADT_IOAPIC: u8 = 1;
+const MADT_IOAPIC_LEN: u8 = 12;
+const MADT_LOCAL_APIC_NMI: u8 = 4;
+const MADT_LOCAL_APIC_NMI_LEN: u8 = 6;
+/// Local APIC flags: enabled.
+const MADT_APIC_ENABLED: u32 = 1;
+/// "All processors" in a local APIC NMI structure.
+const MADT_ALL_PROCESSORS: u8 = 0xff;
+/// NMI on LINT1, active high, edge triggered (MPS INTI flags 0b0101).
+const MADT_NMI_FLAGS: u16 = 0x5;
+const MADT_NMI_LINT: u8 = 1;
+/// The IOAPIC's id. Since the Pentium 4 (xAPIC) IOAPIC and local APIC ids are separate
+/// namespaces, and KVM's in-kernel IOAPIC resets its id register to 0.
+const IOAPIC_ID: u8 = 0;
+/// The most vCPUs the MADT can describe: xAPIC ids are 8 bits and 0xff is the broadcast id.
+pub const MAX_VCPUS: u32 = 255;
+/// Tables are 16-byte aligned (RSDP must be, the others by convention).
+const TABLE_ALIGN: u64 = 16;
+/// Header length of every SDT.
+const SDT_HEADER_LEN: u32 = 36;
+
+/// Errors from building the tables.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AcpiError {
+    /// The tables outgrew the BIOS area reserved for them.
+    #[error("ACPI tables need {0} bytes, more than the reserved area")]
+    TooBig(u64),
+    /// More vCPUs than the MADT's 8-bit APIC ids allow.
+    #[error("{0} vCPUs do not fit the MADT's 8-bit APIC ids")]
+    TooManyVcpus(u32),
+}
+
+/// One table, where it goes, and its bytes.
+#[derive(Debug, Clone)]
+pub struct AcpiTable {
+    /// Signature, e.g. "DSDT"; "RSDP" for the root pointer.
+    pub name: String,
+    /// Guest physical address.
+    pub addr: u64,
+    /// Contents.
+    pub bytes: Vec<u8>,
+}
+
+/// Every table pvmm gives the guest.
+#[derive(Debug, Clone)]
+pub struct AcpiTables {
+    /// RSDP first, then the others in address order.
+    pub tables: Vec<AcpiTable>,
+}
+
+impl AcpiTables {
+    /// The RSDP's address.
+    pub fn rsdp_addr(&self) -> u64 {
+        ACPI_TABLES_START
+    }
+}
+
+fn aml_bytes(item: &dyn Aml) -> Vec<u8> {
+    let mut out = Vec::new();
+    item.to_aml_bytes(&mut out);
+    out
+}
+
+/// Name of vCPU `index`'s processor device: `C` and three hex digits (AML names are 4 chars).
+pub fn processor_device_name(index: u32) -> String {
+    format!("C{index:03X}")
+}
+
+/// The DSDT body (AML after the header) for `vcpus` processors.
+pub fn dsdt_aml(vcpus: u32) -> Vec<u8> {
+    let mut body = Vec::new();
+    let cpus: Vec<Vec<u8>> = (0..vcpus)
+        .map(|i| {
+            let hid = aml::Name::new("_HID".into(), &"ACPI0007");
+            let uid = aml::Name::new("_UID".into(), &i);
+            aml_bytes(&aml::Device::new(
+                processor_device_name(i).as_str().into(),
+                vec![&hid, &uid],
+            ))
+        })
+        .collect();
+    let com_hid = aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0501"));
+    let com_uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let com_io = aml::IO::new(COM1_PORT_BASE, COM1_PORT_BASE, 1, COM_PORT_LEN as u8);
+    let com_irq = aml::Interrupt::new(true, true, false, false, COM1_IRQ);
+    let com_res = aml::ResourceTemplate::new(vec![&com_io, &com_irq]);
+    let com_crs = aml::Name::new("_CRS".into(), &com_res);
+    let com1 = aml::Device::new("COM1".into(), vec![&com_hid, &com_uid, &com_crs]);
+    let mut sb_children: Vec<u8> = Vec::new();
+    for c in &cpus {
+        sb_children.extend_from_slice(c);
+    }
+    com1.to_aml_bytes(&mut sb_children);
+    body.extend(aml::Scope::raw("\\_SB_".into(), sb_children));
+    let s5_type = S5_SLEEP_TYPE;
+    let s5 = aml::Package::new(vec![&s5_type]);
+    aml::Name::new("_S5_".into(), &s5).to_aml_bytes(&mut body);
+    body
+}
+
+fn sdt_with_body(signature: [u8; 4], revision: u8, body: &[u8]) -> Vec<u8> {
+    let mut sdt = Sdt::new(
+        signature,
+        SDT_HEADER_LEN,
+        revision,
+        OEM_ID,
+        OEM_TABLE_ID,
+        OEM_REVISION,
+    );
+    sdt.append_slice(body);
+    sdt.update_checksum();
+    sdt.as_slice().to_vec()
+}
+
+/// The MADT body after the SDT header.
+pub fn madt_body(vcpus: u32) -> Result<Vec<u8>, AcpiError> {
+    if vcpus > MAX_VCPUS {
+        return Err(AcpiError::TooManyVcpus(vcpus));
+    }
+    let mut b = Vec::new();
+    b.extend_from_slice(&(APIC_START as u32).to_le_bytes());
+    b.extend_from_slice(&MADT_PCAT_COMPAT.to_le_bytes());
+    for i in 0..vcpus {
+        let id = i as u8;
+        b.extend_from_slice(&[MADT_LOCAL_APIC, MADT_LOCAL_APIC_LEN, id, id]);
+        b.extend_from_slice(&MADT_APIC_ENABLED.to_le_bytes());
+    }
+    b.extend_from_slice(&[MADT_IOAPIC, MADT_IOAPIC_LEN, IOAPIC_ID, 0]);
+    b.extend_from_slice(&(IOAPIC_START as u32).to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes()); // GSI base
+    b.extend_from_slice(&[
+        MADT_LOCAL_APIC_NMI,
+        MADT_LOCAL_APIC_NMI_LEN,
+        MADT_ALL_PROCESSORS,
+    ]);
+    b.extend_from_slice(&MADT_NMI_FLAGS.to_le_bytes());
+    b.push(MADT_NMI_LINT);
+    Ok(b)
+}
+
+fn io_register(port: u16) -> GAS {
+    GAS::new(
+        AddressSpace::SystemIo,
+        8,
+        0,
+        AccessSize::ByteAccess,
+        u64::from(port),
+    )
+}
+
+fn fadt(dsdt_addr: u64) -> Vec<u8> {
+    let mut builder = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
+        .dsdt_64(dsdt_addr)
+        .flag(Flags::HwReducedAcpi)
+        .flag(Flags::ResetRegSup)
+        .preferred_pm_profile(PmProfile::EnterpriseServer);
+    builder.reset_reg = io_register(ACPI_POWER_PORT_BASE + RESET_OFFSET as u16);
+    builder.reset_value = RESET_VALUE;
+    builder.sleep_control_reg = io_register(ACPI_POWER_PORT_BASE + SLEEP_CONTROL_OFFSET as u16);
+    builder.sleep_status_reg = io_register(ACPI_POWER_PORT_BASE + SLEEP_STATUS_OFFSET as u16);
+    builder.hypervisor_vendor_identity = u64::from_le_bytes(*b"PVMMPVMM").into();
+    aml_bytes(&builder.finalize())
+}
+
+fn align(addr: u64) -> u64 {
+    addr.div_ceil(TABLE_ALIGN) * TABLE_ALIGN
+}
+
+/// Builds every table for `vcpus` vCPUs, with their guest addresses.
+pub fn build_tables(vcpus: u32) -> Result<AcpiTables, AcpiError> {
+    let mut next = align(ACPI_TABLES_START + Rsdp::len() as u64);
+    let mut place = |name: &str, bytes: Vec<u8>| {
+        let t = AcpiTable {
+            name: name.to_string(),
+            addr: next,
+            bytes,
+        };
+        next = align(next + t.bytes.len() as u64);
+        t
+    };
+    let dsdt = place(
+        "DSDT",
+        sdt_with_body(*b"DSDT", DSDT_REVISION, &dsdt_aml(vcpus)),
+    );
+    let fadt = place("FACP", fadt(dsdt.addr));
+    let madt = place(
+        "APIC",
+        sdt_with_body(*b"APIC", MADT_REVISION, &madt_body(vcpus)?),
+    );
+    let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    xsdt.add_entry(fadt.addr);
+    xsdt.add_entry(madt.addr);
+    let xsdt = place("XSDT", aml_bytes(&xsdt));
+    let end = xsdt.addr + xsdt.bytes.len() as u64;
+    if end - ACPI_TABLES_START > ACPI_TABLES_MAX_SIZE {
+        return Err(AcpiError::TooBig(end - ACPI_TABLES_START));
+    }
+    let rsdp = AcpiTable {
+        name: "RSDP".into(),
+        addr: ACPI_TABLES_START,
+        bytes: aml_bytes(&Rsdp::new(OEM_ID, xsdt.addr)),
+    };
+    Ok(AcpiTables {
+        tables: vec![rsdp, dsdt, fadt, madt, xsdt],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sum(bytes: &[u8]) -> u8 {
+        bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b))
+    }
+
+    fn table<'a>(t: &'a AcpiTables, name: &str) -> &'a AcpiTable {
+        t.tables.iter().find(|x| x.name == name).unwrap()
+    }
+
+    #[test]
+    fn checksums_and_lengths() {
+        for vcpus in [1, 4, 8, 255] {
+            let t = build_tables(vcpus).unwrap();
+            for tab in &t.tables {
+                if tab.name == "RSDP" {
+                    assert_eq!(sum(&tab.bytes[..20]), 0);
+                    assert_eq!(sum(&tab.bytes), 0);
+                    assert_eq!(tab.bytes.len(), 36);
+                    continue;
+                }
+                assert_eq!(sum(&tab.bytes), 0, "{} checksum", tab.name);
+                let len = u32::from_le_bytes(tab.bytes[4..8].try_into().unwrap());
+                assert_eq!(len as usize, tab.bytes.len(), "{} length", tab.name);
+                assert_eq!(&tab.bytes[..4], tab.name.as_bytes());
+                assert_eq!(tab.addr % TABLE_ALIGN, 0);
+            }
+            // No two tables overlap.
+            let mut spans: Vec<(u64, u64)> = t
+                .tables
+                .iter()
+                .map(|x| (x.addr, x.addr + x.bytes.len() as u64))
+                .collect();
+            spans.sort();
+            for w in spans.windows(2) {
+                assert!(w[0].1 <= w[1].0);
+            }
+        }
+    }
+
+    #[test]
+    fn pointers_chain_rsdp_xsdt_fadt_dsdt() {
+        let t = build_tables(4).unwrap();
+        let rsdp = table(&t, "RSDP");
+        let xsdt_addr = u64::from_le_bytes(rsdp.bytes[24..32].try_into().unwrap());
+        assert_eq!(xsdt_addr, table(&t, "XSDT").addr);
+        let xsdt = &table(&t, "XSDT").bytes;
+        let entries: Vec<u64> = xsdt[36..]
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            entries,
+            vec![table(&t, "FACP").addr, table(&t, "APIC").addr]
+        );
+        let fadt = &table(&t, "FACP").bytes;
+        // X_DSDT at offset 140.
+        let x_dsdt = u64::from_le_bytes(fadt[140..148].try_into().unwrap());
+        assert_eq!(x_dsdt, table(&t, "DSDT").addr);
+        // Flags at offset 112: HW_REDUCED_ACPI (bit 20) and RESET_REG_SUP (bit 10).
+        let flags = u32::from_le_bytes(fadt[112..116].try_into().unwrap());
+        assert_ne!(flags & (1 << 20), 0);
+        assert_ne!(flags & (1 << 10), 0);
+        // Sleep control register (offset 244) is the power block's first port.
+        assert_eq!(fadt[244], 1); // SystemIO
+        let port = u64::from_le_bytes(fadt[248..256].try_into().unwrap());
+        assert_eq!(port, u64::from(ACPI_POWER_PORT_BASE));
+    }
+
+    #[test]
+    fn madt_has_one_enabled_lapic_per_vcpu() {
+        let body = madt_body(8).unwrap();
+        let mut off = 8;
+        let mut lapics = vec![];
+        let mut ioapics = 0;
+        while off < body.len() {
+            let (kind, len) = (body[off], body[off + 1] as usize);
+            assert!(len > 0);
+            if kind == MADT_LOCAL_APIC {
+                assert_eq!(body[off + 2], body[off + 3]); // uid == apic id
+                lapics.push(body[off + 3]);
+            }
+            if kind == MADT_IOAPIC {
+                ioapics += 1;
+            }
+            off += len;
+        }
+        assert_eq!(off, body.len());
+        assert_eq!(lapics, (0..8).collect::<Vec<u8>>());
+        assert_eq!(ioapics, 1);
+        assert_eq!(madt_body(256), Err(AcpiError::TooManyVcpus(256)));
+        assert!(madt_body(255).is_ok());
+    }
+
+    #[test]
+    fn dsdt_declares_each_processor() {
+        let aml = dsdt_aml(3);
+        let text = String::from_utf8_lossy(&aml);
+        for i in 0..3 {
+            assert!(text.contains(&processor_device_name(i)));
+        }
+        assert_eq!(text.matches("ACPI0007").count(), 3);
+        assert!(text.contains("_S5_"));
+    }
+}

@@ -1,0 +1,171 @@
+//! The command line: flags, help text, and turning clap's errors into pvmm's one-line errors.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::{VmConfig, DEFAULT_CMDLINE, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB};
+
+/// Help text after the options: exit statuses and an example.
+const AFTER_HELP: &str = "\
+Exit status:
+  0  the guest powered off
+  1  host failure after start (KVM or the OS refused something)
+  2  bad input: flags, kernel/initrd files, /dev/kvm missing or unusable
+  3  the guest asked to reboot (pvmm does not restart guests)
+  4  the guest triple-faulted
+  5  KVM could not run the guest (internal error, failed VM entry)
+
+The guest's serial console (COM1) is pvmm's stdin/stdout.
+
+Example:
+  pvmm --vcpus 4 --memory 512 --initrd initrd.cpio.gz bzImage";
+
+/// pvmm: a power-aware KVM virtual machine monitor.
+///
+/// Boots an x86-64 Linux kernel (a bzImage, or an ELF vmlinux through its PVH entry) with an
+/// in-kernel irqchip, ACPI tables describing every vCPU, and a serial console on stdio.
+#[derive(Debug, Parser)]
+#[command(name = "pvmm", version, about, long_about = None, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Kernel image: bzImage, or ELF vmlinux with a PVH entry note.
+    #[arg(value_name = "KERNEL")]
+    pub kernel: PathBuf,
+
+    /// Number of vCPUs (1-255).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=255))]
+    pub vcpus: u32,
+
+    /// Guest RAM in MiB (64 or more).
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_MEMORY_MIB)]
+    pub memory: u64,
+
+    /// Initial ramdisk (e.g. a gzipped cpio archive).
+    #[arg(long, value_name = "FILE")]
+    pub initrd: Option<PathBuf>,
+
+    /// Kernel command line.
+    #[arg(long, value_name = "STR", default_value = DEFAULT_CMDLINE)]
+    pub cmdline: String,
+
+    /// The KVM device to use.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_KVM_DEVICE)]
+    pub kvm: PathBuf,
+
+    /// Print progress and each vCPU's thread id on stderr.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+impl Cli {
+    /// The VM configuration these flags ask for.
+    pub fn into_config(self) -> VmConfig {
+        VmConfig {
+            kernel: self.kernel,
+            initrd: self.initrd,
+            cmdline: self.cmdline,
+            vcpus: self.vcpus,
+            memory_mib: self.memory,
+            kvm_device: self.kvm,
+            verbose: self.verbose,
+        }
+    }
+}
+
+/// What parsing the command line came to.
+#[derive(Debug)]
+pub enum ParseOutcome {
+    /// Run with these flags.
+    Run(Box<Cli>),
+    /// Print this (help or version) on stdout and exit 0.
+    Print(String),
+    /// Print this one-line error and exit 2.
+    Error(String),
+}
+
+/// Parses `args`; clap's multi-line errors become one line.
+pub fn parse<I, T>(args: I) -> ParseOutcome
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => ParseOutcome::Run(Box::new(cli)),
+        Err(e) => match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                ParseOutcome::Print(e.render().to_string())
+            }
+            _ => ParseOutcome::Error(one_line(&e.render().to_string())),
+        },
+    }
+}
+
+/// The first meaningful line of a clap error, without its "error: " prefix.
+fn one_line(rendered: &str) -> String {
+    let line = rendered
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("invalid arguments");
+    let line = line.strip_prefix("error: ").unwrap_or(line);
+    let mut out = line.to_string();
+    if rendered.contains("required arguments were not provided") {
+        if let Some(missing) = rendered.lines().map(str::trim).find(|l| l.starts_with('<')) {
+            out = format!("missing argument {missing}");
+        }
+    }
+    format!("{out} (see pvmm --help)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(args: &[&str]) -> String {
+        match parse(args) {
+            ParseOutcome::Error(e) => e,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let ParseOutcome::Run(cli) = parse(["pvmm", "k"]) else {
+            panic!()
+        };
+        let c = cli.into_config();
+        assert_eq!(c.vcpus, 1);
+        assert_eq!(c.memory_mib, DEFAULT_MEMORY_MIB);
+        assert_eq!(c.cmdline, DEFAULT_CMDLINE);
+    }
+
+    #[test]
+    fn errors_are_one_line() {
+        for args in [
+            &["pvmm", "--vcpus", "0", "k"][..],
+            &["pvmm", "--vcpus", "256", "k"],
+            &["pvmm", "--vcpus", "x", "k"],
+            &["pvmm", "--bogus", "k"],
+            &["pvmm"],
+            &["pvmm", "--memory", "-5", "k"],
+        ] {
+            let e = err(args);
+            assert!(!e.contains('\n'), "{e}");
+            assert!(!e.is_empty());
+        }
+        assert!(err(&["pvmm", "--vcpus", "0", "k"]).contains("--vcpus"));
+        assert!(err(&["pvmm"]).contains("KERNEL"));
+    }
+
+    #[test]
+    fn help_is_printed_not_an_error() {
+        match parse(["pvmm", "--help"]) {
+            ParseOutcome::Print(text) => {
+                assert!(text.contains("--vcpus"));
+                assert!(text.contains("Exit status"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

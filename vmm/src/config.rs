@@ -1,0 +1,105 @@
+//! A validated VM configuration: everything pvmm needs to build the VM, checked up front so
+//! that bad input fails before any KVM object exists.
+
+use std::path::PathBuf;
+
+/// The kernel command line pvmm uses when `--cmdline` is not given: the serial console on
+/// COM1, reboot through the keyboard controller (pvmm also serves the ACPI reset register), a
+/// panicking guest reboots at once (so pvmm exits with the reboot status instead of hanging),
+/// and no PCI probing (pvmm has no PCI bus).
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+/// Default guest RAM.
+pub const DEFAULT_MEMORY_MIB: u64 = 512;
+/// Smallest guest RAM pvmm accepts: a compressed kernel is loaded at 1 MiB and decompresses
+/// itself above 16 MiB (the x86-64 default physical start), and needs room for its page
+/// tables and an initrd; below 64 MiB a stock distribution kernel cannot get to init.
+pub const MIN_MEMORY_MIB: u64 = 64;
+/// Largest guest RAM pvmm accepts: 1 TiB, far above what one host package feeds usefully and
+/// below what a 4-level identity map could describe.
+pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+/// The KVM device.
+pub const DEFAULT_KVM_DEVICE: &str = "/dev/kvm";
+
+/// Errors in a configuration.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Memory outside the accepted range.
+    #[error(
+        "--memory {0} MiB is out of range: pvmm needs {MIN_MEMORY_MIB}..={MAX_MEMORY_MIB} MiB"
+    )]
+    MemoryOutOfRange(u64),
+    /// vCPU count outside the accepted range.
+    #[error("--vcpus {0} is out of range: 1..={max}", max = crate::acpi::MAX_VCPUS)]
+    VcpusOutOfRange(u32),
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Kernel image (bzImage or ELF vmlinux with a PVH note).
+    pub kernel: PathBuf,
+    /// Optional initrd.
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    pub cmdline: String,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Guest RAM in MiB.
+    pub memory_mib: u64,
+    /// The KVM device to open.
+    pub kvm_device: PathBuf,
+    /// Print progress and vCPU thread ids on stderr.
+    pub verbose: bool,
+}
+
+impl VmConfig {
+    /// Checks the ranges that do not need the files or KVM.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&self.memory_mib) {
+            return Err(ConfigError::MemoryOutOfRange(self.memory_mib));
+        }
+        if self.vcpus == 0 || self.vcpus > crate::acpi::MAX_VCPUS {
+            return Err(ConfigError::VcpusOutOfRange(self.vcpus));
+        }
+        Ok(())
+    }
+
+    /// Guest RAM in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_mib << 20
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> VmConfig {
+        VmConfig {
+            kernel: "k".into(),
+            initrd: None,
+            cmdline: DEFAULT_CMDLINE.into(),
+            vcpus: 2,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            kvm_device: DEFAULT_KVM_DEVICE.into(),
+            verbose: false,
+        }
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(config().validate(), Ok(()));
+        let mut c = config();
+        c.memory_mib = MIN_MEMORY_MIB - 1;
+        assert_eq!(c.validate(), Err(ConfigError::MemoryOutOfRange(63)));
+        c.memory_mib = MAX_MEMORY_MIB + 1;
+        assert!(c.validate().is_err());
+        let mut c = config();
+        c.vcpus = 0;
+        assert!(c.validate().is_err());
+        c.vcpus = 256;
+        assert!(c.validate().is_err());
+        c.vcpus = 255;
+        assert!(c.validate().is_ok());
+    }
+}

@@ -1,0 +1,89 @@
+//! How a pvmm run ends, and the exit status each ending maps to.
+//!
+//! | status | meaning |
+//! |---|---|
+//! | 0 | the guest powered off |
+//! | 1 | a host-side failure after start (KVM or the OS refused something) |
+//! | 2 | bad input: flags, files, /dev/kvm missing or unusable |
+//! | 3 | the guest asked for a reboot (pvmm does not restart guests) |
+//! | 4 | the guest triple-faulted (a crash before its exception handlers work) |
+//! | 5 | KVM could not run the guest (internal error, failed VM entry, crash event) |
+
+/// Exit status: the guest powered off.
+pub const EXIT_POWER_OFF: i32 = 0;
+/// Exit status: a host failure after the VM started, or during setup for reasons not the
+/// user's input.
+pub const EXIT_HOST_ERROR: i32 = 1;
+/// Exit status: bad input (the clap convention for usage errors).
+pub const EXIT_BAD_INPUT: i32 = 2;
+/// Exit status: the guest rebooted.
+pub const EXIT_GUEST_RESET: i32 = 3;
+/// Exit status: triple fault.
+pub const EXIT_TRIPLE_FAULT: i32 = 4;
+/// Exit status: KVM internal error.
+pub const EXIT_KVM_ERROR: i32 = 5;
+
+/// Why the VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest entered S5.
+    PowerOff,
+    /// The guest asked for a reset.
+    Reset,
+    /// A vCPU triple-faulted.
+    TripleFault {
+        /// Which vCPU.
+        vcpu: u32,
+    },
+    /// KVM refused or failed to run the guest.
+    KvmError(String),
+    /// The host failed (ioctl, thread).
+    HostError(String),
+}
+
+impl VmExit {
+    /// The process exit status for this ending.
+    pub fn status(&self) -> i32 {
+        match self {
+            VmExit::PowerOff => EXIT_POWER_OFF,
+            VmExit::Reset => EXIT_GUEST_RESET,
+            VmExit::TripleFault { .. } => EXIT_TRIPLE_FAULT,
+            VmExit::KvmError(_) => EXIT_KVM_ERROR,
+            VmExit::HostError(_) => EXIT_HOST_ERROR,
+        }
+    }
+
+    /// One line saying why, for stderr.
+    pub fn reason(&self) -> String {
+        match self {
+            VmExit::PowerOff => "guest powered off".into(),
+            VmExit::Reset => "guest requested a reboot; pvmm does not restart guests".into(),
+            VmExit::TripleFault { vcpu } => format!("guest triple fault on vCPU {vcpu}"),
+            VmExit::KvmError(s) => s.clone(),
+            VmExit::HostError(s) => s.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_distinct() {
+        let all = [
+            VmExit::PowerOff,
+            VmExit::Reset,
+            VmExit::TripleFault { vcpu: 0 },
+            VmExit::KvmError(String::new()),
+            VmExit::HostError(String::new()),
+        ];
+        let mut s: Vec<i32> = all.iter().map(VmExit::status).collect();
+        s.push(EXIT_BAD_INPUT);
+        let n = s.len();
+        s.sort();
+        s.dedup();
+        assert_eq!(s.len(), n);
+        assert_eq!(VmExit::PowerOff.status(), 0);
+    }
+}

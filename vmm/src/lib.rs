@@ -1,0 +1,18 @@
+//! pvmm: a power-aware KVM virtual machine monitor.
+//!
+//! The binary (`src/main.rs`) parses flags ([`cli`]) into a [`config::VmConfig`], and
+//! [`vmm::start`] builds the VM: guest memory ([`memory`], [`layout`]), ACPI tables
+//! ([`acpi`]), the kernel ([`boot`]), KVM objects ([`vstate`]) with per-vCPU CPUID
+//! ([`cpuid`]), and the devices from the `pvmm-devices` crate. How a run ends and its exit
+//! status are in [`exit`].
+
+pub mod acpi;
+pub mod boot;
+pub mod cli;
+pub mod config;
+pub mod cpuid;
+pub mod exit;
+pub mod layout;
+pub mod memory;
+pub mod vmm;
+pub mod vstate;

@@ -1,0 +1,275 @@
+//! Building and running one VM: the order of setup, the devices, and waiting for the end.
+
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam::channel::{unbounded, Receiver};
+use pvmm_devices::bus::{Bus, BusError};
+use pvmm_devices::power::{
+    AcpiPowerDevice, I8042ResetDevice, PowerEvent, PowerEventSink, ACPI_POWER_PORT_BASE,
+    ACPI_POWER_PORT_LEN, I8042_COMMAND_PORT,
+};
+use pvmm_devices::serial::{SerialConsole, COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::acpi::{build_tables, AcpiError};
+use crate::boot::{detect_kernel_format, load_kernel, BootError, BootSpec};
+use crate::config::{ConfigError, VmConfig};
+use crate::exit::{VmExit, EXIT_BAD_INPUT, EXIT_HOST_ERROR};
+use crate::layout::HIMEM_START;
+use crate::memory::{create_guest_memory, low_ram_end, MemoryError};
+use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuError, VcpuStarted};
+use crate::vstate::vm::{Vm, VmError};
+
+/// How long to wait for a retry when the UART's receive FIFO is full.
+const SERIAL_INPUT_RETRY: Duration = Duration::from_millis(10);
+/// Host input is read in chunks of this size.
+const SERIAL_INPUT_CHUNK: usize = 64;
+
+/// Errors before the VM runs.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Kernel or initrd problems.
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    /// KVM device or VM setup.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// vCPU setup.
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    /// Guest memory.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// ACPI tables.
+    #[error(transparent)]
+    Acpi(#[from] AcpiError),
+    /// Device wiring.
+    #[error("device setup: {0}")]
+    Devices(String),
+}
+
+impl From<BusError> for VmmError {
+    fn from(e: BusError) -> Self {
+        VmmError::Devices(e.to_string())
+    }
+}
+
+impl VmmError {
+    /// The exit status: 2 for the user's input and environment, 1 for host failures.
+    pub fn status(&self) -> i32 {
+        match self {
+            VmmError::Config(_) | VmmError::Memory(_) => EXIT_BAD_INPUT,
+            VmmError::Boot(BootError::GuestMemory(_)) => EXIT_HOST_ERROR,
+            VmmError::Boot(_) => EXIT_BAD_INPUT,
+            VmmError::Vm(
+                VmError::Open { .. } | VmError::NotKvm(_) | VmError::TooManyVcpus { .. },
+            ) => EXIT_BAD_INPUT,
+            VmmError::Acpi(AcpiError::TooManyVcpus(_)) => EXIT_BAD_INPUT,
+            _ => EXIT_HOST_ERROR,
+        }
+    }
+}
+
+/// Writes guest console output straight to stdout, flushing each write so that nothing is lost
+/// when pvmm exits the moment the guest powers off.
+struct ConsoleOutput;
+
+impl Write for ConsoleOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(buf)?;
+        out.flush()?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().lock().flush()
+    }
+}
+
+/// A running VM: its vCPU thread ids and the channel on which it ends.
+pub struct RunningVm {
+    /// Each vCPU's thread, in vCPU order.
+    pub vcpus: Vec<VcpuStarted>,
+    exits: Receiver<VmExit>,
+    // Keep guest memory and KVM objects alive while vCPUs run.
+    _vm: Vm,
+    _mem: crate::memory::GuestMemory,
+}
+
+impl RunningVm {
+    /// Blocks until the VM ends and says why.
+    pub fn wait(&self) -> VmExit {
+        self.exits
+            .recv()
+            .unwrap_or_else(|_| VmExit::HostError("every vCPU thread ended unexpectedly".into()))
+    }
+
+    /// The exit, if the VM has ended within `timeout`.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<VmExit> {
+        self.exits.recv_timeout(timeout).ok()
+    }
+}
+
+fn log(config: &VmConfig, msg: impl AsRef<str>) {
+    if config.verbose {
+        eprintln!("pvmm: {}", msg.as_ref());
+    }
+}
+
+/// Builds the VM described by `config` and starts its vCPUs.
+pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
+    config.validate()?;
+    // Check the files before touching KVM, so bad input is reported the same everywhere.
+    let format = detect_kernel_format(&config.kernel)?;
+    if let Some(initrd) = &config.initrd {
+        let read_err = |source| BootError::InitrdRead {
+            path: initrd.clone(),
+            source,
+        };
+        let meta = std::fs::File::open(initrd)
+            .and_then(|f| f.metadata())
+            .map_err(read_err)?;
+        if meta.is_dir() {
+            return Err(read_err(std::io::Error::other("is a directory")).into());
+        }
+        // The exact fit is checked when loading; an initrd larger than all RAM above 1 MiB
+        // can be refused before opening KVM.
+        let room = low_ram_end(config.memory_bytes()) - HIMEM_START;
+        if meta.len() >= room {
+            return Err(BootError::InitrdTooBig {
+                path: initrd.clone(),
+                size: meta.len(),
+                limit: low_ram_end(config.memory_bytes()),
+            }
+            .into());
+        }
+    }
+    log(
+        config,
+        format!("kernel {} ({format:?})", config.kernel.display()),
+    );
+
+    let vm = Vm::new(&config.kvm_device, config.vcpus)?;
+    let mem = create_guest_memory(config.memory_bytes())?;
+    vm.register_memory(&mem)?;
+
+    let tables = build_tables(config.vcpus)?;
+    for t in &tables.tables {
+        mem.write_slice(&t.bytes, GuestAddress(t.addr))
+            .map_err(|e| BootError::GuestMemory(e.to_string()))?;
+    }
+    let entry = load_kernel(
+        &mem,
+        &BootSpec {
+            kernel: &config.kernel,
+            initrd: config.initrd.as_deref(),
+            cmdline: &config.cmdline,
+            mem_size: config.memory_bytes(),
+            rsdp_addr: tables.rsdp_addr(),
+        },
+    )?;
+    log(config, format!("entry {entry:x?}"));
+
+    let (exit_tx, exits) = unbounded::<VmExit>();
+    let power_sink = |tx: crossbeam::channel::Sender<VmExit>| -> PowerEventSink {
+        Box::new(move |event| {
+            let _ = tx.send(match event {
+                PowerEvent::PowerOff => VmExit::PowerOff,
+                PowerEvent::Reset => VmExit::Reset,
+            });
+        })
+    };
+
+    let serial_irq =
+        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Devices(e.to_string()))?;
+    vm.register_irq(&serial_irq, COM1_IRQ)?;
+    let serial = Arc::new(Mutex::new(SerialConsole::new(
+        serial_irq,
+        Box::new(ConsoleOutput),
+    )));
+    let mut pio = Bus::new();
+    pio.insert(
+        serial.clone(),
+        u64::from(COM1_PORT_BASE),
+        u64::from(COM_PORT_LEN),
+    )?;
+    pio.insert(
+        Arc::new(Mutex::new(AcpiPowerDevice::new(power_sink(
+            exit_tx.clone(),
+        )))),
+        u64::from(ACPI_POWER_PORT_BASE),
+        u64::from(ACPI_POWER_PORT_LEN),
+    )?;
+    pio.insert(
+        Arc::new(Mutex::new(I8042ResetDevice::new(power_sink(
+            exit_tx.clone(),
+        )))),
+        u64::from(I8042_COMMAND_PORT),
+        1,
+    )?;
+    let buses = VcpuBuses {
+        pio: Arc::new(pio),
+        mmio: Arc::new(Bus::new()),
+    };
+
+    let supported = Vcpu::supported_cpuid(&vm)?;
+    let vcpus = (0..config.vcpus)
+        .map(|i| Vcpu::new(&vm, i, config.vcpus, &mem, &entry, &supported))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (started_tx, started_rx) = unbounded();
+    for vcpu in vcpus {
+        vcpu.spawn(buses.clone(), started_tx.clone(), exit_tx.clone())?;
+    }
+    let mut started: Vec<VcpuStarted> = Vec::with_capacity(config.vcpus as usize);
+    for _ in 0..config.vcpus {
+        match started_rx.recv() {
+            Ok(s) => started.push(s),
+            Err(_) => return Err(VmmError::Devices("a vCPU thread died at start".into())),
+        }
+    }
+    started.sort_by_key(|s| s.index);
+    for s in &started {
+        log(config, format!("vcpu{} tid {}", s.index, s.tid));
+    }
+    spawn_console_input(serial);
+    Ok(RunningVm {
+        vcpus: started,
+        exits,
+        _vm: vm,
+        _mem: mem,
+    })
+}
+
+/// Feeds pvmm's stdin to the guest's serial console until stdin ends.
+fn spawn_console_input(serial: Arc<Mutex<SerialConsole>>) {
+    let spawned = std::thread::Builder::new()
+        .name("console-in".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin();
+            let mut buf = [0u8; SERIAL_INPUT_CHUNK];
+            while let Ok(n) = stdin.read(&mut buf) {
+                if n == 0 {
+                    return;
+                }
+                let mut pending = &buf[..n];
+                while !pending.is_empty() {
+                    let taken = match serial.lock() {
+                        Ok(mut s) => s.enqueue_input(pending).unwrap_or(0),
+                        Err(_) => return,
+                    };
+                    pending = &pending[taken..];
+                    if !pending.is_empty() {
+                        std::thread::sleep(SERIAL_INPUT_RETRY);
+                    }
+                }
+            }
+        });
+    // Without console input the guest still runs; nothing else to do.
+    drop(spawned);
+}

@@ -1,0 +1,160 @@
+//! The KVM VM: opening the KVM device, memory slots, in-kernel IOAPIC/PIC/PIT, interrupts.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_API_VERSION, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Cap, Kvm, VmFd};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::layout::KVM_TSS_ADDRESS;
+use crate::memory::GuestMemory as PvmmGuestMemory;
+
+/// Errors from setting up the VM. [`VmError::Open`] and [`VmError::NotKvm`] are the user's
+/// environment (exit status 2); the rest are host failures.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// The KVM device cannot be opened.
+    #[error("cannot open {path}: {source}{hint}")]
+    Open {
+        /// The device path.
+        path: PathBuf,
+        /// Why.
+        source: kvm_ioctls::Error,
+        /// What to check.
+        hint: &'static str,
+    },
+    /// The device answers but is not KVM, or speaks another API version.
+    #[error(
+        "{0} is not a usable KVM device (KVM_GET_API_VERSION failed or is not {KVM_API_VERSION})"
+    )]
+    NotKvm(PathBuf),
+    /// The host KVM lacks something pvmm needs.
+    #[error("host KVM lacks {0}")]
+    MissingCapability(&'static str),
+    /// More vCPUs than the host KVM allows.
+    #[error("{requested} vCPUs requested, host KVM allows at most {max}")]
+    TooManyVcpus {
+        /// Asked for.
+        requested: u32,
+        /// Host limit.
+        max: usize,
+    },
+    /// A KVM ioctl failed.
+    #[error("KVM {what} failed: {source}")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+}
+
+/// An open KVM device and a VM created from it.
+pub struct Vm {
+    kvm: Kvm,
+    fd: VmFd,
+}
+
+fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { what, source }
+}
+
+impl Vm {
+    /// Opens `kvm_path` and creates a VM with an in-kernel irqchip and PIT.
+    pub fn new(kvm_path: &Path, vcpus: u32) -> Result<Self, VmError> {
+        let cpath = CString::new(kvm_path.as_os_str().as_bytes())
+            .map_err(|_| VmError::NotKvm(kvm_path.to_path_buf()))?;
+        let kvm = Kvm::new_with_path(&cpath).map_err(|source| VmError::Open {
+            path: kvm_path.to_path_buf(),
+            hint: match source.errno() {
+                libc::ENOENT => " (is the kvm module loaded? on a host without virtualization, use the QEMU-nested rig: cargo xtask rig)",
+                libc::EACCES | libc::EPERM => " (add yourself to the kvm group, or run as root)",
+                _ => "",
+            },
+            source,
+        })?;
+        if kvm.get_api_version() != KVM_API_VERSION as i32 {
+            return Err(VmError::NotKvm(kvm_path.to_path_buf()));
+        }
+        for (cap, name) in [
+            (Cap::Irqchip, "an in-kernel irqchip (KVM_CAP_IRQCHIP)"),
+            (Cap::Irqfd, "irqfd (KVM_CAP_IRQFD)"),
+            (Cap::Pit2, "an in-kernel PIT (KVM_CAP_PIT2)"),
+            (Cap::UserMemory, "user memory slots (KVM_CAP_USER_MEMORY)"),
+        ] {
+            if !kvm.check_extension(cap) {
+                return Err(VmError::MissingCapability(name));
+            }
+        }
+        let max = kvm.get_max_vcpus();
+        if vcpus as usize > max {
+            return Err(VmError::TooManyVcpus {
+                requested: vcpus,
+                max,
+            });
+        }
+        let fd = kvm.create_vm().map_err(kvm_err("VM creation"))?;
+        fd.set_tss_address(KVM_TSS_ADDRESS as usize)
+            .map_err(kvm_err("TSS address"))?;
+        fd.create_irq_chip().map_err(kvm_err("irqchip creation"))?;
+        let pit = kvm_pit_config {
+            // The PC speaker port (0x61) is emulated in-kernel as a dummy, so guests that poke
+            // it do not exit to pvmm.
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        fd.create_pit2(pit).map_err(kvm_err("PIT creation"))?;
+        Ok(Self { kvm, fd })
+    }
+
+    /// The KVM system handle.
+    pub fn kvm(&self) -> &Kvm {
+        &self.kvm
+    }
+
+    /// The VM handle.
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
+    /// Registers every guest memory region as a KVM memory slot.
+    pub fn register_memory(&self, mem: &PvmmGuestMemory) -> Result<(), VmError> {
+        for (slot, region) in mem.iter().enumerate() {
+            let host = region
+                .get_host_address(vm_memory::MemoryRegionAddress(0))
+                .map_err(|_| VmError::Kvm {
+                    what: "memory slot (no host mapping)",
+                    source: kvm_ioctls::Error::new(libc::EFAULT),
+                })?;
+            let desc = kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: host as u64,
+            };
+            // SAFETY: the region is a live mmap owned by `mem`, which outlives the VM (both are
+            // held by the running VMM until the process exits), and slots do not overlap.
+            unsafe { self.fd.set_user_memory_region(desc) }
+                .map_err(kvm_err("memory slot registration"))?;
+        }
+        Ok(())
+    }
+
+    /// Makes a signal on `evt` raise interrupt line `gsi`.
+    pub fn register_irq(&self, evt: &EventFd, gsi: u32) -> Result<(), VmError> {
+        self.fd
+            .register_irqfd(evt, gsi)
+            .map_err(kvm_err("irqfd registration"))
+    }
+}
+
+/// Counts the memory `mem` covers, for sanity checks.
+pub fn total_memory(mem: &PvmmGuestMemory) -> u64 {
+    mem.iter().map(|r| r.len()).sum()
+}

@@ -1,0 +1,164 @@
+//! Helpers for pvmm's own integration tests: tiny guest kernels and running the binary.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Where the tiny kernel's code is loaded (and entered, through PVH).
+pub const TINY_LOAD_ADDR: u64 = 0x10_0000;
+
+/// A minimal ELF64 "kernel" with a PVH entry note whose 32-bit code is `code`.
+pub fn tiny_pvh_kernel(code: &[u8]) -> Vec<u8> {
+    const EHDR: usize = 64;
+    const PHDR: usize = 56;
+    let note_off = EHDR + 2 * PHDR;
+    let mut note = Vec::new();
+    note.extend_from_slice(&4u32.to_le_bytes()); // namesz
+    note.extend_from_slice(&4u32.to_le_bytes()); // descsz
+    note.extend_from_slice(&18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
+    note.extend_from_slice(b"Xen\0");
+    note.extend_from_slice(&(TINY_LOAD_ADDR as u32).to_le_bytes());
+    let code_off = 0x1000usize;
+
+    let mut f = vec![0u8; code_off];
+    f[0..4].copy_from_slice(b"\x7fELF");
+    f[4] = 2; // 64-bit
+    f[5] = 1; // little endian
+    f[6] = 1; // version
+    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    f[20..24].copy_from_slice(&1u32.to_le_bytes());
+    f[24..32].copy_from_slice(&TINY_LOAD_ADDR.to_le_bytes()); // e_entry
+    f[32..40].copy_from_slice(&(EHDR as u64).to_le_bytes()); // e_phoff
+    f[52..54].copy_from_slice(&(EHDR as u16).to_le_bytes()); // e_ehsize
+    f[54..56].copy_from_slice(&(PHDR as u16).to_le_bytes()); // e_phentsize
+    f[56..58].copy_from_slice(&2u16.to_le_bytes()); // e_phnum
+    let phdr = |f: &mut Vec<u8>, at: usize, kind: u32, off: u64, addr: u64, size: u64| {
+        f[at..at + 4].copy_from_slice(&kind.to_le_bytes());
+        f[at + 4..at + 8].copy_from_slice(&5u32.to_le_bytes()); // R+X
+        f[at + 8..at + 16].copy_from_slice(&off.to_le_bytes());
+        f[at + 16..at + 24].copy_from_slice(&addr.to_le_bytes());
+        f[at + 24..at + 32].copy_from_slice(&addr.to_le_bytes());
+        f[at + 32..at + 40].copy_from_slice(&size.to_le_bytes());
+        f[at + 40..at + 48].copy_from_slice(&size.to_le_bytes());
+        f[at + 48..at + 56].copy_from_slice(&4u64.to_le_bytes());
+    };
+    phdr(
+        &mut f,
+        EHDR,
+        1,
+        code_off as u64,
+        TINY_LOAD_ADDR,
+        code.len() as u64,
+    ); // PT_LOAD
+    phdr(
+        &mut f,
+        EHDR + PHDR,
+        4,
+        note_off as u64,
+        0,
+        note.len() as u64,
+    ); // PT_NOTE
+    f[note_off..note_off + note.len()].copy_from_slice(&note);
+    f.extend_from_slice(code);
+    f
+}
+
+/// 32-bit code: `out dx, al` of each byte of `text` to COM1.
+pub fn print_code(text: &[u8]) -> Vec<u8> {
+    let mut c = vec![0x66, 0xba, 0xf8, 0x03]; // mov dx, 0x3f8
+    for b in text {
+        c.extend_from_slice(&[0xb0, *b, 0xee]); // mov al, b; out dx, al
+    }
+    c
+}
+
+/// 32-bit code: write `value` to I/O port `port`.
+pub fn out_code(port: u16, value: u8) -> Vec<u8> {
+    let p = port.to_le_bytes();
+    vec![0x66, 0xba, p[0], p[1], 0xb0, value, 0xee]
+}
+
+/// 32-bit code: halt forever.
+pub const HALT_LOOP: [u8; 3] = [0xf4, 0xeb, 0xfd];
+/// S5 sleep type 5 << 2 | SLP_EN.
+pub const POWER_OFF_VALUE: u8 = (5 << 2) | (1 << 5);
+
+/// A scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pvmm-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Writes a tiny kernel running `code` into `dir`.
+pub fn write_kernel(dir: &Path, code: &[u8]) -> PathBuf {
+    let k = dir.join("tiny.elf");
+    std::fs::write(&k, tiny_pvh_kernel(code)).unwrap();
+    k
+}
+
+/// A run that has not ended by then is a hang: the test fails instead of blocking CI.
+const RUN_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs pvmm with `args`, stdin closed; kills it and fails the test if it hangs.
+pub fn pvmm(args: &[&str]) -> Output {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pvmm");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for pvmm") {
+            break status;
+        }
+        if start.elapsed() > RUN_LIMIT {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("pvmm {args:?} did not exit within {RUN_LIMIT:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Whether /dev/kvm is usable here. Without it, KVM tests skip loudly, unless
+/// PVMM_REQUIRE_KVM=1 (CI), where they fail.
+pub fn kvm_available(test: &str) -> bool {
+    let ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    if !ok {
+        if std::env::var("PVMM_REQUIRE_KVM").as_deref() == Ok("1") {
+            panic!("{test}: /dev/kvm is not usable and PVMM_REQUIRE_KVM=1");
+        }
+        eprintln!("\n!!! SKIPPED {test}: /dev/kvm is not usable on this machine !!!\n");
+    }
+    ok
+}

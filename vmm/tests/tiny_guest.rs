@@ -1,0 +1,110 @@
+//! Boots tiny hand-written guests on this machine's /dev/kvm: power-off, reboot, triple fault,
+//! and several vCPUs. The guest code is a few 32-bit instructions entered through PVH, so it
+//! runs quickly even where KVM emulates kernel-mode code.
+
+mod common;
+use common::*;
+
+fn run_tiny(name: &str, code: &[u8], extra: &[&str]) -> Option<std::process::Output> {
+    if !kvm_available(name) {
+        return None;
+    }
+    let dir = scratch(name);
+    let k = write_kernel(&dir, code);
+    let mut args: Vec<&str> = extra.to_vec();
+    let ks = k.to_str().unwrap().to_string();
+    args.push(&ks);
+    let out = pvmm(&args);
+    std::fs::remove_dir_all(&dir).ok();
+    Some(out)
+}
+
+#[test]
+fn guest_output_reaches_stdout_and_poweroff_exits_0() {
+    let mut code = print_code(b"hello from pvmm\n");
+    code.extend(out_code(0x600, POWER_OFF_VALUE));
+    code.extend(HALT_LOOP);
+    let Some(out) = run_tiny("poweroff", &code, &["--memory", "64"]) else {
+        return;
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from pvmm\n");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn four_vcpus_with_named_threads_power_off() {
+    let mut code = print_code(b"smp\n");
+    code.extend(out_code(0x600, POWER_OFF_VALUE));
+    code.extend(HALT_LOOP);
+    let Some(out) = run_tiny("smp", &code, &["--vcpus", "4", "--memory", "64", "-v"]) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for i in 0..4 {
+        assert!(err.contains(&format!("vcpu{i} tid ")), "{err}");
+    }
+}
+
+#[test]
+fn acpi_reset_register_exits_3() {
+    let mut code = out_code(0x602, 1);
+    code.extend(HALT_LOOP);
+    let Some(out) = run_tiny("acpi-reset", &code, &[]) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("reboot"), "{err}");
+}
+
+#[test]
+fn keyboard_controller_reset_exits_3() {
+    let mut code = out_code(0x64, 0xfe);
+    code.extend(HALT_LOOP);
+    let Some(out) = run_tiny("kbd-reset", &code, &[]) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn triple_fault_exits_4() {
+    // ud2 with an IDT that holds no usable gate: #UD -> #GP -> #DF -> triple fault.
+    let code = [0x0f, 0x0b];
+    let Some(out) = run_tiny("triple", &code, &[]) else {
+        return;
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("triple fault"), "{err}");
+}
+
+#[test]
+fn unhandled_ports_do_not_stop_the_guest() {
+    // Reads and writes to ports nothing serves, then power off.
+    let mut code = vec![0x66, 0xba, 0x34, 0x12, 0xec, 0xee]; // mov dx,0x1234; in al,dx; out dx,al
+    code.extend(out_code(0x600, POWER_OFF_VALUE));
+    code.extend(HALT_LOOP);
+    let Some(out) = run_tiny("unhandled", &code, &[]) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(0));
+}
