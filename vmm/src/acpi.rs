@@ -56,6 +56,8 @@ const MADT_NMI_LINT: u8 = 1;
 const IOAPIC_ID: u8 = 0;
 /// The most vCPUs the MADT can describe: xAPIC ids are 8 bits and 0xff is the broadcast id.
 pub const MAX_VCPUS: u32 = 255;
+/// FADT IAPC_BOOT_ARCH bit 5: CMOS RTC not present.
+const FADT_BOOT_ARCH_NO_CMOS_RTC: u16 = 1 << 5;
 /// Tables are 16-byte aligned (RSDP must be, the others by convention).
 const TABLE_ALIGN: u64 = 16;
 /// Header length of every SDT.
@@ -200,6 +202,9 @@ fn fadt(dsdt_addr: u64) -> Vec<u8> {
     builder.reset_value = RESET_VALUE;
     builder.sleep_control_reg = io_register(ACPI_POWER_PORT_BASE + SLEEP_CONTROL_OFFSET as u16);
     builder.sleep_status_reg = io_register(ACPI_POWER_PORT_BASE + SLEEP_STATUS_OFFSET as u16);
+    // No CMOS RTC: pvmm emulates none, and without this flag Linux's rtc_cmos driver spends
+    // seconds probing ports 0x70/0x71 at boot.
+    builder.iapc_boot_arch = FADT_BOOT_ARCH_NO_CMOS_RTC.into();
     builder.hypervisor_vendor_identity = u64::from_le_bytes(*b"PVMMPVMM").into();
     aml_bytes(&builder.finalize())
 }

@@ -60,6 +60,8 @@ const FPU_FCW_DEFAULT: u16 = 0x37f;
 const MXCSR_DEFAULT: u32 = 0x1f80;
 
 /// MSRs zeroed at boot so no stale host-side value leaks into the guest's first instructions.
+/// The TSC is deliberately not written: KVM synchronizes the vCPUs' TSCs at creation, and
+/// writing it per vCPU at slightly different times makes Linux mark the TSC unstable.
 const MSR_IA32_SYSENTER_CS: u32 = 0x174;
 const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
 const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
@@ -68,7 +70,6 @@ const MSR_LSTAR: u32 = 0xc000_0082;
 const MSR_CSTAR: u32 = 0xc000_0083;
 const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
 const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
-const MSR_IA32_TSC: u32 = 0x10;
 /// IA32_MISC_ENABLE with "fast strings" set, what firmware leaves for the OS.
 const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
 const MISC_ENABLE_FAST_STRING: u64 = 1;
@@ -244,7 +245,6 @@ pub fn setup_common_vcpu_state(vcpu: &VcpuFd) -> Result<(), RegsError> {
         (MSR_KERNEL_GS_BASE, 0),
         (MSR_SYSCALL_MASK, 0),
         (MSR_LSTAR, 0),
-        (MSR_IA32_TSC, 0),
         (MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
     ]
     .iter()
