@@ -4,7 +4,10 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::config::{VmConfig, DEFAULT_CMDLINE, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB};
+use crate::config::{
+    PlacementConfig, StatsTarget, VmConfig, DEFAULT_CMDLINE, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
+};
+use crate::live::scheduler::{PlacementPolicy, DEFAULT_TICK_MS};
 
 /// Help text after the options: exit statuses and an example.
 const AFTER_HELP: &str = "\
@@ -17,6 +20,15 @@ Exit status:
   5  KVM could not run the guest (internal error, failed VM entry)
 
 The guest's serial console (COM1) is pvmm's stdin/stdout.
+
+Placement policies (--policy):
+  performance      spread vCPUs across packages, then cores; never share a core
+  balance          pack into the fewest packages, one vCPU per core, while capacity lasts
+  powersaving[:1]  pack into the fewest packages using every logical CPU (default)
+  powersaving:2    also steer waking vCPUs to a preferred package
+  none             never pin: the host scheduler decides
+Every policy keeps 20 % headroom per CPU and spreads at once when load grows;
+consolidation waits for the load to stay low (ramp-down, 5 s).
 
 Example:
   pvmm --vcpus 4 --memory 512 --initrd initrd.cpio.gz bzImage";
@@ -56,6 +68,27 @@ pub struct Cli {
     /// Print progress and each vCPU's thread id on stderr.
     #[arg(short, long)]
     pub verbose: bool,
+
+    /// vCPU placement policy: performance | balance | powersaving[:1|:2] | none.
+    #[arg(long, value_name = "POLICY", default_value = "powersaving:1",
+          value_parser = clap::value_parser!(PlacementPolicy))]
+    pub policy: PlacementPolicy,
+
+    /// Host topology: auto (read sysfs), a spec SxCxT such as 2x4x2, or a topology file.
+    #[arg(long, value_name = "auto|SPEC|FILE", default_value = "auto")]
+    pub host_topology: String,
+
+    /// Host CPUs pvmm may place vCPUs on, e.g. 2-15,18 (default: all).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+
+    /// Placement period in milliseconds (10-60000).
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_TICK_MS)]
+    pub tick_ms: u64,
+
+    /// Write one JSON object per tick to FILE, or to stdout with '-'.
+    #[arg(long, value_name = "FILE|-")]
+    pub stats: Option<PathBuf>,
 }
 
 impl Cli {
@@ -69,6 +102,19 @@ impl Cli {
             memory_mib: self.memory,
             kvm_device: self.kvm,
             verbose: self.verbose,
+            placement: PlacementConfig {
+                policy: self.policy,
+                host_topology: self.host_topology,
+                cpus: self.cpus,
+                tick_ms: self.tick_ms,
+                stats: self.stats.map(|p| {
+                    if p.as_os_str() == "-" {
+                        StatsTarget::Stdout
+                    } else {
+                        StatsTarget::File(p)
+                    }
+                }),
+            },
         }
     }
 }
@@ -149,6 +195,8 @@ mod tests {
             &["pvmm", "--bogus", "k"],
             &["pvmm"],
             &["pvmm", "--memory", "-5", "k"],
+            &["pvmm", "--policy", "fastest", "k"],
+            &["pvmm", "--policy", "powersaving:7", "k"],
         ] {
             let e = err(args);
             assert!(!e.contains('\n'), "{e}");

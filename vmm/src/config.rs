@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::live::scheduler::{PlacementPolicy, DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
+
 /// The kernel command line pvmm uses when `--cmdline` is not given: the serial console on
 /// COM1, reboot through the keyboard controller (pvmm also serves the ACPI reset register), a
 /// panicking guest reboots at once (so pvmm exits with the reboot status instead of hanging),
@@ -28,6 +30,9 @@ pub enum ConfigError {
         "--memory {0} MiB is out of range: pvmm needs {MIN_MEMORY_MIB}..={MAX_MEMORY_MIB} MiB"
     )]
     MemoryOutOfRange(u64),
+    /// Tick outside the accepted range.
+    #[error("--tick-ms {0} is out of range: {MIN_TICK_MS}..={MAX_TICK_MS}")]
+    TickOutOfRange(u64),
     /// vCPU count outside the accepted range.
     #[error("--vcpus {0} is out of range: 1..={max}", max = crate::acpi::MAX_VCPUS)]
     VcpusOutOfRange(u32),
@@ -50,6 +55,44 @@ pub struct VmConfig {
     pub kvm_device: PathBuf,
     /// Print progress and vCPU thread ids on stderr.
     pub verbose: bool,
+    /// How vCPU threads are placed.
+    pub placement: PlacementConfig,
+}
+
+/// Where stats lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatsTarget {
+    /// Standard output (shared with the guest console).
+    Stdout,
+    /// A file, created or truncated.
+    File(PathBuf),
+}
+
+/// Live placement settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementConfig {
+    /// The balancing policy, or `none`.
+    pub policy: PlacementPolicy,
+    /// `auto`, a spec like `2x4x2`, or a topology file.
+    pub host_topology: String,
+    /// Host CPUs pvmm may use (default: all CPUs of the topology).
+    pub cpus: Option<String>,
+    /// Placement period.
+    pub tick_ms: u64,
+    /// Per-tick JSON stats.
+    pub stats: Option<StatsTarget>,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        Self {
+            policy: PlacementPolicy::default(),
+            host_topology: "auto".into(),
+            cpus: None,
+            tick_ms: DEFAULT_TICK_MS,
+            stats: None,
+        }
+    }
 }
 
 impl VmConfig {
@@ -60,6 +103,9 @@ impl VmConfig {
         }
         if self.vcpus == 0 || self.vcpus > crate::acpi::MAX_VCPUS {
             return Err(ConfigError::VcpusOutOfRange(self.vcpus));
+        }
+        if !(MIN_TICK_MS..=MAX_TICK_MS).contains(&self.placement.tick_ms) {
+            return Err(ConfigError::TickOutOfRange(self.placement.tick_ms));
         }
         Ok(())
     }
@@ -83,6 +129,7 @@ mod tests {
             memory_mib: DEFAULT_MEMORY_MIB,
             kvm_device: DEFAULT_KVM_DEVICE.into(),
             verbose: false,
+            placement: PlacementConfig::default(),
         }
     }
 
@@ -101,5 +148,7 @@ mod tests {
         assert!(c.validate().is_err());
         c.vcpus = 255;
         assert!(c.validate().is_ok());
+        c.placement.tick_ms = 1;
+        assert_eq!(c.validate(), Err(ConfigError::TickOutOfRange(1)));
     }
 }

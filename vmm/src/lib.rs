@@ -13,6 +13,7 @@ pub mod config;
 pub mod cpuid;
 pub mod exit;
 pub mod layout;
+pub mod live;
 pub mod memory;
 pub mod vmm;
 pub mod vstate;

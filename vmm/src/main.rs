@@ -27,6 +27,7 @@ fn main() {
     if exit != VmExit::PowerOff || config.verbose {
         eprintln!("pvmm: {}", exit.reason());
     }
+    eprintln!("pvmm: {}", vm.placement_summary());
     // Ends every vCPU thread with the process: a powered-off guest has nothing left to run.
     std::process::exit(exit.status());
 }

@@ -1,7 +1,7 @@
 //! Building and running one VM: the order of setup, the devices, and waiting for the end.
 
 use std::io::{Read, Write};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use crossbeam::channel::{unbounded, Receiver};
@@ -16,12 +16,16 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::acpi::{build_tables, AcpiError};
 use crate::boot::{detect_kernel_format, load_kernel, BootError, BootSpec};
-use crate::config::{ConfigError, VmConfig};
+use crate::config::{ConfigError, StatsTarget, VmConfig};
 use crate::exit::{VmExit, EXIT_BAD_INPUT, EXIT_HOST_ERROR};
 use crate::layout::HIMEM_START;
+use crate::live::hoststat::CpuTimes;
+use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
+use crate::live::scheduler::{LiveScheduler, LiveVcpu, PlacementPolicy, PlacementTotals};
 use crate::memory::{create_guest_memory, low_ram_end, MemoryError};
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuError, VcpuStarted};
 use crate::vstate::vm::{Vm, VmError};
+use pvmm_scheduler::{CpuSet, EngineConfig, Executor, HostTopology, LinuxExecutor};
 
 /// How long to wait for a retry when the UART's receive FIFO is full.
 const SERIAL_INPUT_RETRY: Duration = Duration::from_millis(10);
@@ -52,6 +56,12 @@ pub enum VmmError {
     /// Device wiring.
     #[error("device setup: {0}")]
     Devices(String),
+    /// Host topology, CPU list or stats file: the user's input.
+    #[error("{0}")]
+    Placement(String),
+    /// Starting placement failed on the host.
+    #[error("vCPU placement: {0}")]
+    PlacementHost(String),
 }
 
 impl From<BusError> for VmmError {
@@ -71,6 +81,7 @@ impl VmmError {
                 VmError::Open { .. } | VmError::NotKvm(_) | VmError::TooManyVcpus { .. },
             ) => EXIT_BAD_INPUT,
             VmmError::Acpi(AcpiError::TooManyVcpus(_)) => EXIT_BAD_INPUT,
+            VmmError::Placement(_) => EXIT_BAD_INPUT,
             _ => EXIT_HOST_ERROR,
         }
     }
@@ -97,6 +108,7 @@ pub struct RunningVm {
     /// Each vCPU's thread, in vCPU order.
     pub vcpus: Vec<VcpuStarted>,
     exits: Receiver<VmExit>,
+    placement: PlacementReport,
     // Keep guest memory and KVM objects alive while vCPUs run.
     _vm: Vm,
     _mem: crate::memory::GuestMemory,
@@ -114,6 +126,69 @@ impl RunningVm {
     pub fn wait_timeout(&self, timeout: Duration) -> Option<VmExit> {
         self.exits.recv_timeout(timeout).ok()
     }
+
+    /// The one-line placement summary (migrations, measured package idle share).
+    pub fn placement_summary(&self) -> String {
+        let p = &self.placement;
+        let totals = p.totals.lock().map(|t| t.clone()).unwrap_or_default();
+        LiveScheduler::summary_line(
+            p.policy,
+            &p.topology,
+            &totals,
+            &p.host_stat_at_start,
+            p.started.elapsed(),
+        )
+    }
+}
+
+/// What the exit summary needs from the live scheduler.
+struct PlacementReport {
+    policy: PlacementPolicy,
+    topology: HostTopology,
+    totals: Arc<Mutex<PlacementTotals>>,
+    host_stat_at_start: Vec<(u32, CpuTimes)>,
+    started: std::time::Instant,
+}
+
+/// Resolves `--host-topology` and `--cpus`, and checks that pvmm may run on every CPU left.
+pub fn resolve_topology(config: &VmConfig) -> Result<HostTopology, VmmError> {
+    let p = &config.placement;
+    let topology = pvmm_scheduler::parse_host_topology_arg(&p.host_topology)
+        .map_err(|e| VmmError::Placement(format!("--host-topology {}: {e}", p.host_topology)))?;
+    let topology = match &p.cpus {
+        Some(list) => {
+            let set: CpuSet = list
+                .parse()
+                .map_err(|e| VmmError::Placement(format!("--cpus {list}: {e}")))?;
+            topology
+                .restrict(&set)
+                .map_err(|e| VmmError::Placement(format!("--cpus {list}: {e}")))?
+        }
+        None => topology,
+    };
+    if p.policy != PlacementPolicy::None {
+        // Pinning to a CPU outside pvmm's own affinity fails; say so now, not at the first tick.
+        if let Ok(allowed) = LinuxExecutor.read(0) {
+            let outside = topology.cpu_set().difference(&allowed);
+            if !outside.is_empty() {
+                return Err(VmmError::Placement(format!(
+                    "host topology names CPUs {outside} that pvmm may not run on (allowed: {allowed}); use --cpus or a matching --host-topology"
+                )));
+            }
+        }
+    }
+    Ok(topology)
+}
+
+fn open_stats(target: &Option<StatsTarget>) -> Result<Option<Box<dyn Write + Send>>, VmmError> {
+    Ok(match target {
+        None => None,
+        Some(StatsTarget::Stdout) => Some(Box::new(ConsoleOutput)),
+        Some(StatsTarget::File(path)) => Some(Box::new(std::io::LineWriter::new(
+            std::fs::File::create(path)
+                .map_err(|e| VmmError::Placement(format!("--stats {}: {e}", path.display())))?,
+        ))),
+    })
 }
 
 fn log(config: &VmConfig, msg: impl AsRef<str>) {
@@ -154,6 +229,8 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         config,
         format!("kernel {} ({format:?})", config.kernel.display()),
     );
+    let topology = resolve_topology(config)?;
+    let stats_out = open_stats(&config.placement.stats)?;
 
     let vm = Vm::new(&config.kvm_device, config.vcpus)?;
     let mem = create_guest_memory(config.memory_bytes())?;
@@ -222,9 +299,31 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     let vcpus = (0..config.vcpus)
         .map(|i| Vcpu::new(&vm, i, config.vcpus, &mem, &entry, &supported))
         .collect::<Result<Vec<_>, _>>()?;
+    // The guest's halt counters drive placement; fall back to thread run time (and say so
+    // once) where KVM has no binary stats.
+    let mut idle_sources: Vec<Option<KvmHaltIdle>> = Vec::with_capacity(vcpus.len());
+    let mut stats_warning = None;
+    for vcpu in &vcpus {
+        match vcpu.halt_stats() {
+            Ok(stats) => idle_sources.push(Some(KvmHaltIdle(stats))),
+            Err(e) => {
+                stats_warning.get_or_insert(e.to_string());
+                idle_sources.push(None);
+            }
+        }
+    }
+    if let Some(why) = stats_warning {
+        eprintln!("pvmm: KVM halt statistics unavailable ({why}); using vCPU thread run time from /proc instead");
+    }
+    let gate = Arc::new(Barrier::new(vcpus.len() + 1));
     let (started_tx, started_rx) = unbounded();
     for vcpu in vcpus {
-        vcpu.spawn(buses.clone(), started_tx.clone(), exit_tx.clone())?;
+        vcpu.spawn(
+            buses.clone(),
+            started_tx.clone(),
+            gate.clone(),
+            exit_tx.clone(),
+        )?;
     }
     let mut started: Vec<VcpuStarted> = Vec::with_capacity(config.vcpus as usize);
     for _ in 0..config.vcpus {
@@ -237,10 +336,44 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     for s in &started {
         log(config, format!("vcpu{} tid {}", s.index, s.tid));
     }
+    let live_vcpus = started
+        .iter()
+        .zip(idle_sources)
+        .map(|(s, src)| {
+            let source: Box<dyn IdleSource> = match src {
+                Some(k) => Box::new(k),
+                None => Box::new(ThreadRunTime::new(s.tid)),
+            };
+            LiveVcpu::new(s.index, s.tid, source)
+        })
+        .collect();
+    let mut scheduler = LiveScheduler::new(
+        config.placement.policy,
+        topology.clone(),
+        EngineConfig::default(),
+        Box::new(LinuxExecutor),
+        live_vcpus,
+        stats_out,
+    );
+    // vCPUs start where the policy wants them: place before releasing the gate.
+    let placed = scheduler.tick();
+    gate.wait();
+    placed.map_err(|e| VmmError::PlacementHost(e.to_string()))?;
+    let placement = PlacementReport {
+        policy: config.placement.policy,
+        topology,
+        totals: scheduler.totals(),
+        host_stat_at_start: scheduler.host_stat_at_start(),
+        started: std::time::Instant::now(),
+    };
+    scheduler
+        .spawn(Duration::from_millis(config.placement.tick_ms))
+        .map_err(|e| VmmError::PlacementHost(e.to_string()))?;
     spawn_console_input(serial);
     Ok(RunningVm {
         vcpus: started,
         exits,
+        placement,
         _vm: vm,
         _mem: mem,
     })

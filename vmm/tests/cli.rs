@@ -151,3 +151,35 @@ fn initrd_that_does_not_fit_after_the_kernel() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn placement_flags() {
+    let dir = scratch("placement");
+    let k = write_kernel(&dir, &HALT_LOOP);
+    let k = k.to_str().unwrap();
+    assert_bad_input(&["--policy", "fastest", k], "--policy");
+    assert_bad_input(&["--policy", "powersaving:3", k], "--policy");
+    assert_bad_input(&["--host-topology", "3xx", k], "--host-topology");
+    assert_bad_input(
+        &[
+            "--host-topology",
+            dir.join("nope.topo").to_str().unwrap(),
+            k,
+        ],
+        "--host-topology",
+    );
+    assert_bad_input(&["--host-topology", "1x2x1", "--cpus", "7", k], "--cpus 7");
+    assert_bad_input(
+        &["--host-topology", "1x2x1", "--cpus", "1-0", k],
+        "--cpus 1-0",
+    );
+    assert_bad_input(&["--tick-ms", "1", k], "--tick-ms");
+    assert_bad_input(&["--tick-ms", "soon", k], "--tick-ms");
+    // More CPUs than any machine this runs on: pinning there would fail.
+    assert_bad_input(&["--host-topology", "64x64x1", k], "may not run on");
+    assert_bad_input(
+        &["--stats", "/nonexistent-dir/stats.jsonl", k],
+        "--stats /nonexistent-dir/stats.jsonl",
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -4,7 +4,7 @@
 //! the device buses; everything that ends the VM (power-off, reset, triple fault, KVM errors)
 //! is sent to the VMM's main thread as a [`VmExit`], which ends the process.
 
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::Sender;
@@ -16,6 +16,7 @@ use crate::boot::regs::{setup_boot_vcpu, setup_common_vcpu_state, RegsError};
 use crate::boot::EntryPoint;
 use crate::cpuid::{configure_cpuid, CpuidError};
 use crate::exit::VmExit;
+use crate::live::kvm_stats::{StatsError, VcpuHaltStats};
 use crate::memory::GuestMemory;
 use crate::vstate::vm::Vm;
 
@@ -133,12 +134,25 @@ impl Vcpu {
             })
     }
 
-    /// Starts the vCPU on its own thread `vcpu<N>`; it reports its thread id on `started` and
-    /// the reason the VM must end on `exits`.
+    /// Opens KVM's binary statistics for this vCPU (before it runs: the ioctl takes the vCPU
+    /// mutex that `KVM_RUN` holds).
+    pub fn halt_stats(&self) -> Result<VcpuHaltStats, StatsError> {
+        VcpuHaltStats::open(&self.fd)
+    }
+
+    /// vCPU index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Starts the vCPU on its own thread `vcpu<N>`; it reports its thread id on `started`,
+    /// waits at `gate` (so the VMM can place the thread before the guest runs), and sends the
+    /// reason the VM must end on `exits`.
     pub fn spawn(
         self,
         buses: VcpuBuses,
         started: Sender<VcpuStarted>,
+        gate: Arc<Barrier>,
         exits: Sender<VmExit>,
     ) -> Result<JoinHandle<()>, VcpuError> {
         let index = self.index;
@@ -149,6 +163,7 @@ impl Vcpu {
                 let tid = unsafe { libc::gettid() };
                 // The VMM may already be gone when a late vCPU starts; nothing to do then.
                 let _ = started.send(VcpuStarted { index, tid });
+                gate.wait();
                 let exit = self.run(&buses);
                 let _ = exits.send(exit);
             })

@@ -1,0 +1,11 @@
+//! Live vCPU placement: the guest's idleness drives where pvmm's vCPU threads may run.
+//!
+//! - [`kvm_stats`]: KVM's binary statistics fd per vCPU (halt counters).
+//! - [`idle`]: the idle signal per vCPU, from KVM stats or, as a fallback, /proc run time.
+//! - [`scheduler`]: the tick loop running the scheduler crate's engine and applying affinity.
+//! - [`hoststat`]: host per-CPU idle from /proc/stat for the exit summary.
+
+pub mod hoststat;
+pub mod idle;
+pub mod kvm_stats;
+pub mod scheduler;
