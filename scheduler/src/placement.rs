@@ -41,7 +41,8 @@ use std::collections::HashMap;
 use thiserror::Error;
 
 use crate::capacity::{
-    capacity_greater, core_capacity, effective_capacity, thread_share, CAPACITY_SCALE, FIT_MARGIN,
+    capacity_greater, core_capacity, effective_capacity, thread_share, CAPACITY_GREATER_MARGIN,
+    CAPACITY_SCALE, FIT_MARGIN,
 };
 use crate::cpuset::CpuSet;
 use crate::policy::Policy;
@@ -299,6 +300,20 @@ impl Layout {
         l
     }
 
+    /// Fit demand of weight `w` on dense CPU `c`: against its packing slot, or
+    /// its whole capacity on a CPU that is not a slot (balance's sibling threads).
+    fn cpu_fit_demand(&self, c: usize, w: u64) -> u64 {
+        let slot = self.slot[c];
+        if slot > 0 {
+            fit_demand(w, slot)
+        } else {
+            fit_demand(
+                w,
+                u64::from(self.cpu_capacity[c]) * u64::from(CAPACITY_SCALE),
+            )
+        }
+    }
+
     fn num_pkgs(&self) -> usize {
         self.pkg_id.len()
     }
@@ -387,6 +402,9 @@ pub struct Engine {
     ramp: Ramp,
     /// Weight per package at the previous decision (for ranking).
     prev_pkg_weight: Vec<u64>,
+    /// (total fit demand, packages) of the last decision that had to open
+    /// more packages than the total needed.
+    fragmentation: Option<(u64, usize)>,
     scratch: Scratch,
 }
 
@@ -412,6 +430,12 @@ struct Scratch {
     vm_home: Vec<u32>,
     vm_remaining: Vec<u64>,
     vm_pkg_count: Vec<u32>,
+    vm_order: Vec<u32>,
+    vm_offset: Vec<u32>,
+    pass2: Vec<u32>,
+    vm_start: Vec<u32>,
+    vm_members: Vec<u32>,
+    vm_done: Vec<bool>,
 }
 
 impl Engine {
@@ -428,6 +452,7 @@ impl Engine {
             num_vms: 0,
             ramp: Ramp::default(),
             prev_pkg_weight,
+            fragmentation: None,
             scratch: Scratch::default(),
         }
     }
@@ -556,7 +581,7 @@ impl Engine {
         let p = l.cpu_pkg[cu] as usize;
         s.new_cpu[i] = c;
         s.cpu_load[cu] += w;
-        s.cpu_fit[cu] += fit_demand(w, l.slot[cu].max(u64::from(l.cpu_capacity[cu]) * 1024));
+        s.cpu_fit[cu] += l.cpu_fit_demand(cu, w);
         s.cpu_count[cu] += 1;
         s.cpu_busy[cu] |= busy;
         s.core_load[l.cpu_core[cu] as usize] += w;
@@ -577,7 +602,7 @@ impl Engine {
         let p = l.cpu_pkg[cu] as usize;
         s.new_cpu[i] = NO_CPU;
         s.cpu_load[cu] -= w;
-        s.cpu_fit[cu] -= fit_demand(w, l.slot[cu].max(u64::from(l.cpu_capacity[cu]) * 1024));
+        s.cpu_fit[cu] -= l.cpu_fit_demand(cu, w);
         s.cpu_count[cu] -= 1;
         s.core_load[l.cpu_core[cu] as usize] -= w;
         s.pkg_load[p] -= w;
@@ -696,9 +721,21 @@ impl Engine {
             cap += self.layout.pkg_fit_cap[self.scratch.rank[r] as usize];
             needed += 1;
         }
-        let mut active_k = self
+        // Packing whole vCPUs (and whole VMs) can need more packages than the
+        // total suggests; once a decision had to open more, keep that many
+        // until the demand is clearly (5 %) lower, or the ramp would retry the
+        // impossible every window and migrate vCPUs each time.
+        if let Some((fit_then, k_then)) = self.fragmentation {
+            if capacity_greater(fit_then, total_fit) {
+                self.fragmentation = None;
+            } else {
+                needed = needed.max(k_then);
+            }
+        }
+        let ramp_target = self
             .ramp
             .step(now_ms, needed.max(1), self.config.ramp_down_window_ms);
+        let mut active_k = ramp_target;
         {
             let s = &mut self.scratch;
             reset(&mut s.active, num_pkgs, false);
@@ -773,19 +810,45 @@ impl Engine {
                     continue;
                 }
                 let w = self.scratch.weight[i];
-                if second && self.pkg_fits(home as usize, w) {
-                    continue; // moves home in pass 2
+                // Moves home in pass 2 when home has a CPU it fits on; room in
+                // home's total alone is not enough, or two vCPUs of one VM could
+                // keep trading places between an overfull CPU and elsewhere.
+                if second
+                    && self.pkg_fits(home as usize, w)
+                    && self.first_fit_cpu(home as usize, w).is_some()
+                {
+                    continue;
                 }
                 self.assign_pack(i, prev, loads[i].busy);
             }
         }
 
-        // Pass 2: everyone else.
-        for k in 0..self.scratch.order.len() {
+        // Relieve CPUs that are too full (loads grew, or a fallback placement
+        // overfilled them): their smallest vCPUs move to a CPU of the same
+        // package where they fit. Every such move lowers the total overflow and
+        // creates none, so repeated decisions converge.
+        for k in (0..self.scratch.order.len()).rev() {
             let i = self.scratch.order[k] as usize;
-            if self.scratch.new_cpu[i] != NO_CPU {
+            let c = self.scratch.new_cpu[i];
+            if c == NO_CPU || self.scratch.forced[i] {
                 continue;
             }
+            let cu = c as usize;
+            if self.scratch.cpu_fit[cu] <= self.layout.slot[cu] {
+                continue;
+            }
+            let p = self.layout.cpu_pkg[cu] as usize;
+            if let Some(target) = self.first_fit_cpu(p, self.scratch.weight[i]) {
+                self.unassign(i);
+                self.assign_pack(i, target, loads[i].busy);
+            }
+        }
+
+        // Pass 2: everyone else, VM by VM (largest remaining demand first, so
+        // first-fit works on whole VMs), each VM's vCPUs by weight.
+        self.group_unplaced_by_vm();
+        for k in 0..self.scratch.pass2.len() {
+            let i = self.scratch.pass2[k] as usize;
             let c = self.choose_pack_cpu(i, &mut active_k);
             self.assign_pack(i, c, loads[i].busy);
             let vm = self.vcpus[i].vm as usize;
@@ -794,31 +857,140 @@ impl Engine {
             }
         }
 
-        // Pass 3 (powersaving:2): the preferred package pulls busy vCPUs.
+        // Pass 3 (powersaving:2): the preferred package pulls VMs with busy
+        // vCPUs from other packages at once, whole VMs only (a VM split over
+        // two packages would lose its shared cache and free no package).
         if let Some(pref) = preferred {
-            let pref = pref as usize;
-            for k in 0..self.scratch.order.len() {
-                let i = self.scratch.order[k] as usize;
-                let c = self.scratch.new_cpu[i];
-                if !loads[i].busy
-                    || self.scratch.forced[i]
-                    || self.layout.cpu_pkg[c as usize] as usize == pref
-                {
-                    continue;
-                }
-                let w = self.scratch.weight[i];
-                if !self.pkg_fits(pref, w) {
-                    continue;
-                }
-                if let Some(target) = self.first_fit_cpu(pref, w) {
-                    self.unassign(i);
-                    self.assign_pack(i, target, loads[i].busy);
-                }
-            }
+            self.pull_into(pref as usize, loads);
         }
         // Packages opened in pass 2 count as in use at once (going up is immediate).
-        self.ramp.active = self.ramp.active.max(active_k);
+        if active_k > ramp_target {
+            self.ramp.active = active_k;
+            self.ramp.last_needed = active_k;
+            self.ramp.start_ms = None;
+            self.fragmentation = Some((total_fit, active_k));
+        }
         (active_k, preferred.map(|p| self.layout.pkg_id[p as usize]))
+    }
+
+    /// Fills `scratch.pass2` with the unplaced vCPUs grouped by VM: VMs by
+    /// descending remaining fit demand (ties by first appearance), each VM's
+    /// vCPUs in `order` (descending weight). O(vCPUs + VMs log VMs).
+    fn group_unplaced_by_vm(&mut self) {
+        let num_vms = self.num_vms;
+        let s = &mut self.scratch;
+        reset(&mut s.vm_offset, num_vms + 1, 0);
+        for k in 0..s.order.len() {
+            let i = s.order[k] as usize;
+            if s.new_cpu[i] == NO_CPU {
+                s.vm_offset[self.vcpus[i].vm as usize] += 1;
+            }
+        }
+        s.vm_order.clear();
+        s.vm_order
+            .extend((0..num_vms as u32).filter(|v| s.vm_offset[*v as usize] > 0));
+        let remaining = &s.vm_remaining;
+        s.vm_order.sort_unstable_by(|a, b| {
+            remaining[*b as usize]
+                .cmp(&remaining[*a as usize])
+                .then(a.cmp(b))
+        });
+        // vm_offset: count -> start position, in vm_order sequence.
+        let mut next = 0u32;
+        for v in &s.vm_order {
+            let count = s.vm_offset[*v as usize];
+            s.vm_offset[*v as usize] = next;
+            next += count;
+        }
+        reset(&mut s.pass2, next as usize, 0);
+        for k in 0..s.order.len() {
+            let i = s.order[k];
+            if s.new_cpu[i as usize] == NO_CPU {
+                let vm = self.vcpus[i as usize].vm as usize;
+                s.pass2[s.vm_offset[vm] as usize] = i;
+                s.vm_offset[vm] += 1;
+            }
+        }
+    }
+
+    /// First CPU of package `p`, in packing order, with no busy vCPU and less
+    /// than [`BUSY_CPU_UTIL`] of load: a newly idle CPU that may pull work.
+    fn idle_cpu(&self, p: usize) -> Option<u32> {
+        let l = &self.layout;
+        let s = &self.scratch;
+        (l.pkg_cpu_start[p]..l.pkg_cpu_start[p + 1])
+            .map(|pos| l.pack_order[pos as usize])
+            .find(|c| {
+                let c = *c as usize;
+                l.slot[c] > 0 && !s.cpu_busy[c] && s.cpu_load[c] < BUSY_CPU_UTIL
+            })
+    }
+
+    /// `powersaving:2`'s immediate pull into the preferred package `pref`.
+    fn pull_into(&mut self, pref: usize, loads: &[VcpuLoad]) {
+        let num_vms = self.num_vms;
+        {
+            // vm_members[vm_start[v]..vm_start[v + 1]]: VM v's vCPUs.
+            let s = &mut self.scratch;
+            reset(&mut s.vm_start, num_vms + 1, 0);
+            for v in &self.vcpus {
+                s.vm_start[v.vm as usize + 1] += 1;
+            }
+            for v in 0..num_vms {
+                s.vm_start[v + 1] += s.vm_start[v];
+            }
+            reset(&mut s.vm_members, self.vcpus.len(), 0);
+            reset(&mut s.vm_offset, num_vms, 0);
+            for (i, v) in self.vcpus.iter().enumerate() {
+                let vm = v.vm as usize;
+                s.vm_members[(s.vm_start[vm] + s.vm_offset[vm]) as usize] = i as u32;
+                s.vm_offset[vm] += 1;
+            }
+            reset(&mut s.vm_done, num_vms, false);
+        }
+        let slot = self.layout.pkg_slot_max[pref];
+        for k in 0..self.scratch.order.len() {
+            let i = self.scratch.order[k] as usize;
+            let c = self.scratch.new_cpu[i] as usize;
+            let vm = self.vcpus[i].vm as usize;
+            if !loads[i].busy || self.layout.cpu_pkg[c] as usize == pref || self.scratch.vm_done[vm]
+            {
+                continue;
+            }
+            self.scratch.vm_done[vm] = true;
+            let members =
+                self.scratch.vm_start[vm] as usize..self.scratch.vm_start[vm + 1] as usize;
+            let mut outside = 0u64;
+            let mut pinned = false;
+            for m in members.clone() {
+                let j = self.scratch.vm_members[m] as usize;
+                if self.layout.cpu_pkg[self.scratch.new_cpu[j] as usize] as usize != pref {
+                    outside += fit_demand(self.scratch.weight[j], slot);
+                    pinned |= self.scratch.forced[j];
+                }
+            }
+            if pinned || self.scratch.pkg_fit[pref] + outside > self.layout.pkg_fit_cap[pref] {
+                continue;
+            }
+            for m in members {
+                let j = self.scratch.vm_members[m] as usize;
+                if self.layout.cpu_pkg[self.scratch.new_cpu[j] as usize] as usize == pref {
+                    continue;
+                }
+                let w = self.scratch.weight[j];
+                // A CPU where it fits, else one running only idle vCPUs (they
+                // share it; the next decision moves them if it is too full).
+                let target = match self.first_fit_cpu(pref, w) {
+                    Some(c) => c,
+                    None => match self.idle_cpu(pref) {
+                        Some(c) => c,
+                        None => self.cpu_in_package(pref, j),
+                    },
+                };
+                self.unassign(j);
+                self.assign_pack(j, target, loads[j].busy);
+            }
+        }
     }
 
     /// [`Engine::assign`], also keeping the VM's remaining demand current.
@@ -831,17 +1003,16 @@ impl Engine {
         self.assign(i, c, busy);
     }
 
-    /// Whether vCPU `i` may stay on dense CPU `c` in pack mode.
+    /// Whether vCPU `i` may stay on dense CPU `c` in pack mode: its package is
+    /// in use and has room, and `c` is a packing slot. A CPU that is too full
+    /// is relieved afterwards, by moves that are strict improvements only.
     fn stay_fits(&self, i: usize, c: u32) -> bool {
         let l = &self.layout;
         let s = &self.scratch;
         let cu = c as usize;
         let p = l.cpu_pkg[cu] as usize;
         let w = s.weight[i];
-        s.active[p]
-            && l.slot[cu] > 0
-            && s.cpu_fit[cu] + fit_demand(w, l.slot[cu]) <= l.slot[cu]
-            && self.pkg_fits(p, w)
+        s.active[p] && l.slot[cu] > 0 && self.pkg_fits(p, w)
     }
 
     fn pkg_fits(&self, p: usize, w: u64) -> bool {
@@ -877,10 +1048,20 @@ impl Engine {
         let w = self.scratch.weight[i];
         let vm = self.vcpus[i].vm as usize;
         let home = self.scratch.vm_home[vm];
-        if home != NO_PKG && self.scratch.active[home as usize] && self.pkg_fits(home as usize, w) {
+        let home_fits =
+            home != NO_PKG && self.scratch.active[home as usize] && self.pkg_fits(home as usize, w);
+        if home_fits {
             if let Some(c) = self.first_fit_cpu(home as usize, w) {
                 return c;
             }
+        }
+        // Home is too fragmented: a vCPU that only left to go home stays put.
+        let prev = self.vcpus[i].cpu;
+        if prev != NO_CPU && self.stay_fits(i, prev) {
+            return prev;
+        }
+        if home_fits {
+            return self.cpu_in_package(home as usize, i);
         }
         if home == NO_PKG {
             // A VM not placed yet: the first package where all of it fits.
@@ -888,9 +1069,7 @@ impl Engine {
             for r in 0..*active_k {
                 let p = self.scratch.rank[r] as usize;
                 if self.scratch.pkg_fit[p] + whole <= self.layout.pkg_fit_cap[p] {
-                    if let Some(c) = self.first_fit_cpu(p, w) {
-                        return c;
-                    }
+                    return self.cpu_in_package(p, i);
                 }
             }
         }
@@ -902,21 +1081,13 @@ impl Engine {
                 self.scratch.active[p] = true;
             }
             if self.pkg_fits(p, w) {
-                if let Some(c) = self.first_fit_cpu(p, w) {
-                    return c;
-                }
+                return self.cpu_in_package(p, i);
             }
         }
-        self.least_fit_loaded_cpu(i)
-    }
-
-    /// Overflow: the packing slot with the lowest load relative to its size,
-    /// in the least loaded package; the vCPU's previous CPU when that is not
-    /// clearly worse.
-    fn least_fit_loaded_cpu(&self, i: usize) -> u32 {
+        // Overflow (fragmentation only: totals above capacity spread instead):
+        // the least loaded package.
         let l = &self.layout;
         let s = &self.scratch;
-        let w = s.weight[i];
         let mut best_pkg = 0usize;
         for p in 1..l.num_pkgs() {
             if ratio_less(
@@ -928,7 +1099,30 @@ impl Engine {
                 best_pkg = p;
             }
         }
-        let range = l.pkg_cpu_start[best_pkg] as usize..l.pkg_cpu_start[best_pkg + 1] as usize;
+        // Unless its own package is not clearly fuller.
+        if prev != NO_CPU {
+            let p = l.cpu_pkg[prev as usize] as usize;
+            let lhs = u128::from(s.pkg_fit[p]) * u128::from(l.pkg_fit_cap[best_pkg]);
+            let rhs = u128::from(s.pkg_fit[best_pkg]) * u128::from(l.pkg_fit_cap[p]);
+            if lhs * u128::from(CAPACITY_SCALE) <= rhs * u128::from(CAPACITY_GREATER_MARGIN) {
+                best_pkg = p;
+            }
+        }
+        self.cpu_in_package(best_pkg, i)
+    }
+
+    /// CPU for vCPU `i` in package `p`: the first in packing order where it
+    /// fits, else (the package has room in total but no single slot has) the
+    /// least loaded slot, or the vCPU's previous CPU in `p` when that is not
+    /// clearly worse.
+    fn cpu_in_package(&mut self, p: usize, i: usize) -> u32 {
+        let w = self.scratch.weight[i];
+        if let Some(c) = self.first_fit_cpu(p, w) {
+            return c;
+        }
+        let l = &self.layout;
+        let s = &self.scratch;
+        let range = l.pkg_cpu_start[p] as usize..l.pkg_cpu_start[p + 1] as usize;
         let mut best = NO_CPU;
         for pos in range {
             let c = l.pack_order[pos] as usize;
@@ -947,10 +1141,14 @@ impl Engine {
             }
         }
         if best == NO_CPU {
-            best = l.pkg_cpu_start[best_pkg];
+            best = l.pack_order[l.pkg_cpu_start[p] as usize];
         }
         let prev = self.vcpus[i].cpu;
-        if prev != NO_CPU && l.slot[prev as usize] > 0 {
+        if prev != NO_CPU
+            && prev != best
+            && l.cpu_pkg[prev as usize] as usize == p
+            && l.slot[prev as usize] > 0
+        {
             let fd = fit_demand(w, l.slot[prev as usize]);
             let prev_after = s.cpu_fit[prev as usize] + fd;
             let best_after = s.cpu_fit[best as usize] + fd;

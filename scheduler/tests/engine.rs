@@ -1,0 +1,527 @@
+//! Placement engine properties: allowed CPUs, package counts, convergence,
+//! the LTP sched_mc oracle, thrash control, migration bounds, determinism.
+
+use proptest::prelude::*;
+use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE, FIT_MARGIN};
+use pvmm_scheduler::{
+    CpuSet, Decision, Engine, EngineConfig, HostTopology, PlaceError, Policy, VcpuId, VcpuLoad,
+};
+
+/// Placement tick of the live VMM.
+const TICK_MS: u64 = 100;
+
+fn loads_for(vms: &[(u32, u32)], util: impl Fn(u32, u32) -> u32) -> Vec<VcpuLoad> {
+    let mut loads = Vec::new();
+    for (vm, count) in vms {
+        for vcpu in 0..*count {
+            let u = util(*vm, vcpu);
+            loads.push(VcpuLoad {
+                id: VcpuId { vm: *vm, vcpu },
+                util: u,
+                busy: u >= 512,
+            });
+        }
+    }
+    loads
+}
+
+fn busy_vcpus(n: u32) -> Vec<VcpuLoad> {
+    (0..n)
+        .map(|i| VcpuLoad {
+            id: VcpuId { vm: 0, vcpu: i },
+            util: 1024,
+            busy: true,
+        })
+        .collect()
+}
+
+/// Runs `ticks` decisions with the same loads; returns the last one.
+fn run_steady(engine: &mut Engine, start_ms: u64, ticks: u64, loads: &[VcpuLoad]) -> Decision {
+    let mut last = Decision::default();
+    for t in 0..ticks {
+        last = engine.place(start_ms + t * TICK_MS, loads).unwrap();
+    }
+    last
+}
+
+fn check_decision(topology: &HostTopology, loads: &[VcpuLoad], d: &Decision) {
+    assert_eq!(d.assignments.len(), loads.len());
+    let allowed = topology.cpu_set();
+    for (a, l) in d.assignments.iter().zip(loads) {
+        assert_eq!(a.id, l.id, "assignments follow input order");
+        assert!(!a.cpus.is_empty());
+        assert!(a.cpus.is_subset(&allowed), "{:?} outside {allowed}", a.cpus);
+        for cpu in &a.cpus {
+            assert_eq!(topology.package_of(cpu), Some(a.package));
+        }
+        assert!((1..=CAPACITY_SCALE).contains(&a.capacity));
+    }
+}
+
+fn spec_strategy() -> impl Strategy<Value = (u32, u32, u32)> {
+    (1u32..=4, 1u32..=4, 1u32..=2)
+}
+
+fn policy_strategy() -> impl Strategy<Value = Policy> {
+    prop::sample::select(Policy::ALL.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// No vCPU is ever placed outside the allowed CPUs, under any policy and load.
+    #[test]
+    fn never_outside_allowed_cpus(
+        (s, c, t) in spec_strategy(),
+        mask in any::<u64>(),
+        policy in policy_strategy(),
+        vms in prop::collection::vec(1u32..=4, 1..8),
+        utils in prop::collection::vec(0u32..=1100, 40),
+        ticks in 1u64..12,
+    ) {
+        let full = HostTopology::from_spec(&format!("{s}x{c}x{t}")).unwrap();
+        let n = full.cpus().len() as u32;
+        let mut allowed: CpuSet = (0..n).filter(|i| mask & (1 << i) != 0).collect();
+        if allowed.is_empty() {
+            allowed.insert(n - 1);
+        }
+        let topology = full.restrict(&allowed).unwrap();
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let vm_list: Vec<(u32, u32)> = vms.iter().enumerate().map(|(i, n)| (i as u32 * 7, *n)).collect();
+        for tick in 0..ticks {
+            let loads = loads_for(&vm_list, |vm, vcpu| utils[((vm + vcpu + tick as u32 * 3) % 40) as usize]);
+            let d = engine.place(tick * TICK_MS, &loads).unwrap();
+            check_decision(&topology, &loads, &d);
+            for a in &d.assignments {
+                prop_assert!(a.cpus.is_subset(&allowed));
+            }
+        }
+    }
+
+    /// Powersaving never uses more packages than performance for the same loads.
+    #[test]
+    fn powersaving_never_uses_more_packages_than_performance(
+        (s, c, t) in spec_strategy(),
+        vms in prop::collection::vec(1u32..=4, 1..8),
+        utils in prop::collection::vec(0u32..=1024, 40),
+        level in 1u8..=2,
+    ) {
+        let topology = HostTopology::from_spec(&format!("{s}x{c}x{t}")).unwrap();
+        let mut perf = Engine::new(topology.clone(), Policy::Performance, EngineConfig::default());
+        let mut save = Engine::new(topology, Policy::Powersaving { level }, EngineConfig::default());
+        let vm_list: Vec<(u32, u32)> = vms.iter().enumerate().map(|(i, n)| (i as u32, *n)).collect();
+        for tick in 0..8u64 {
+            let loads = loads_for(&vm_list, |vm, vcpu| utils[((vm * 5 + vcpu + tick as u32) % 40) as usize]);
+            let p = perf.place(tick * TICK_MS, &loads).unwrap();
+            let q = save.place(tick * TICK_MS, &loads).unwrap();
+            prop_assert!(q.used_packages().len() <= p.used_packages().len(),
+                "powersaving {:?} vs performance {:?}", q.used_packages(), p.used_packages());
+        }
+    }
+
+    /// With equal-sized loads, powersaving and balance use the fewest packages
+    /// that can hold them at 80 %: ceil(n / floor(0.8 C / u)) for n vCPUs of
+    /// utilization u (a vCPU cannot be split over packages). That is
+    /// ceil(U / (0.8 C)) whenever u divides 0.8 C (see
+    /// `equal_loads_match_the_fluid_formula`) and never fewer. Loads are below
+    /// 80 % of one slot: a saturated vCPU fills exactly one slot instead (see the
+    /// LTP oracle test).
+    #[test]
+    fn equal_loads_use_the_fewest_packages_at_eighty_percent(
+        (s, c, t) in spec_strategy(),
+        per_vm in 1u32..=3,
+        vm_count in 1u32..=12,
+        frac in 3u32..=100,
+        policy in prop::sample::select(vec![Policy::Balance, Policy::Powersaving { level: 1 }, Policy::Powersaving { level: 2 }]),
+    ) {
+        let topology = HostTopology::from_spec(&format!("{s}x{c}x{t}")).unwrap();
+        let (pkg_cap, slot) = packing_capacity(&topology, policy);
+        // util below 80 % of a slot: uncapped fit demand.
+        let util = ((slot * 1024 / FIT_MARGIN) * u64::from(frac) / 100).max(16) as u32;
+        let loads = loads_for(&(0..vm_count).map(|v| (v, per_vm)).collect::<Vec<_>>(), |_, _| util);
+        let n = loads.len() as u64;
+        let per_package = (pkg_cap * 1024) / (u64::from(util) * FIT_MARGIN);
+        let expected = n.div_ceil(per_package).max(1);
+        let fluid = (u64::from(util) * n * FIT_MARGIN).div_ceil(pkg_cap * 1024).max(1);
+        prop_assert!(expected >= fluid);
+        prop_assume!(expected <= topology.num_packages() as u64);
+        let config = EngineConfig { ramp_down_window_ms: 0, ..EngineConfig::default() };
+        let mut engine = Engine::new(topology.clone(), policy, config);
+        let d = run_steady(&mut engine, 0, 30, &loads);
+        check_decision(&topology, &loads, &d);
+        prop_assert!(!d.overutilized);
+        prop_assert_eq!(d.used_packages().len() as u64, expected, "n={} C={} util={}", n, pkg_cap, util);
+    }
+
+    /// Once a steady load has converged, no more migrations.
+    #[test]
+    fn no_migrations_once_converged(
+        (s, c, t) in spec_strategy(),
+        policy in policy_strategy(),
+        vms in prop::collection::vec(1u32..=4, 1..8),
+        utils in prop::collection::vec(0u32..=1024, 40),
+    ) {
+        let topology = HostTopology::from_spec(&format!("{s}x{c}x{t}")).unwrap();
+        let vm_list: Vec<(u32, u32)> = vms.iter().enumerate().map(|(i, n)| (i as u32, *n)).collect();
+        let loads = loads_for(&vm_list, |vm, vcpu| utils[((vm * 3 + vcpu) % 40) as usize]);
+        let mut engine = Engine::new(topology, policy, EngineConfig::default());
+        // 10 s: two ramp-down windows and plenty of migration tokens.
+        run_steady(&mut engine, 0, 100, &loads);
+        for tick in 100..130u64 {
+            let d = engine.place(tick * TICK_MS, &loads).unwrap();
+            prop_assert_eq!(d.moves(), 0, "tick {}: {:?}", tick, d.migrations);
+        }
+    }
+
+    /// Same inputs, same outputs.
+    #[test]
+    fn deterministic(
+        (s, c, t) in spec_strategy(),
+        policy in policy_strategy(),
+        vms in prop::collection::vec(1u32..=4, 1..6),
+        utils in prop::collection::vec(0u32..=1024, 40),
+    ) {
+        let topology = HostTopology::from_spec(&format!("{s}x{c}x{t}")).unwrap();
+        let vm_list: Vec<(u32, u32)> = vms.iter().enumerate().map(|(i, n)| (i as u32, *n)).collect();
+        let mut a = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let mut b = Engine::new(topology, policy, EngineConfig::default());
+        for tick in 0..20u64 {
+            let loads = loads_for(&vm_list, |vm, vcpu| utils[((vm + vcpu * 7 + tick as u32) % 40) as usize]);
+            prop_assert_eq!(a.place(tick * 37, &loads).unwrap(), b.place(tick * 37, &loads).unwrap());
+        }
+    }
+
+    /// A vCPU moves at most `limit` times at once and `limit` per second after.
+    #[test]
+    fn migrations_per_vcpu_are_bounded(
+        limit in 0u32..=3,
+        policy in policy_strategy(),
+    ) {
+        let topology = HostTopology::from_spec("2x4x2").unwrap();
+        let config = EngineConfig { ramp_down_window_ms: 0, max_migrations_per_vcpu_per_s: limit };
+        let mut engine = Engine::new(topology, policy, config);
+        let mut moves = [0u64; 12];
+        let ticks = 50u64;
+        for tick in 0..ticks {
+            // Load jumps between vCPUs every tick to provoke moves.
+            let loads: Vec<VcpuLoad> = (0..12u32).map(|i| {
+                let hot = matches!((i + tick as u32) % 3, 0);
+                VcpuLoad { id: VcpuId { vm: i % 3, vcpu: i }, util: if hot { 1000 } else { 20 }, busy: hot }
+            }).collect();
+            let d = engine.place(tick * TICK_MS, &loads).unwrap();
+            for m in &d.migrations {
+                if m.from.is_some() {
+                    moves[m.id.vcpu as usize] += 1;
+                }
+            }
+        }
+        // A full bucket (limit moves) plus limit per second of elapsed time.
+        let bound = u64::from(limit) + u64::from(limit) * (ticks - 1) * TICK_MS / 1000;
+        for (i, m) in moves.iter().enumerate() {
+            prop_assert!(*m <= bound, "vCPU {} moved {} times", i, m);
+        }
+    }
+}
+
+/// Capacity one package offers a packing policy (balance: one thread per core;
+/// powersaving: every thread, SMT shared) and the size of one slot.
+fn packing_capacity(topology: &HostTopology, policy: Policy) -> (u64, u64) {
+    let group = group_capacity(topology, &topology.package_cpus(topology.packages()[0].id));
+    match policy {
+        Policy::Balance => (u64::from(group.cores) * 1024, 1024),
+        _ => (
+            u64::from(group.capacity),
+            u64::from(group.capacity / group.cpus),
+        ),
+    }
+}
+
+/// The formula verbatim: with equal loads whose size divides 80 % of a
+/// package, the active package count is ceil(U / (0.8 x package capacity)).
+#[test]
+fn equal_loads_match_the_fluid_formula() {
+    // 5 cores x 1024 = 5120; 0.8 x 5120 = 4096 = 8 x 512 = 16 x 256 = 32 x 128.
+    for (spec, policy) in [
+        ("4x5x1", Policy::Powersaving { level: 1 }),
+        ("4x5x1", Policy::Powersaving { level: 2 }),
+        ("4x5x2", Policy::Balance),
+        ("3x10x1", Policy::Balance),
+    ] {
+        let topology = HostTopology::from_spec(spec).unwrap();
+        let (pkg_cap, _) = packing_capacity(&topology, policy);
+        for util in [128u32, 256, 512] {
+            for n in 1..=(topology.num_packages() as u64 * pkg_cap * 4 / 5 / u64::from(util)) {
+                let loads = loads_for(&[(0, n as u32)], |_, _| util);
+                let u_total = n as f64 * f64::from(util);
+                let expected = (u_total / (0.8 * pkg_cap as f64)).ceil() as usize;
+                let mut engine = Engine::new(
+                    topology.clone(),
+                    policy,
+                    EngineConfig {
+                        ramp_down_window_ms: 0,
+                        ..EngineConfig::default()
+                    },
+                );
+                let d = run_steady(&mut engine, 0, 5, &loads);
+                assert_eq!(
+                    d.used_packages().len(),
+                    expected,
+                    "{spec} {policy} util={util} n={n}"
+                );
+            }
+        }
+    }
+}
+
+/// LTP sched_mc oracle: N busy vCPUs, N <= cores per package: the packing
+/// policies put them all in one package, performance spreads them.
+#[test]
+fn ltp_sched_mc_oracle() {
+    for spec in ["2x4x1", "2x4x2", "4x2x1", "2x8x2", "3x6x2"] {
+        let topology = HostTopology::from_spec(spec).unwrap();
+        let packages = topology.num_packages();
+        let cores = topology.num_cores() / packages;
+        for n in 1..=cores as u32 {
+            for as_one_vm in [true, false] {
+                let loads: Vec<VcpuLoad> = busy_vcpus(n)
+                    .into_iter()
+                    .map(|mut l| {
+                        if !as_one_vm {
+                            l.id.vm = l.id.vcpu;
+                        }
+                        l
+                    })
+                    .collect();
+                for policy in Policy::ALL {
+                    let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+                    let d = run_steady(&mut engine, 0, 80, &loads);
+                    check_decision(&topology, &loads, &d);
+                    let used = d.used_packages().len();
+                    if policy == Policy::Performance {
+                        assert_eq!(used, (n as usize).min(packages), "{spec} n={n} {policy}");
+                    } else {
+                        assert_eq!(used, 1, "{spec} n={n} {policy}: {:?}", d.assignments);
+                    }
+                    // Every busy vCPU has a CPU of its own.
+                    let cpus: CpuSet = d
+                        .assignments
+                        .iter()
+                        .filter_map(|a| a.cpus.first())
+                        .collect();
+                    assert_eq!(cpus.len(), n as usize, "{spec} n={n} {policy}");
+                    if matches!(policy, Policy::Performance | Policy::Balance) {
+                        // One per core: no busy SMT siblings.
+                        for a in &d.assignments {
+                            assert_eq!(a.capacity, 1024, "{spec} n={n} {policy}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Spread at once on overload; consolidate only after the ramp-down window;
+/// any rise restarts it.
+#[test]
+fn thrash_control_spreads_at_once_and_consolidates_slowly() {
+    let topology = HostTopology::from_spec("2x4x1").unwrap();
+    let mut engine = Engine::new(
+        topology,
+        Policy::Powersaving { level: 1 },
+        EngineConfig {
+            ramp_down_window_ms: 5000,
+            max_migrations_per_vcpu_per_s: 100,
+        },
+    );
+    let low = busy_vcpus(2);
+    let high = busy_vcpus(6);
+    let d = engine.place(0, &low).unwrap();
+    assert_eq!(d.used_packages().len(), 1);
+    // Rise: two packages at once.
+    let d = engine.place(100, &high).unwrap();
+    assert_eq!(d.used_packages().len(), 2);
+    assert_eq!(d.target_packages, 2);
+    // Fall at 200 ms: still two packages until the window has passed.
+    let mut now = 200;
+    while now < 200 + 5000 {
+        let d = engine.place(now, &low).unwrap();
+        assert_eq!(d.target_packages, 2, "at {now} ms");
+        now += TICK_MS;
+        // A brief rise at 2 s restarts the ramp.
+        if now == 2000 {
+            let d = engine.place(now, &high).unwrap();
+            assert_eq!(d.target_packages, 2);
+            now += TICK_MS;
+            break;
+        }
+    }
+    let restart = now;
+    let mut consolidated_at = None;
+    while now < restart + 8000 {
+        let d = engine.place(now, &low).unwrap();
+        if d.target_packages == 1 {
+            assert_eq!(d.used_packages().len(), 1);
+            consolidated_at.get_or_insert(now);
+        } else {
+            assert!(consolidated_at.is_none(), "never back up while low");
+        }
+        now += TICK_MS;
+    }
+    let at = consolidated_at.expect("consolidates eventually");
+    assert!(
+        at >= restart + 5000,
+        "consolidated at {at}, ramp restarted at {restart}"
+    );
+    assert!(at <= restart + 5000 + TICK_MS);
+}
+
+/// The quadratic ramp releases packages gradually when many are surplus.
+#[test]
+fn ramp_down_is_quadratic() {
+    let topology = HostTopology::from_spec("8x2x1").unwrap();
+    let mut engine = Engine::new(
+        topology,
+        Policy::Balance,
+        EngineConfig {
+            ramp_down_window_ms: 4000,
+            max_migrations_per_vcpu_per_s: 100,
+        },
+    );
+    engine.place(0, &busy_vcpus(16)).unwrap();
+    let low = busy_vcpus(1);
+    // Ramp from 8 packages to 1 starts at t=1000: after e ms, 7 * e^2/4000^2 packages go.
+    let mut targets = Vec::new();
+    for e in [0u64, 1000, 2000, 3000, 4000] {
+        targets.push(engine.place(1000 + e, &low).unwrap().target_packages);
+    }
+    assert_eq!(targets, vec![8, 8, 7, 5, 1]);
+}
+
+/// A VM's vCPUs share a package when capacity allows.
+#[test]
+fn vm_vcpus_stay_together() {
+    let topology = HostTopology::from_spec("2x4x1").unwrap();
+    for policy in [
+        Policy::Balance,
+        Policy::Powersaving { level: 1 },
+        Policy::Powersaving { level: 2 },
+    ] {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        // Two VMs of 3 busy vCPUs, listed interleaved.
+        let loads: Vec<VcpuLoad> = (0..6u32)
+            .map(|i| VcpuLoad {
+                id: VcpuId {
+                    vm: i % 2,
+                    vcpu: i / 2,
+                },
+                util: 600,
+                busy: true,
+            })
+            .collect();
+        let d = run_steady(&mut engine, 0, 20, &loads);
+        for vm in 0..2 {
+            let pkgs: Vec<u32> = d
+                .assignments
+                .iter()
+                .filter(|a| a.id.vm == vm)
+                .map(|a| a.package)
+                .collect();
+            assert!(
+                pkgs.windows(2).all(|w| w[0] == w[1]),
+                "{policy}: VM {vm} split over {pkgs:?}"
+            );
+        }
+        assert_eq!(d.used_packages().len(), 2);
+    }
+}
+
+/// powersaving:2 pulls a waking vCPU into the preferred package at once,
+/// where level 1 leaves it on its other package.
+#[test]
+fn level_two_pulls_waking_vcpus_into_preferred_package() {
+    let topology = HostTopology::from_spec("2x4x1").unwrap();
+    let mut results = Vec::new();
+    for level in [1u8, 2] {
+        let config = EngineConfig {
+            ramp_down_window_ms: 60_000,
+            max_migrations_per_vcpu_per_s: 10,
+        };
+        let mut engine = Engine::new(topology.clone(), Policy::Powersaving { level }, config);
+        // Phase 1: eight busy single-vCPU VMs need both packages.
+        let mut loads: Vec<VcpuLoad> = (0..8u32)
+            .map(|i| VcpuLoad {
+                id: VcpuId { vm: i, vcpu: 0 },
+                util: 1024,
+                busy: true,
+            })
+            .collect();
+        engine.place(0, &loads).unwrap();
+        // Phase 2: all but two go idle; the ramp (60 s) keeps both packages open.
+        for (i, l) in loads.iter_mut().enumerate() {
+            if i != 0 && i != 7 {
+                l.util = 16;
+                l.busy = false;
+            }
+        }
+        let d = run_steady(&mut engine, 100, 5, &loads);
+        results.push(d.used_packages().len());
+        let pkgs: Vec<u32> = d
+            .assignments
+            .iter()
+            .filter(|a| a.id.vm == 0 || a.id.vm == 7)
+            .map(|a| a.package)
+            .collect();
+        if level == 2 {
+            assert_eq!(pkgs[0], pkgs[1], "busy vCPUs pulled into one package");
+            assert_eq!(d.preferred_package, Some(pkgs[0]));
+        }
+    }
+    assert_eq!(results[0], 2, "level 1 waits for the ramp");
+}
+
+#[test]
+fn effective_capacity_reflects_sharing() {
+    let topology = HostTopology::from_spec("1x1x2").unwrap();
+    let mut engine = Engine::new(topology, Policy::Performance, EngineConfig::default());
+    let d = engine.place(0, &busy_vcpus(2)).unwrap();
+    assert!(
+        d.assignments.iter().all(|a| a.capacity == 589),
+        "{:?}",
+        d.assignments
+    );
+    let d = engine.place(100, &busy_vcpus(4)).unwrap();
+    assert!(
+        d.assignments.iter().all(|a| a.capacity == 294),
+        "{:?}",
+        d.assignments
+    );
+    assert!(d.overutilized);
+}
+
+#[test]
+fn duplicate_vcpus_are_an_error_and_leave_state_intact() {
+    let topology = HostTopology::from_spec("1x2x1").unwrap();
+    let mut engine = Engine::new(topology, Policy::Performance, EngineConfig::default());
+    let first = engine.place(0, &busy_vcpus(2)).unwrap();
+    let mut dup = busy_vcpus(2);
+    dup.push(dup[0]);
+    assert_eq!(
+        engine.place(100, &dup),
+        Err(PlaceError::DuplicateVcpu(VcpuId { vm: 0, vcpu: 0 }))
+    );
+    let again = engine.place(200, &busy_vcpus(2)).unwrap();
+    assert_eq!(again.assignments, first.assignments);
+    assert_eq!(again.moves(), 0);
+    assert!(engine.place(300, &[]).unwrap().assignments.is_empty());
+}
+
+#[test]
+fn new_vcpus_are_initial_placements_not_moves() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    let mut engine = Engine::new(topology, Policy::Balance, EngineConfig::default());
+    let d = engine.place(0, &busy_vcpus(3)).unwrap();
+    assert_eq!(d.migrations.len(), 3);
+    assert_eq!(d.moves(), 0);
+    assert!(d.migrations.iter().all(|m| m.from.is_none()));
+}
