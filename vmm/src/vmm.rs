@@ -301,11 +301,12 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         .collect::<Result<Vec<_>, _>>()?;
     // The guest's halt counters drive placement; fall back to thread run time (and say so
     // once) where KVM has no binary stats.
-    let mut idle_sources: Vec<Option<KvmHaltIdle>> = Vec::with_capacity(vcpus.len());
+    let mut idle_sources: Vec<Option<crate::live::kvm_stats::VcpuHaltStats>> =
+        Vec::with_capacity(vcpus.len());
     let mut stats_warning = None;
     for vcpu in &vcpus {
         match vcpu.halt_stats() {
-            Ok(stats) => idle_sources.push(Some(KvmHaltIdle(stats))),
+            Ok(stats) => idle_sources.push(Some(stats)),
             Err(e) => {
                 stats_warning.get_or_insert(e.to_string());
                 idle_sources.push(None);
@@ -341,7 +342,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         .zip(idle_sources)
         .map(|(s, src)| {
             let source: Box<dyn IdleSource> = match src {
-                Some(k) => Box::new(k),
+                Some(halt) => Box::new(KvmHaltIdle::new(halt, s.tid)),
                 None => Box::new(ThreadRunTime::new(s.tid)),
             };
             LiveVcpu::new(s.index, s.tid, source)

@@ -21,6 +21,38 @@ pub enum IdleError {
     },
 }
 
+/// Turns a cumulative idle estimate, which may jump (KVM credits a halt only when it ends),
+/// into the monotonic busy/idle counters the utilization tracker expects: each interval gets
+/// at most its own length of idle time, the rest is busy, and both counters only grow.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdleAccumulator {
+    last: Option<(u64, u64)>,
+    busy: u64,
+    idle: u64,
+}
+
+impl IdleAccumulator {
+    /// Folds in the idle estimate `idle_estimate_ns` read at `now_ns`.
+    pub fn update(&mut self, now_ns: u64, idle_estimate_ns: u64) -> IdleSample {
+        if let Some((t, est)) = self.last {
+            let dt = now_ns.saturating_sub(t);
+            let didle = idle_estimate_ns.saturating_sub(est).min(dt);
+            self.idle += didle;
+            self.busy += dt - didle;
+        }
+        self.last = Some(match self.last {
+            // Time and the estimate only move forward.
+            Some((t, est)) => (now_ns.max(t), idle_estimate_ns.max(est)),
+            None => (now_ns, idle_estimate_ns),
+        });
+        IdleSample {
+            t_ns: now_ns,
+            busy_ns: self.busy,
+            idle_ns: self.idle,
+        }
+    }
+}
+
 /// A cumulative busy/idle signal for one vCPU.
 pub trait IdleSource: Send {
     /// Reads the counters at `now_ns` (monotonic) given the vCPU started at `start_ns`.
@@ -29,31 +61,50 @@ pub trait IdleSource: Send {
     fn kind(&self) -> &'static str;
 }
 
-/// The guest's halted time from KVM: idle = halted, busy = the rest of wall time. This counts
-/// time the guest wanted to run even while the host did not run it, which is the demand the
-/// placement must serve.
-pub struct KvmHaltIdle(pub VcpuHaltStats);
+/// The guest's halted time from KVM, corrected by the thread's blocked time.
+///
+/// KVM adds to `halt_wait_ns` when a halt *ends*, so a vCPU that has been halted for seconds
+/// (a tickless idle guest) still shows its old total. The thread's schedstat closes that gap:
+/// time the thread was neither on a CPU nor waiting for one is time it was blocked, which for
+/// a vCPU thread means halted. Both are lower bounds of the guest's idle time, so pvmm takes
+/// the larger; halt polling (on CPU, but the guest is idle) is covered by KVM's counters.
+/// Busy is the rest of wall time: the guest's demand, including time it waited for a host CPU.
+pub struct KvmHaltIdle {
+    halt: VcpuHaltStats,
+    sched: ThreadRunTime,
+    acc: IdleAccumulator,
+}
+
+impl KvmHaltIdle {
+    /// For the vCPU whose stats are `halt`, running on thread `tid`.
+    pub fn new(halt: VcpuHaltStats, tid: i32) -> Self {
+        Self {
+            halt,
+            sched: ThreadRunTime::new(tid),
+            acc: IdleAccumulator::default(),
+        }
+    }
+}
 
 impl IdleSource for KvmHaltIdle {
     fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
         let elapsed = now_ns.saturating_sub(start_ns);
-        let idle = self.0.halted_ns()?.min(elapsed);
-        Ok(IdleSample {
-            t_ns: now_ns,
-            busy_ns: elapsed - idle,
-            idle_ns: idle,
-        })
+        let halted = self.halt.halted_ns()?;
+        // Without /proc the halt counters alone still give a (delayed) signal.
+        let blocked = self.sched.blocked_ns(elapsed).unwrap_or(0);
+        Ok(self.acc.update(now_ns, halted.max(blocked)))
     }
     fn kind(&self) -> &'static str {
         "kvm-halt-stats"
     }
 }
 
-/// The vCPU thread's CPU time from `/proc/self/task/<tid>/schedstat` (first field, ns on
-/// CPU). It cannot tell a guest that wants to run but waits for a host CPU from an idle one,
-/// so it is only the fallback.
+/// The vCPU thread's demand from `/proc/self/task/<tid>/schedstat`: time on a CPU plus time
+/// runnable but waiting for one (fields 1 and 2, ns). It cannot see halt polling (the thread
+/// spins on a CPU while the guest is idle), so it is only the fallback.
 pub struct ThreadRunTime {
     path: String,
+    acc: IdleAccumulator,
 }
 
 impl ThreadRunTime {
@@ -61,32 +112,37 @@ impl ThreadRunTime {
     pub fn new(tid: i32) -> Self {
         Self {
             path: format!("/proc/self/task/{tid}/schedstat"),
+            acc: IdleAccumulator::default(),
         }
     }
-}
 
-/// Parses the first field of a schedstat line (time on CPU, ns).
-pub fn parse_schedstat(text: &str) -> Option<u64> {
-    text.split_whitespace().next()?.parse().ok()
-}
-
-impl IdleSource for ThreadRunTime {
-    fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
+    /// Time the thread was blocked (neither running nor runnable) out of `elapsed_ns`.
+    fn blocked_ns(&self, elapsed_ns: u64) -> Result<u64, IdleError> {
         let text = std::fs::read_to_string(&self.path).map_err(|e| IdleError::Proc {
             path: self.path.clone(),
             why: e.to_string(),
         })?;
-        let ran = parse_schedstat(&text).ok_or_else(|| IdleError::Proc {
+        let wanted = parse_schedstat(&text).ok_or_else(|| IdleError::Proc {
             path: self.path.clone(),
             why: "unexpected format".into(),
         })?;
-        let elapsed = now_ns.saturating_sub(start_ns);
-        let busy = ran.min(elapsed);
-        Ok(IdleSample {
-            t_ns: now_ns,
-            busy_ns: busy,
-            idle_ns: elapsed - busy,
-        })
+        Ok(elapsed_ns.saturating_sub(wanted))
+    }
+}
+
+/// Parses a schedstat line into its first two fields: time on CPU and time waiting on a run
+/// queue (ns); their sum is how long the thread wanted to run.
+pub fn parse_schedstat(text: &str) -> Option<u64> {
+    let mut f = text.split_whitespace();
+    let on_cpu: u64 = f.next()?.parse().ok()?;
+    let waiting: u64 = f.next()?.parse().ok()?;
+    Some(on_cpu.saturating_add(waiting))
+}
+
+impl IdleSource for ThreadRunTime {
+    fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
+        let blocked = self.blocked_ns(now_ns.saturating_sub(start_ns))?;
+        Ok(self.acc.update(now_ns, blocked))
     }
     fn kind(&self) -> &'static str {
         "thread-run-time"
@@ -99,7 +155,8 @@ mod tests {
 
     #[test]
     fn schedstat_parsing() {
-        assert_eq!(parse_schedstat("123456 789 10\n"), Some(123456));
+        assert_eq!(parse_schedstat("123456 789 10\n"), Some(123456 + 789));
+        assert_eq!(parse_schedstat("5"), None);
         assert_eq!(parse_schedstat(""), None);
         assert_eq!(parse_schedstat("x 1 2"), None);
     }
@@ -109,7 +166,25 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let mut src = ThreadRunTime::new(tid);
-        let s = src.sample(10_000_000_000, 0).unwrap();
+        src.sample(10_000_000_000, 0).unwrap();
+        let s = src.sample(20_000_000_000, 0).unwrap();
         assert_eq!(s.busy_ns + s.idle_ns, 10_000_000_000);
+    }
+
+    #[test]
+    fn accumulator_is_monotonic_and_caps_idle_per_interval() {
+        let mut a = IdleAccumulator::default();
+        assert_eq!(a.update(0, 0), IdleSample::default());
+        // 100 ms, 30 ms idle.
+        let s = a.update(100, 30);
+        assert_eq!((s.busy_ns, s.idle_ns), (70, 30));
+        // A late halt credit of 500 ms in a 100 ms interval counts as 100 ms idle.
+        let s = a.update(200, 530);
+        assert_eq!((s.busy_ns, s.idle_ns), (70, 130));
+        // An estimate that goes backwards adds no idle, and nothing goes backwards.
+        let s = a.update(300, 400);
+        assert_eq!((s.busy_ns, s.idle_ns), (170, 130));
+        let s = a.update(400, 570);
+        assert_eq!((s.busy_ns, s.idle_ns), (230, 170));
     }
 }
