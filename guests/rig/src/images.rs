@@ -1,0 +1,609 @@
+//! Building the images: the Debian cloud kernel and its KVM modules, the guest initramfs, the
+//! static `pvmm` and `pvmm-load` binaries, and the L1 initramfs layers.
+//!
+//! Everything goes into the git-ignored `guests/out/`. Steps whose outputs are newer than their
+//! inputs are skipped. Archives are reproducible (see [`crate::cpio`]): entries are sorted,
+//! owned by root and stamped with `SOURCE_DATE_EPOCH` (0 when unset). The kernel package is the
+//! one `linux-image-cloud-amd64` depends on at build time (recorded in
+//! `guests/out/guest/manifest.txt`); set `PVMM_GUEST_KERNEL_PACKAGE` to pin another.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+use crate::cpio::{CpioArchive, CpioError};
+use crate::scripts;
+
+/// The Debian metapackage whose dependency names the current cloud kernel package.
+pub const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
+
+/// The rust target the static binaries are built for (the only std installed on our machines).
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Where Debian's busybox-static installs busybox.
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// The QEMU binary used for L1 (on the host) and as the inner VMM in L1 (`--vmm qemu`).
+pub const QEMU: &str = "qemu-system-x86_64";
+
+/// Paths of files inside the images, shared with the rig's command lines.
+pub mod inside {
+    /// The guest kernel in L1.
+    pub const GUEST_KERNEL: &str = "/guest/vmlinuz";
+    /// The guest initramfs in L1.
+    pub const GUEST_INITRD: &str = "/guest/initrd.cpio";
+    /// pvmm in L1.
+    pub const PVMM: &str = "/bin/pvmm";
+    /// QEMU in L1.
+    pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
+    /// pvmm-load in the guest.
+    pub const PVMM_LOAD: &str = "/bin/pvmm-load";
+}
+
+/// The kernel modules L1 loads, in load order (kvm.ko needs irqbypass.ko).
+const KVM_MODULES: [(&str, &str); 3] = [
+    ("irqbypass", "kernel/virt/lib/irqbypass.ko"),
+    ("kvm", "kernel/arch/x86/kvm/kvm.ko"),
+    ("kvm-amd", "kernel/arch/x86/kvm/kvm-amd.ko"),
+];
+
+/// QEMU firmware files the inner QEMU needs for `-kernel` boots with `-nodefaults`, looked up in
+/// QEMU's Debian firmware path. `bios-256k.bin` is SeaBIOS; the option ROMs load the kernel.
+const QEMU_FIRMWARE: [&str; 6] = [
+    "/usr/share/seabios/bios-256k.bin",
+    "/usr/share/seabios/bios.bin",
+    "/usr/share/qemu/linuxboot_dma.bin",
+    "/usr/share/qemu/linuxboot.bin",
+    "/usr/share/qemu/kvmvapic.bin",
+    "/usr/share/qemu/pvh.bin",
+];
+
+/// Errors from building images.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("cannot locate the workspace root from {0}")]
+    NoWorkspace(PathBuf),
+    #[error("cannot run '{program}': {source} (is the Debian package {package} installed?)")]
+    ToolMissing {
+        program: String,
+        package: &'static str,
+        source: std::io::Error,
+    },
+    #[error("'{command}' failed with {status}: {stderr}")]
+    ToolFailed {
+        command: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("'{0}' does not list a linux-image dependency (run 'apt-get update' first?)")]
+    NoKernelPackage(String),
+    #[error("{0} is not a static executable (install the Debian package busybox-static)")]
+    BusyboxNotStatic(String),
+    #[error("expected file missing: {0}")]
+    Missing(PathBuf),
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Cpio(#[from] CpioError),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
+    move |source| ImageError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Prints a progress line on stderr.
+pub fn progress(message: &str) {
+    eprintln!("pvmm-rig: {message}");
+}
+
+/// The workspace and its output folder.
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    /// The workspace root (holds the top-level Cargo.toml).
+    pub root: PathBuf,
+    /// `guests/out`, where everything built goes.
+    pub out: PathBuf,
+}
+
+impl Workspace {
+    /// The workspace this crate was compiled in.
+    pub fn locate() -> Result<Workspace, ImageError> {
+        let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let root = manifest_dir
+            .parent()
+            .and_then(Path::parent)
+            .filter(|root| root.join("Cargo.toml").is_file())
+            .ok_or_else(|| ImageError::NoWorkspace(manifest_dir.clone()))?
+            .to_path_buf();
+        let out = root.join("guests").join("out");
+        Ok(Workspace { root, out })
+    }
+
+    fn dir(&self, name: &str) -> Result<PathBuf, ImageError> {
+        let dir = self.out.join(name);
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        Ok(dir)
+    }
+
+    /// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `<root>/target`.
+    pub fn target_dir(&self) -> PathBuf {
+        match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(dir) => {
+                let dir = PathBuf::from(dir);
+                if dir.is_absolute() {
+                    dir
+                } else {
+                    std::env::current_dir().unwrap_or_default().join(dir)
+                }
+            }
+            None => self.root.join("target"),
+        }
+    }
+}
+
+/// The guest images and the kernel modules of the same kernel package.
+#[derive(Debug, Clone)]
+pub struct GuestImages {
+    /// The Debian package the kernel came from.
+    pub kernel_package: String,
+    /// The guest (and L1) kernel, a bzImage.
+    pub kernel: PathBuf,
+    /// The guest initramfs (uncompressed newc cpio).
+    pub initrd: PathBuf,
+    /// irqbypass.ko, kvm.ko, kvm-amd.ko, in load order.
+    pub kvm_modules: Vec<PathBuf>,
+}
+
+fn run_tool(command: &mut Command, package: &'static str) -> Result<String, ImageError> {
+    let rendered = format!("{command:?}").replace('"', "");
+    let output = command.output().map_err(|source| ImageError::ToolMissing {
+        program: command.get_program().to_string_lossy().into_owned(),
+        package,
+        source,
+    })?;
+    if !output.status.success() {
+        return Err(ImageError::ToolFailed {
+            command: rendered,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Whether `output` exists and is newer than every input (missing inputs count as newer).
+fn up_to_date(output: &Path, inputs: &[&Path]) -> bool {
+    let Some(out_time) = mtime(output) else {
+        return false;
+    };
+    inputs
+        .iter()
+        .all(|input| mtime(input).is_some_and(|t| t <= out_time))
+}
+
+/// The fixed modification time of archive entries: `SOURCE_DATE_EPOCH`, else 0.
+fn archive_mtime() -> u32 {
+    std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The kernel package `linux-image-cloud-amd64` depends on (or `PVMM_GUEST_KERNEL_PACKAGE`).
+pub fn resolve_kernel_package() -> Result<String, ImageError> {
+    if let Ok(pinned) = std::env::var("PVMM_GUEST_KERNEL_PACKAGE") {
+        if !pinned.is_empty() {
+            return Ok(pinned);
+        }
+    }
+    let listing = run_tool(
+        Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]),
+        "apt",
+    )?;
+    listing
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("Depends:"))
+        .map(str::trim)
+        .find(|dep| dep.starts_with("linux-image-"))
+        .map(str::to_string)
+        .ok_or_else(|| ImageError::NoKernelPackage(KERNEL_METAPACKAGE.to_string()))
+}
+
+fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
+    let prefix = format!("{package}_");
+    let mut debs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
+        })
+        .collect();
+    debs.sort();
+    debs.pop()
+}
+
+fn find_one(dir: &Path, prefix: &str) -> Result<PathBuf, ImageError> {
+    std::fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .ok_or_else(|| ImageError::Missing(dir.join(format!("{prefix}*"))))
+}
+
+/// Downloads and unpacks the kernel package; returns the kernel and the KVM modules.
+fn fetch_kernel(ws: &Workspace) -> Result<(String, PathBuf, Vec<PathBuf>), ImageError> {
+    let package = resolve_kernel_package()?;
+    let debs = ws.dir("debs")?;
+    let deb = match find_deb(&debs, &package) {
+        Some(deb) => {
+            progress(&format!("kernel package {package}: have {}", deb.display()));
+            deb
+        }
+        None => {
+            progress(&format!("kernel package {package}: apt-get download"));
+            run_tool(
+                Command::new("apt-get")
+                    .arg("download")
+                    .arg(&package)
+                    .current_dir(&debs),
+                "apt",
+            )?;
+            find_deb(&debs, &package)
+                .ok_or_else(|| ImageError::Missing(debs.join(format!("{package}_*.deb"))))?
+        }
+    };
+    let unpacked = ws.out.join("kernel").join(&package);
+    let stamp = unpacked.join(".unpacked");
+    if !up_to_date(&stamp, &[&deb]) {
+        progress(&format!("unpacking {}", deb.display()));
+        if unpacked.exists() {
+            std::fs::remove_dir_all(&unpacked).map_err(io_err(&unpacked))?;
+        }
+        std::fs::create_dir_all(&unpacked).map_err(io_err(&unpacked))?;
+        run_tool(
+            Command::new("dpkg").arg("-x").arg(&deb).arg(&unpacked),
+            "dpkg",
+        )?;
+        std::fs::write(&stamp, b"").map_err(io_err(&stamp))?;
+    }
+    let kernel = find_one(&unpacked.join("boot"), "vmlinuz-")?;
+    let modules_root = find_one(&unpacked.join("lib").join("modules"), "")?;
+    let mut modules = Vec::new();
+    for (_, relative) in KVM_MODULES {
+        let module = modules_root.join(relative);
+        if !module.is_file() {
+            return Err(ImageError::Missing(module));
+        }
+        modules.push(module);
+    }
+    Ok((package, kernel, modules))
+}
+
+/// Checks that `path` is an ELF executable without a program interpreter (static).
+fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    const PT_INTERP: u32 = 3;
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
+        return Ok(false);
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or([0; 8])) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    for index in 0..phnum {
+        let offset = phoff + index * phentsize;
+        let Some(kind) = bytes.get(offset..offset + 4) else {
+            return Ok(false);
+        };
+        if u32::from_le_bytes([kind[0], kind[1], kind[2], kind[3]]) == PT_INTERP {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Adds busybox and a symlink per applet (from `busybox --list-full`).
+fn add_busybox(archive: &mut CpioArchive) -> Result<(), ImageError> {
+    let busybox = Path::new(BUSYBOX);
+    if !is_static_elf(busybox)? {
+        return Err(ImageError::BusyboxNotStatic(BUSYBOX.to_string()));
+    }
+    archive.add_file_from("bin/busybox", busybox, 0o755)?;
+    let applets = run_tool(Command::new(BUSYBOX).arg("--list-full"), "busybox-static")?;
+    for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
+        if applet == "bin/busybox" {
+            continue;
+        }
+        archive.add_symlink(applet, "/bin/busybox")?;
+    }
+    Ok(())
+}
+
+/// The directories and device node every initramfs of ours starts with.
+fn base_archive() -> Result<CpioArchive, ImageError> {
+    let mut archive = CpioArchive::new(archive_mtime());
+    for dir in ["dev", "proc", "sys", "tmp", "root", "etc"] {
+        archive.add_dir(dir, 0o755)?;
+    }
+    // The kernel opens /dev/console for init's stdio before init mounts devtmpfs.
+    archive.add_char_device("dev/console", 0o600, 5, 1)?;
+    Ok(archive)
+}
+
+/// Builds a binary of this workspace as a static executable; returns its path.
+pub fn build_static(ws: &Workspace, package: &str, binary: &str) -> Result<PathBuf, ImageError> {
+    progress(&format!(
+        "building static {binary} (cargo build --release --target {STATIC_TARGET} -p {package})"
+    ));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--target",
+            STATIC_TARGET,
+            "-p",
+            package,
+        ])
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .current_dir(&ws.root)
+        .status()
+        .map_err(|source| ImageError::ToolMissing {
+            program: "cargo".into(),
+            package: "rust toolchain",
+            source,
+        })?;
+    if !status.success() {
+        return Err(ImageError::ToolFailed {
+            command: format!("cargo build --release --target {STATIC_TARGET} -p {package}"),
+            status,
+            stderr: "see the compiler output above".into(),
+        });
+    }
+    let path = ws
+        .target_dir()
+        .join(STATIC_TARGET)
+        .join("release")
+        .join(binary);
+    if !path.is_file() {
+        return Err(ImageError::Missing(path));
+    }
+    Ok(path)
+}
+
+/// Builds the guest images (`cargo xtask guest`): the kernel (and L1's KVM modules) from the
+/// Debian package, and the busybox initramfs with `/init` and `pvmm-load`.
+pub fn build_guest(ws: &Workspace) -> Result<GuestImages, ImageError> {
+    let (kernel_package, unpacked_kernel, kvm_modules) = fetch_kernel(ws)?;
+    let guest_dir = ws.dir("guest")?;
+    let kernel = guest_dir.join("vmlinuz");
+    if !up_to_date(&kernel, &[&unpacked_kernel]) {
+        std::fs::copy(&unpacked_kernel, &kernel).map_err(io_err(&kernel))?;
+    }
+    let load = build_static(ws, "pvmm-load", "pvmm-load")?;
+    let initrd = guest_dir.join("initrd.cpio");
+    let this_crate = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join("scripts.rs");
+    if up_to_date(&initrd, &[&load, Path::new(BUSYBOX), &this_crate]) {
+        progress(&format!("guest initramfs up to date: {}", initrd.display()));
+    } else {
+        progress(&format!("writing guest initramfs {}", initrd.display()));
+        let mut archive = base_archive()?;
+        add_busybox(&mut archive)?;
+        archive.add_file_bytes("init", scripts::GUEST_INIT.as_bytes(), 0o755)?;
+        archive.add_file_from(inside::PVMM_LOAD, &load, 0o755)?;
+        archive.write_to(&initrd)?;
+    }
+    let manifest = guest_dir.join("manifest.txt");
+    let text = format!(
+        "kernel package: {kernel_package}\nkernel: {}\ninitrd: {}\nmodules: {}\n",
+        unpacked_kernel.display(),
+        initrd.display(),
+        kvm_modules
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    std::fs::write(&manifest, text).map_err(io_err(&manifest))?;
+    Ok(GuestImages {
+        kernel_package,
+        kernel,
+        initrd,
+        kvm_modules,
+    })
+}
+
+/// Which optional L1 layers to build.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct L1Needs {
+    /// The static pvmm (`/bin/pvmm`).
+    pub pvmm: bool,
+    /// QEMU with its libraries and firmware (`--vmm qemu`, the boot benchmark).
+    pub qemu: bool,
+}
+
+/// The L1 initramfs layers; the rig concatenates them with a per-run job layer (Linux unpacks
+/// concatenated cpio archives in order).
+#[derive(Debug, Clone)]
+pub struct L1Images {
+    /// The guest images (the kernel doubles as L1's kernel).
+    pub guest: GuestImages,
+    /// busybox, init, the KVM modules, the guest kernel and initramfs.
+    pub base: PathBuf,
+    /// The static pvmm, when built.
+    pub pvmm: Option<PathBuf>,
+    /// QEMU and what it needs, when built.
+    pub qemu: Option<PathBuf>,
+}
+
+impl L1Images {
+    /// The layer files in order, and their total size in bytes.
+    pub fn layers(&self) -> Vec<PathBuf> {
+        let mut layers = vec![self.base.clone()];
+        layers.extend(self.pvmm.iter().cloned());
+        layers.extend(self.qemu.iter().cloned());
+        layers
+    }
+}
+
+/// Libraries `ldd` lists for `binary` (absolute paths, including the dynamic loader).
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
+    let listing = run_tool(Command::new("ldd").arg(binary), "libc-bin")?;
+    let mut libraries = Vec::new();
+    for line in listing.lines() {
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(path) = path.filter(|p| p.starts_with('/')) {
+            libraries.push(PathBuf::from(path));
+        }
+    }
+    Ok(libraries)
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// Builds the L1 layers (and the guest images first).
+pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> {
+    let guest = build_guest(ws)?;
+    let l1_dir = ws.dir("l1")?;
+    let this_crate = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join("scripts.rs");
+
+    let base = l1_dir.join("base.cpio");
+    let mut inputs: Vec<&Path> = vec![
+        &guest.kernel,
+        &guest.initrd,
+        Path::new(BUSYBOX),
+        &this_crate,
+    ];
+    inputs.extend(guest.kvm_modules.iter().map(PathBuf::as_path));
+    if up_to_date(&base, &inputs) {
+        progress(&format!("L1 base layer up to date: {}", base.display()));
+    } else {
+        progress(&format!("writing L1 base layer {}", base.display()));
+        let mut archive = base_archive()?;
+        add_busybox(&mut archive)?;
+        archive.add_file_bytes("init", scripts::L1_INIT.as_bytes(), 0o755)?;
+        archive.add_file_bytes("rig/lib.sh", scripts::L1_LIB.as_bytes(), 0o644)?;
+        for ((name, _), module) in KVM_MODULES.iter().zip(&guest.kvm_modules) {
+            archive.add_file_from(&format!("lib/modules/rig/{name}.ko"), module, 0o644)?;
+        }
+        archive.add_file_from(inside::GUEST_KERNEL, &guest.kernel, 0o644)?;
+        archive.add_file_from(inside::GUEST_INITRD, &guest.initrd, 0o644)?;
+        archive.write_to(&base)?;
+    }
+
+    let pvmm = if needs.pvmm {
+        let binary = build_static(ws, "pvmm", "pvmm")?;
+        let layer = l1_dir.join("pvmm.cpio");
+        if up_to_date(&layer, &[&binary]) {
+            progress(&format!("L1 pvmm layer up to date: {}", layer.display()));
+        } else {
+            progress(&format!("writing L1 pvmm layer {}", layer.display()));
+            let mut archive = CpioArchive::new(archive_mtime());
+            archive.add_file_from(inside::PVMM, &binary, 0o755)?;
+            archive.write_to(&layer)?;
+        }
+        Some(layer)
+    } else {
+        None
+    };
+
+    let qemu = if needs.qemu {
+        let binary = which(QEMU).ok_or_else(|| ImageError::ToolMissing {
+            program: QEMU.into(),
+            package: "qemu-system-x86",
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })?;
+        let layer = l1_dir.join("qemu.cpio");
+        if up_to_date(&layer, &[&binary]) {
+            progress(&format!("L1 qemu layer up to date: {}", layer.display()));
+        } else {
+            progress(&format!(
+                "writing L1 qemu layer {} (qemu, its libraries, firmware)",
+                layer.display()
+            ));
+            let mut archive = CpioArchive::new(archive_mtime());
+            archive.add_file_from(inside::QEMU, &binary, 0o755)?;
+            for library in shared_libraries(&binary)? {
+                let path = library.to_string_lossy().into_owned();
+                archive.add_file_from(&path, &library, 0o755)?;
+            }
+            for firmware in QEMU_FIRMWARE {
+                let source = Path::new(firmware);
+                if !source.exists() {
+                    return Err(ImageError::Missing(source.to_path_buf()));
+                }
+                archive.add_file_from(firmware, source, 0o644)?;
+            }
+            archive.write_to(&layer)?;
+        }
+        Some(layer)
+    } else {
+        None
+    };
+
+    Ok(L1Images {
+        guest,
+        base,
+        pvmm,
+        qemu,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_static_and_dynamic_executables() {
+        // /bin/sh on Debian is dynamically linked (dash); the test binary itself is too.
+        let this = std::env::current_exe().unwrap();
+        assert!(!is_static_elf(&this).unwrap());
+        let not_elf = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        assert!(!is_static_elf(&not_elf).unwrap());
+    }
+
+    #[test]
+    fn up_to_date_needs_output_newer_than_inputs() {
+        let dir = std::env::temp_dir().join(format!("pvmm-rig-utd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let input = dir.join("in");
+        let output = dir.join("out");
+        std::fs::write(&input, b"x").unwrap();
+        assert!(!up_to_date(&output, &[&input]));
+        std::fs::write(&output, b"y").unwrap();
+        assert!(up_to_date(&output, &[&input]));
+        assert!(!up_to_date(&output, &[&dir.join("missing")]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

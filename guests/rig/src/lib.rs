@@ -1,0 +1,17 @@
+//! pvmm's guest images and QEMU-nested test rig, as a library for `cargo xtask` and the
+//! end-to-end tests.
+//!
+//! - [`images`]: builds the Debian cloud kernel, the busybox guest initramfs (with
+//!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`.
+//! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
+//!   (or QEMU with KVM) inside it on the guest images, and classifies the console output.
+//! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
+//! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
+
+pub mod bench;
+pub mod cpio;
+pub mod images;
+pub mod rig;
+pub mod scripts;
+
+pub use rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, Topology};

@@ -1,0 +1,980 @@
+//! Running the QEMU-nested rig: QEMU (TCG, an emulated multi-socket AMD CPU with SVM) boots
+//! L1, L1 loads KVM and runs the inner VMM (pvmm, or QEMU with KVM) on the guest images.
+//!
+//! The host side classifies L1's console lines by the tags the L1 scripts put on them (see
+//! [`crate::scripts`]), enforces a hard timeout (it kills QEMU), and detects L1 hanging at
+//! power-off after the inner VMM has already reported its exit status.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::cpio::{CpioArchive, CpioError};
+use crate::images::{inside, progress, ImageError, L1Images, Workspace, QEMU};
+use crate::scripts::{base64_encode, shell_join};
+
+/// pvmm's default guest command line (pvmm's `DEFAULT_CMDLINE`); the rig appends the command.
+pub const GUEST_BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+
+/// L1's kernel command line. `loglevel=4` keeps L1's boot chatter off the console while still
+/// showing warnings and errors (RCU stalls, soft lockups) that explain a hung rig.
+pub const L1_CMDLINE: &str = "console=ttyS0 panic=-1 loglevel=4";
+
+/// x86's COMMAND_LINE_SIZE including the terminating NUL: longer guest command lines are cut
+/// by the guest kernel, so the rig refuses them.
+pub const MAX_GUEST_CMDLINE: usize = 2047;
+
+/// pvmm's defaults for `--vcpus` and `--memory`, used to size `--vmm qemu` the same way.
+pub const PVMM_DEFAULT_VCPUS: u32 = 1;
+/// See [`PVMM_DEFAULT_VCPUS`].
+pub const PVMM_DEFAULT_MEMORY_MIB: u64 = 512;
+
+/// L1 memory besides the guest and the initramfs: L1's kernel, busybox and the inner VMM's own
+/// allocations fit in a few hundred MiB; 512 leaves room for page cache and a probe script.
+const L1_BASE_MEMORY_MIB: u64 = 512;
+
+/// L1 memory is rounded up to this granule (keeps the QEMU command line tidy).
+const L1_MEMORY_GRANULE_MIB: u64 = 256;
+
+/// How long L1 gets to power off after the inner VMM's exit status arrived. A TCG L1 powers
+/// off in well under a second; 30 s is far beyond that and still catches the power-off hangs
+/// (RCU stalls) seen in one of three manual runs.
+pub const POWEROFF_GRACE: Duration = Duration::from_secs(30);
+
+/// Default hard timeout of a rig run: L1 boots in about 5 s and a 4-vCPU guest in about 10 s
+/// more on an idle machine; our machines are shared and noisy, so allow 20x that.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Exit code the xtask uses when the rig timed out (like timeout(1)).
+pub const EXIT_TIMEOUT: i32 = 124;
+/// Exit code the xtask uses when L1 ended without reporting the inner VMM's status, or the rig
+/// could not start.
+pub const EXIT_RIG_FAILURE: i32 = 125;
+
+/// Warnings QEMU prints for every CPUID feature TCG lacks; the rig counts them instead of
+/// printing hundreds of lines.
+const QEMU_FEATURE_WARNING: &str = "doesn't support requested feature";
+
+/// Errors that keep a rig run from starting or finishing.
+#[derive(Debug, thiserror::Error)]
+pub enum RigError {
+    #[error("invalid topology '{0}': expected SxCxT, e.g. 2x2x1, each 1-64")]
+    BadTopology(String),
+    #[error("{0}")]
+    BadArgs(String),
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    Cpio(#[from] CpioError),
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start {QEMU}: {0} (install the Debian package qemu-system-x86)")]
+    Spawn(std::io::Error),
+}
+
+/// L1's CPU topology: sockets x cores per socket x threads per core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Topology {
+    /// Packages.
+    pub sockets: u32,
+    /// Cores per package.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+/// Most of any one topology dimension accepted: far above what TCG on two host CPUs can run.
+const MAX_TOPOLOGY_DIMENSION: u32 = 64;
+
+impl Topology {
+    /// Total logical CPUs.
+    pub fn cpus(&self) -> u32 {
+        self.sockets * self.cores * self.threads
+    }
+}
+
+impl Default for Topology {
+    /// 2 sockets x 2 cores x 1 thread: the smallest host with two packages and a choice of
+    /// cores within each.
+    fn default() -> Self {
+        Topology {
+            sockets: 2,
+            cores: 2,
+            threads: 1,
+        }
+    }
+}
+
+impl FromStr for Topology {
+    type Err = RigError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<u32> = text
+            .split('x')
+            .map(|p| p.parse::<u32>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| RigError::BadTopology(text.into()))?;
+        match parts[..] {
+            [sockets, cores, threads]
+                if [sockets, cores, threads]
+                    .iter()
+                    .all(|&n| (1..=MAX_TOPOLOGY_DIMENSION).contains(&n)) =>
+            {
+                Ok(Topology {
+                    sockets,
+                    cores,
+                    threads,
+                })
+            }
+            _ => Err(RigError::BadTopology(text.into())),
+        }
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{}", self.sockets, self.cores, self.threads)
+    }
+}
+
+/// Which VMM runs the guest inside L1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InnerVmm {
+    /// The static pvmm built from this workspace.
+    Pvmm,
+    /// `qemu-system-x86_64 -enable-kvm`, the baseline.
+    Qemu,
+}
+
+impl FromStr for InnerVmm {
+    type Err = RigError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "pvmm" => Ok(InnerVmm::Pvmm),
+            "qemu" => Ok(InnerVmm::Qemu),
+            _ => Err(RigError::BadArgs(format!(
+                "invalid --vmm '{text}': expected pvmm or qemu"
+            ))),
+        }
+    }
+}
+
+impl InnerVmm {
+    /// The name used in prefixes and reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            InnerVmm::Pvmm => "pvmm",
+            InnerVmm::Qemu => "qemu-kvm",
+        }
+    }
+}
+
+/// The guest's command line: pvmm's default plus the command, base64-encoded (see
+/// [`crate::scripts::GUEST_INIT`]).
+///
+/// For [`InnerVmm::Qemu`] `pci=off` is left out: QEMU's PC machine has a PCI bus, and with
+/// `pci=off` its ACPI PCI-link methods fail with a screenful of errors that slow the guest's
+/// serial console and would handicap QEMU in the boot benchmark. `quiet` (used by the
+/// benchmark) keeps the kernel's boot log off the emulated UART, whose per-byte exits
+/// otherwise dominate boot time in the nested rig.
+pub fn guest_cmdline(
+    vmm: InnerVmm,
+    command: Option<&str>,
+    quiet: bool,
+) -> Result<String, RigError> {
+    let mut cmdline = match vmm {
+        InnerVmm::Pvmm => GUEST_BASE_CMDLINE.to_string(),
+        InnerVmm::Qemu => GUEST_BASE_CMDLINE.replace(" pci=off", ""),
+    };
+    if quiet {
+        cmdline.push_str(" quiet");
+    }
+    if let Some(command) = command {
+        cmdline.push_str(" pvmm_cmd_b64=");
+        cmdline.push_str(&base64_encode(command.as_bytes()));
+    }
+    if cmdline.len() > MAX_GUEST_CMDLINE {
+        return Err(RigError::BadArgs(format!(
+            "the guest command is too long: the kernel command line would be {} bytes, the limit is {MAX_GUEST_CMDLINE}",
+            cmdline.len()
+        )));
+    }
+    Ok(cmdline)
+}
+
+/// vCPUs and memory (MiB) that pvmm arguments ask for, with pvmm's defaults.
+pub fn vm_shape(pvmm_args: &[String]) -> Result<(u32, u64), RigError> {
+    let mut vcpus = PVMM_DEFAULT_VCPUS;
+    let mut memory = PVMM_DEFAULT_MEMORY_MIB;
+    let mut args = pvmm_args.iter();
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        if name == "--vcpus" || name == "--memory" {
+            let value = inline
+                .or_else(|| args.next().cloned())
+                .ok_or_else(|| RigError::BadArgs(format!("pvmm argument {name} needs a value")))?;
+            let bad =
+                || RigError::BadArgs(format!("pvmm argument {name} has a bad value '{value}'"));
+            if name == "--vcpus" {
+                vcpus = value.parse().map_err(|_| bad())?;
+            } else {
+                memory = value.parse().map_err(|_| bad())?;
+            }
+        }
+    }
+    Ok((vcpus, memory))
+}
+
+/// The command line that runs `vmm` in L1 on the guest images.
+pub fn inner_vmm_command(
+    vmm: InnerVmm,
+    pvmm_args: &[String],
+    cmdline: &str,
+) -> Result<Vec<String>, RigError> {
+    for reserved in ["--initrd", "--cmdline"] {
+        if pvmm_args
+            .iter()
+            .any(|a| a == reserved || a.starts_with(&format!("{reserved}=")))
+        {
+            return Err(RigError::BadArgs(format!(
+                "pvmm argument {reserved} is set by the rig (use --guest-cmd for the guest's command)"
+            )));
+        }
+    }
+    let (vcpus, memory) = vm_shape(pvmm_args)?;
+    let words: Vec<String> = match vmm {
+        InnerVmm::Pvmm => {
+            let mut words = vec![inside::PVMM.to_string()];
+            words.extend(pvmm_args.iter().cloned());
+            words.extend(
+                [
+                    "--initrd",
+                    inside::GUEST_INITRD,
+                    "--cmdline",
+                    cmdline,
+                    inside::GUEST_KERNEL,
+                ]
+                .map(String::from),
+            );
+            words
+        }
+        InnerVmm::Qemu => {
+            let (vcpus, memory) = (vcpus.to_string(), memory.to_string());
+            [
+                inside::QEMU,
+                "-enable-kvm",
+                "-cpu",
+                "host",
+                "-smp",
+                &vcpus,
+                "-m",
+                &memory,
+                "-nodefaults",
+                "-no-user-config",
+                "-display",
+                "none",
+                "-serial",
+                "stdio",
+                "-no-reboot",
+                "-kernel",
+                inside::GUEST_KERNEL,
+                "-initrd",
+                inside::GUEST_INITRD,
+                "-append",
+                cmdline,
+            ]
+            .map(String::from)
+            .to_vec()
+        }
+    };
+    Ok(words)
+}
+
+/// What L1 should do: a shell script sourced by L1's init (it may call `rig_run`), an optional
+/// probe script run alongside each inner VMM, and the guest memory it needs (for sizing L1).
+#[derive(Debug, Clone)]
+pub struct L1Job {
+    /// Shell code sourced by L1's init after the KVM modules are loaded.
+    pub script: String,
+    /// Shell script run alongside the inner VMM with `PVMM_PID` set; its output is tagged.
+    pub probe: Option<String>,
+    /// The most guest memory one inner VMM asks for, in MiB.
+    pub guest_memory_mib: u64,
+}
+
+/// How to run L1.
+#[derive(Debug, Clone)]
+pub struct L1Options {
+    /// L1's CPU topology.
+    pub topology: Topology,
+    /// Hard limit for the whole run; QEMU is killed when it passes.
+    pub timeout: Duration,
+    /// Print classified lines on stdout as they arrive.
+    pub echo: bool,
+    /// `-accel tcg,thread=multi` (true) or `thread=single`.
+    pub tcg_multi_thread: bool,
+    /// Prefix for the inner VMM's stderr lines, e.g. "pvmm".
+    pub vmm_name: &'static str,
+}
+
+/// An event the L1 scripts reported: `@@rig@@ KIND LABEL VALUE`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RigEvent {
+    /// `l1-init`, `l1-cpus`, `vmm-start`, `guest-init`, `vmm-exit`, `error`, `l1-poweroff`.
+    pub kind: String,
+    /// The run label given to `rig_run` (`-` for L1-wide events).
+    pub label: String,
+    /// Uptime in seconds, exit status, count or error name.
+    pub value: String,
+}
+
+/// How a rig run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RigEnd {
+    /// QEMU exited by itself.
+    Completed,
+    /// The hard timeout passed before L1 reported the inner VMM's exit; QEMU was killed.
+    TimedOut,
+    /// The inner VMM's status arrived but L1 did not power off within [`POWEROFF_GRACE`];
+    /// QEMU was killed.
+    HungAtPowerOff,
+}
+
+/// Everything a rig run produced.
+#[derive(Debug, Clone)]
+pub struct RigOutcome {
+    /// How it ended.
+    pub end: RigEnd,
+    /// The inner VMM's exit status (the last `vmm-exit` event), if L1 reported one.
+    pub vmm_status: Option<i32>,
+    /// QEMU's (L1's) exit status, if it exited by itself.
+    pub qemu_status: Option<ExitStatus>,
+    /// L1's own console lines (kernel and init).
+    pub l1_lines: Vec<String>,
+    /// The guest's serial console (the inner VMM's stdout).
+    pub guest_lines: Vec<String>,
+    /// The inner VMM's stderr.
+    pub vmm_lines: Vec<String>,
+    /// The probe script's output.
+    pub probe_lines: Vec<String>,
+    /// QEMU's own stderr (without the repetitive CPUID feature warnings).
+    pub qemu_lines: Vec<String>,
+    /// Events from L1's scripts, in order.
+    pub events: Vec<RigEvent>,
+    /// Wall time from starting QEMU to its end.
+    pub elapsed: Duration,
+    /// The timeout the run had.
+    pub timeout: Duration,
+}
+
+impl RigOutcome {
+    /// The exit code for the xtask: the inner VMM's status, [`EXIT_TIMEOUT`] on timeout,
+    /// [`EXIT_RIG_FAILURE`] when L1 ended without reporting a status.
+    pub fn exit_code(&self) -> i32 {
+        match (self.end, self.vmm_status) {
+            (RigEnd::TimedOut, _) => EXIT_TIMEOUT,
+            (_, Some(status)) => status,
+            (_, None) => EXIT_RIG_FAILURE,
+        }
+    }
+
+    /// One line saying how the run ended.
+    pub fn summary(&self, vmm_name: &str) -> String {
+        let secs = self.elapsed.as_secs_f64();
+        match (self.end, self.vmm_status) {
+            (RigEnd::TimedOut, _) => format!(
+                "TIMEOUT: killed QEMU after {secs:.1} s (limit {} s) before L1 reported {vmm_name}'s exit status; exit {EXIT_TIMEOUT}",
+                self.timeout.as_secs()
+            ),
+            (RigEnd::HungAtPowerOff, Some(status)) => format!(
+                "{vmm_name} exited with status {status}, but L1 hung at power-off ({} s grace); killed QEMU after {secs:.1} s",
+                POWEROFF_GRACE.as_secs()
+            ),
+            (_, Some(status)) => format!("{vmm_name} exited with status {status}; rig took {secs:.1} s"),
+            (_, None) => format!(
+                "L1 ended (QEMU {}) without reporting {vmm_name}'s exit status after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                self.qemu_status.map_or("killed".to_string(), |s| s.to_string())
+            ),
+        }
+    }
+
+    /// Events of one kind, optionally for one label.
+    pub fn events_of<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a RigEvent> + 'a {
+        self.events.iter().filter(move |e| e.kind == kind)
+    }
+
+    /// Seconds from a run's `vmm-start` to its `guest-init` event (L1's clock).
+    pub fn boot_to_init_seconds(&self, label: &str) -> Option<f64> {
+        let at = |kind: &str| {
+            self.events
+                .iter()
+                .find(|e| e.kind == kind && e.label == label)
+                .and_then(|e| e.value.parse::<f64>().ok())
+        };
+        Some(at("guest-init")? - at("vmm-start")?)
+    }
+
+    /// The guest's output between its "command begin" and "command exit status" markers.
+    pub fn guest_command_output(&self) -> Vec<&str> {
+        self.guest_lines
+            .iter()
+            .map(String::as_str)
+            .skip_while(|l| !l.starts_with("pvmm-guest: command begin"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("pvmm-guest: command exit status"))
+            .collect()
+    }
+
+    /// The guest command's exit status, if the guest reported one.
+    pub fn guest_command_status(&self) -> Option<i32> {
+        self.guest_lines
+            .iter()
+            .find_map(|l| l.strip_prefix("pvmm-guest: command exit status "))
+            .and_then(|s| s.trim().parse().ok())
+    }
+}
+
+/// A rig run of one inner VMM on the guest images: the builder behind `cargo xtask rig`.
+///
+/// ```no_run
+/// use pvmm_rig::{images, Rig, InnerVmm};
+/// let ws = images::Workspace::locate()?;
+/// let l1 = images::build_l1(&ws, images::L1Needs { pvmm: true, qemu: false })?;
+/// let outcome = Rig::new(InnerVmm::Pvmm)
+///     .guest_command("nproc")
+///     .pvmm_args(["--vcpus", "4"])
+///     .run(&ws, &l1)?;
+/// assert_eq!(outcome.vmm_status, Some(0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Rig {
+    vmm: InnerVmm,
+    topology: Topology,
+    timeout: Duration,
+    guest_command: Option<String>,
+    pvmm_args: Vec<String>,
+    probe: Option<String>,
+    echo: bool,
+    tcg_multi_thread: bool,
+}
+
+impl Rig {
+    /// A rig with the default topology (2x2x1) and timeout, running `vmm`.
+    pub fn new(vmm: InnerVmm) -> Rig {
+        Rig {
+            vmm,
+            topology: Topology::default(),
+            timeout: DEFAULT_TIMEOUT,
+            guest_command: None,
+            pvmm_args: Vec::new(),
+            probe: None,
+            echo: false,
+            tcg_multi_thread: true,
+        }
+    }
+
+    /// L1's CPU topology.
+    pub fn topology(mut self, topology: Topology) -> Rig {
+        self.topology = topology;
+        self
+    }
+
+    /// Hard timeout of the whole run.
+    pub fn timeout(mut self, timeout: Duration) -> Rig {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Shell command (or script) the guest's init runs before powering off.
+    pub fn guest_command(mut self, command: impl Into<String>) -> Rig {
+        self.guest_command = Some(command.into());
+        self
+    }
+
+    /// Arguments for pvmm (before `--initrd`, `--cmdline` and the kernel, which the rig adds).
+    /// With [`InnerVmm::Qemu`] only `--vcpus` and `--memory` are used.
+    pub fn pvmm_args<I, S>(mut self, args: I) -> Rig
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.pvmm_args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// A shell script L1 runs alongside the inner VMM, with `PVMM_PID` set to its pid; its
+    /// output lands in [`RigOutcome::probe_lines`]. L1 waits for it after the VMM exits, so
+    /// it should end by itself (e.g. loop while `kill -0 $PVMM_PID`).
+    pub fn l1_probe(mut self, script: impl Into<String>) -> Rig {
+        self.probe = Some(script.into());
+        self
+    }
+
+    /// Print lines with `[L1] `, `[guest] `, ... prefixes on stdout as they arrive.
+    pub fn echo(mut self, echo: bool) -> Rig {
+        self.echo = echo;
+        self
+    }
+
+    /// Use `-accel tcg,thread=multi` (default) or `thread=single` for L1.
+    pub fn tcg_multi_thread(mut self, multi: bool) -> Rig {
+        self.tcg_multi_thread = multi;
+        self
+    }
+
+    /// Runs the rig once; needs L1 images with the layer for this rig's VMM.
+    pub fn run(&self, ws: &Workspace, images: &L1Images) -> Result<RigOutcome, RigError> {
+        match self.vmm {
+            InnerVmm::Pvmm if images.pvmm.is_none() => {
+                return Err(RigError::BadArgs(
+                    "the L1 images were built without pvmm".into(),
+                ))
+            }
+            InnerVmm::Qemu if images.qemu.is_none() => {
+                return Err(RigError::BadArgs(
+                    "the L1 images were built without qemu".into(),
+                ))
+            }
+            _ => {}
+        }
+        let cmdline = guest_cmdline(self.vmm, self.guest_command.as_deref(), false)?;
+        let command = inner_vmm_command(self.vmm, &self.pvmm_args, &cmdline)?;
+        let (_, memory) = vm_shape(&self.pvmm_args)?;
+        let job = L1Job {
+            script: format!("rig_run main 0 {}\n", shell_join(&command)),
+            probe: self.probe.clone(),
+            guest_memory_mib: memory,
+        };
+        let options = L1Options {
+            topology: self.topology,
+            timeout: self.timeout,
+            echo: self.echo,
+            tcg_multi_thread: self.tcg_multi_thread,
+            vmm_name: if self.vmm == InnerVmm::Pvmm {
+                "pvmm"
+            } else {
+                "qemu-kvm"
+            },
+        };
+        run_l1(ws, images, &options, &job)
+    }
+}
+
+/// Kills QEMU if the rig returns early (error or panic), so no L1 outlives its run.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Removes a run's scratch folder when the run ends.
+struct ScratchDir(PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+fn spawn_reader<R: Read + Send + 'static>(
+    reader: R,
+    stream: Stream,
+    sender: mpsc::Sender<(Stream, String)>,
+) {
+    let tag = matches!(stream, Stream::Stdout);
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(reader);
+        let mut buffer = Vec::new();
+        loop {
+            buffer.clear();
+            match reader.read_until(b'\n', &mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buffer);
+                    let line = line.trim_end_matches(['\n', '\r']).replace('\r', "");
+                    let stream = if tag { Stream::Stdout } else { Stream::Stderr };
+                    if sender.send((stream, line)).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RigError + '_ {
+    move |source| RigError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A process-unique number for scratch folders.
+static RUN_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Writes the run's initramfs: the L1 layers followed by a job layer.
+fn write_run_initrd(
+    dir: &Path,
+    images: &L1Images,
+    job: &L1Job,
+) -> Result<(PathBuf, u64), RigError> {
+    let mut job_archive = CpioArchive::new(0);
+    job_archive.add_file_bytes("rig/job.sh", job.script.as_bytes(), 0o644)?;
+    if let Some(probe) = &job.probe {
+        job_archive.add_file_bytes("rig/probe.sh", probe.as_bytes(), 0o755)?;
+    }
+    let initrd = dir.join("l1-initrd.cpio");
+    let mut out = std::io::BufWriter::new(File::create(&initrd).map_err(io(&initrd))?);
+    let mut total = 0u64;
+    for layer in images.layers() {
+        let mut input = File::open(&layer).map_err(io(&layer))?;
+        total += std::io::copy(&mut input, &mut out).map_err(io(&initrd))?;
+    }
+    total += job_archive.write(&mut out)?;
+    out.flush().map_err(io(&initrd))?;
+    Ok((initrd, total))
+}
+
+/// Tags the L1 scripts put at the start of their lines.
+const TAGS: [&str; 4] = ["@@guest@@ ", "@@vmm@@ ", "@@probe@@ ", "@@rig@@ "];
+
+/// The tagged part of a console line. A tag is normally at the start, but the first line of
+/// L1's init can follow the firmware's and kernel's terminal-control output on the same line.
+fn tagged_tail(line: &str) -> Option<&str> {
+    let mut search = 0;
+    while let Some(found) = line[search..].find("@@") {
+        let tail = &line[search + found..];
+        if TAGS.iter().any(|tag| tail.starts_with(tag)) {
+            return Some(tail);
+        }
+        search += found + 2;
+    }
+    None
+}
+
+/// Removes ANSI escape sequences (SeaBIOS clears the screen) and other control characters.
+fn strip_terminal_controls(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                // CSI: parameters and intermediates up to a final byte in @..~.
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+        } else if !c.is_control() || c == '\t' {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// L1's memory: the initramfs twice (the packed image and the unpacked files), the guest, and
+/// [`L1_BASE_MEMORY_MIB`], rounded up to [`L1_MEMORY_GRANULE_MIB`].
+pub fn l1_memory_mib(initrd_bytes: u64, guest_memory_mib: u64) -> u64 {
+    let initrd_mib = initrd_bytes.div_ceil(1 << 20);
+    let total = L1_BASE_MEMORY_MIB + 2 * initrd_mib + guest_memory_mib;
+    total.div_ceil(L1_MEMORY_GRANULE_MIB) * L1_MEMORY_GRANULE_MIB
+}
+
+/// Boots L1 with `job` and collects its output. The building block of [`Rig::run`] and the
+/// boot benchmark.
+pub fn run_l1(
+    ws: &Workspace,
+    images: &L1Images,
+    options: &L1Options,
+    job: &L1Job,
+) -> Result<RigOutcome, RigError> {
+    let scratch = ws.out.join("runs").join(format!(
+        "{}-{}",
+        std::process::id(),
+        RUN_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&scratch).map_err(io(&scratch))?;
+    let scratch = ScratchDir(scratch);
+    let (initrd, initrd_bytes) = write_run_initrd(&scratch.0, images, job)?;
+    let memory = l1_memory_mib(initrd_bytes, job.guest_memory_mib);
+    let topology = options.topology;
+    let mut command = Command::new(QEMU);
+    command
+        .arg("-accel")
+        .arg(if options.tcg_multi_thread {
+            "tcg,thread=multi"
+        } else {
+            "tcg,thread=single"
+        })
+        .args(["-cpu", "EPYC,+svm,+npt"])
+        .arg("-smp")
+        .arg(format!(
+            "{},sockets={},cores={},threads={}",
+            topology.cpus(),
+            topology.sockets,
+            topology.cores,
+            topology.threads
+        ))
+        .arg("-m")
+        .arg(memory.to_string())
+        // No NIC: L1 needs none, and it spares SeaBIOS loading iPXE.
+        .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
+        .arg(&images.guest.kernel)
+        .arg("-initrd")
+        .arg(&initrd)
+        .arg("-append")
+        .arg(L1_CMDLINE)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    progress(&format!(
+        "booting L1: {QEMU} TCG, topology {topology} ({} CPUs), {memory} MiB, initramfs {} MiB, timeout {} s",
+        topology.cpus(),
+        initrd_bytes >> 20,
+        options.timeout.as_secs()
+    ));
+    let start = Instant::now();
+    let mut child = KillOnDrop(command.spawn().map_err(RigError::Spawn)?);
+    let (sender, receiver) = mpsc::channel();
+    if let Some(stdout) = child.0.stdout.take() {
+        spawn_reader(stdout, Stream::Stdout, sender.clone());
+    }
+    if let Some(stderr) = child.0.stderr.take() {
+        spawn_reader(stderr, Stream::Stderr, sender);
+    }
+
+    let mut outcome = RigOutcome {
+        end: RigEnd::Completed,
+        vmm_status: None,
+        qemu_status: None,
+        l1_lines: Vec::new(),
+        guest_lines: Vec::new(),
+        vmm_lines: Vec::new(),
+        probe_lines: Vec::new(),
+        qemu_lines: Vec::new(),
+        events: Vec::new(),
+        elapsed: Duration::ZERO,
+        timeout: options.timeout,
+    };
+    let deadline = start + options.timeout;
+    let mut poweroff_deadline: Option<Instant> = None;
+    let mut feature_warnings = 0usize;
+    let vmm_prefix = format!("[{}] ", options.vmm_name);
+    loop {
+        let limit = poweroff_deadline.map_or(deadline, |p| p.min(deadline));
+        let now = Instant::now();
+        if now >= limit {
+            outcome.end =
+                if poweroff_deadline.is_some_and(|p| p <= now) && outcome.vmm_status.is_some() {
+                    RigEnd::HungAtPowerOff
+                } else {
+                    RigEnd::TimedOut
+                };
+            break;
+        }
+        let (stream, line) = match receiver.recv_timeout(limit - now) {
+            Ok(item) => item,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        let shown: Option<String> = match stream {
+            Stream::Stderr => {
+                if line.contains(QEMU_FEATURE_WARNING) {
+                    feature_warnings += 1;
+                    None
+                } else {
+                    outcome.qemu_lines.push(line.clone());
+                    Some(format!("[qemu] {line}"))
+                }
+            }
+            Stream::Stdout => {
+                let line = tagged_tail(&line)
+                    .map_or_else(|| strip_terminal_controls(&line), str::to_string);
+                if let Some(rest) = line.strip_prefix("@@guest@@ ") {
+                    outcome.guest_lines.push(rest.to_string());
+                    Some(format!("[guest] {rest}"))
+                } else if let Some(rest) = line.strip_prefix("@@vmm@@ ") {
+                    outcome.vmm_lines.push(rest.to_string());
+                    Some(format!("{vmm_prefix}{rest}"))
+                } else if let Some(rest) = line.strip_prefix("@@probe@@ ") {
+                    outcome.probe_lines.push(rest.to_string());
+                    Some(format!("[probe] {rest}"))
+                } else if let Some(rest) = line.strip_prefix("@@rig@@ ") {
+                    let mut parts = rest.splitn(3, ' ');
+                    let event = RigEvent {
+                        kind: parts.next().unwrap_or_default().to_string(),
+                        label: parts.next().unwrap_or_default().to_string(),
+                        value: parts.next().unwrap_or_default().to_string(),
+                    };
+                    if event.kind == "vmm-exit" {
+                        outcome.vmm_status = event.value.trim().parse().ok();
+                    }
+                    if event.kind == "l1-poweroff" && poweroff_deadline.is_none() {
+                        poweroff_deadline = Some(Instant::now() + POWEROFF_GRACE);
+                    }
+                    outcome.events.push(event);
+                    Some(format!("[rig] {rest}"))
+                } else {
+                    outcome.l1_lines.push(line.clone());
+                    Some(format!("[L1] {line}"))
+                }
+            }
+        };
+        if options.echo {
+            if let Some(shown) = shown {
+                println!("{shown}");
+            }
+        }
+    }
+    if outcome.end == RigEnd::Completed {
+        // Both pipes closed: QEMU is exiting; its status follows at once.
+        outcome.qemu_status = child.0.wait().ok();
+    } else {
+        let _ = child.0.kill();
+        let _ = child.0.wait();
+    }
+    outcome.elapsed = start.elapsed();
+    if feature_warnings > 0 {
+        progress(&format!(
+            "QEMU printed {feature_warnings} \"TCG doesn't support requested feature\" warnings (harmless, hidden)"
+        ));
+    }
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_parses_and_rejects() {
+        let t: Topology = "2x2x2".parse().unwrap();
+        assert_eq!(t.cpus(), 8);
+        assert_eq!(t.to_string(), "2x2x2");
+        for bad in ["2x2", "0x1x1", "axbxc", "1x1x1x1", "", "65x1x1"] {
+            assert!(bad.parse::<Topology>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn vm_shape_reads_pvmm_flags() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(vm_shape(&[]).unwrap(), (1, 512));
+        assert_eq!(
+            vm_shape(&args(&["--vcpus", "4", "--memory=1024", "-v"])).unwrap(),
+            (4, 1024)
+        );
+        assert!(vm_shape(&args(&["--vcpus"])).is_err());
+        assert!(vm_shape(&args(&["--vcpus", "x"])).is_err());
+    }
+
+    #[test]
+    fn inner_commands_carry_images_and_cmdline() {
+        let cmdline = guest_cmdline(InnerVmm::Pvmm, Some("nproc"), false).unwrap();
+        assert!(cmdline.starts_with(GUEST_BASE_CMDLINE));
+        let qemu_cmdline = guest_cmdline(InnerVmm::Qemu, None, true).unwrap();
+        assert_eq!(qemu_cmdline, "console=ttyS0 reboot=k panic=-1 quiet");
+        assert!(cmdline.ends_with(" pvmm_cmd_b64=bnByb2M="));
+        let pvmm =
+            inner_vmm_command(InnerVmm::Pvmm, &["--vcpus".into(), "4".into()], &cmdline).unwrap();
+        assert_eq!(pvmm.first().map(String::as_str), Some(inside::PVMM));
+        assert_eq!(pvmm.last().map(String::as_str), Some(inside::GUEST_KERNEL));
+        let qemu = inner_vmm_command(InnerVmm::Qemu, &["--vcpus=4".into()], &cmdline).unwrap();
+        assert!(qemu.windows(2).any(|w| w[0] == "-smp" && w[1] == "4"));
+        assert!(qemu.windows(2).any(|w| w[0] == "-m" && w[1] == "512"));
+        assert!(inner_vmm_command(InnerVmm::Pvmm, &["--cmdline=x".into()], &cmdline).is_err());
+        assert!(guest_cmdline(InnerVmm::Pvmm, Some(&"x".repeat(2000)), false).is_err());
+    }
+
+    #[test]
+    fn finds_tags_after_terminal_noise() {
+        assert_eq!(
+            tagged_tail("oc\u{1b}[?7l\u{1b}[2J@@rig@@ l1-init - 2.21"),
+            Some("@@rig@@ l1-init - 2.21")
+        );
+        assert_eq!(
+            tagged_tail("@@guest@@ hello @@rig@@ x"),
+            Some("@@guest@@ hello @@rig@@ x")
+        );
+        assert_eq!(tagged_tail("email@@host"), None);
+        assert_eq!(
+            strip_terminal_controls("\u{1b}c\u{1b}[?7l\u{1b}[2J\u{1b}[0mSeaBIOS"),
+            "SeaBIOS"
+        );
+    }
+
+    #[test]
+    fn l1_memory_covers_initrd_and_guest() {
+        assert_eq!(l1_memory_mib(100 << 20, 512), 1280);
+        assert_eq!(l1_memory_mib(0, 0), 512);
+    }
+
+    #[test]
+    fn outcome_helpers() {
+        let mut outcome = RigOutcome {
+            end: RigEnd::Completed,
+            vmm_status: Some(0),
+            qemu_status: None,
+            l1_lines: vec![],
+            guest_lines: [
+                "pvmm-guest: command begin",
+                "4",
+                "pvmm-guest: command exit status 0",
+            ]
+            .map(String::from)
+            .to_vec(),
+            vmm_lines: vec![],
+            probe_lines: vec![],
+            qemu_lines: vec![],
+            events: vec![
+                RigEvent {
+                    kind: "vmm-start".into(),
+                    label: "a".into(),
+                    value: "5.00".into(),
+                },
+                RigEvent {
+                    kind: "guest-init".into(),
+                    label: "a".into(),
+                    value: "7.50".into(),
+                },
+            ],
+            elapsed: Duration::from_secs(1),
+            timeout: Duration::from_secs(2),
+        };
+        assert_eq!(outcome.guest_command_output(), ["4"]);
+        assert_eq!(outcome.guest_command_status(), Some(0));
+        assert_eq!(outcome.boot_to_init_seconds("a"), Some(2.5));
+        assert_eq!(outcome.boot_to_init_seconds("b"), None);
+        assert_eq!(outcome.exit_code(), 0);
+        outcome.end = RigEnd::TimedOut;
+        assert_eq!(outcome.exit_code(), EXIT_TIMEOUT);
+        outcome.end = RigEnd::Completed;
+        outcome.vmm_status = None;
+        assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
+    }
+}
