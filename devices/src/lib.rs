@@ -7,9 +7,13 @@
 //!
 //! - [`bus`]: the address-range bus that routes guest accesses to devices.
 //! - [`serial`]: the 16550A UART console on COM1 (vm-superio), wired to an interrupt.
+//! - [`cppc`]: per-vCPU ACPI CPPC registers: the capacity each vCPU really has, live.
+//! - [`ged`]: the ACPI Generic Event Device that notifies the guest of capacity changes.
 //! - [`power`]: the ACPI hardware-reduced sleep control/status and reset registers, plus the
 //!   i8042 reset line, turning guest power-off and reboot into [`power::PowerEvent`]s.
 
 pub mod bus;
+pub mod cppc;
+pub mod ged;
 pub mod power;
 pub mod serial;

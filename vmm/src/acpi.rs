@@ -23,7 +23,13 @@ use pvmm_devices::power::{
 };
 use pvmm_devices::serial::{COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
 
-use crate::layout::{ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, IOAPIC_START};
+use pvmm_devices::cppc::CppcRegister;
+use pvmm_devices::ged::GED_MMIO_LEN;
+
+use crate::layout::{
+    ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START,
+    IOAPIC_START,
+};
 
 /// OEM id written in every table.
 pub const OEM_ID: [u8; 6] = *b"PVMM  ";
@@ -99,10 +105,214 @@ impl AcpiTables {
     }
 }
 
+/// Writes each table to `dir/<signature>.dat` (lower case), creating `dir`. Returns the files.
+pub fn dump_tables(
+    tables: &AcpiTables,
+    dir: &std::path::Path,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    tables
+        .tables
+        .iter()
+        .map(|t| {
+            let path = dir.join(format!("{}.dat", t.name.to_lowercase()));
+            std::fs::write(&path, &t.bytes).map(|_| path)
+        })
+        .collect()
+}
+
 fn aml_bytes(item: &dyn Aml) -> Vec<u8> {
     let mut out = Vec::new();
     item.to_aml_bytes(&mut out);
     out
+}
+
+/// The platform-wide `_OSC` UUID (ACPI 6.5, 6.2.11.2).
+const OSC_PLATFORM_UUID: &str = "0811B06E-4A27-44F9-8D60-3CBBC22E7B48";
+/// `_OSC` capabilities pvmm grants: CPPC v2 (bit 6) and flexible address space for `_CPC`
+/// registers (bit 14); Linux parses `_CPC` only when both are granted.
+const OSC_GRANTED: u32 = (1 << 6) | (1 << 14);
+/// `_OSC` status bit "unrecognized UUID".
+const OSC_UNRECOGNIZED_UUID: u32 = 1 << 2;
+/// `_CPC` package: 23 entries, revision 3 (ACPI 6.2+).
+const CPC_NUM_ENTRIES: u8 = 23;
+const CPC_REVISION: u8 = 3;
+/// `_CPC` reference performance: the capacity scale's full CPU.
+const CPC_REFERENCE_PERF: u32 = 1024;
+/// `_PSD`: 5 entries, revision 0, coordination SW_ANY (0xFD): every vCPU is its own domain,
+/// so the value is irrelevant but must be valid.
+const PSD_NUM_ENTRIES: u8 = 5;
+const PSD_REVISION: u8 = 0;
+const PSD_COORD_SW_ANY: u8 = 0xfd;
+/// The notification Linux's processor driver maps to "highest performance changed".
+pub const NOTIFY_HIGHEST_PERF_CHANGED: u8 = 0x85;
+/// Bits of a 64-bit register.
+const REG_BITS: u8 = 64;
+
+/// A Generic Register Descriptor (ACPI 6.5, 6.4.3.7). Written here rather than with
+/// `acpi_tables::aml::Register`, which encodes its length as 0x12 instead of 0x0C, so that
+/// `iasl -d` shows `Register (...)` and not an opaque buffer.
+struct GenericRegister(GAS);
+
+/// Generic Register Descriptor: tag byte and the length of what follows it (a GAS).
+const GENERIC_REGISTER_TAG: u8 = 0x82;
+const GENERIC_REGISTER_LEN: u16 = 12;
+
+impl Aml for GenericRegister {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.byte(GENERIC_REGISTER_TAG);
+        sink.word(GENERIC_REGISTER_LEN);
+        self.0.to_aml_bytes(sink);
+    }
+}
+
+/// `ResourceTemplate() { Register(SystemMemory, 64, 0, addr, QWordAccess) }`.
+fn cpc_register(addr: u64) -> Vec<u8> {
+    let gas = GAS::new(
+        AddressSpace::SystemMemory,
+        REG_BITS,
+        0,
+        AccessSize::QwordAccess,
+        addr,
+    );
+    aml_bytes(&aml::ResourceTemplate::new(vec![&GenericRegister(gas)]))
+}
+
+/// A register entry the guest must treat as absent: `Register(SystemMemory, 0, 0, 0, 0)`.
+fn cpc_null_register() -> Vec<u8> {
+    let gas = GAS::new(AddressSpace::SystemMemory, 0, 0, AccessSize::Undefined, 0);
+    aml_bytes(&aml::ResourceTemplate::new(vec![&GenericRegister(gas)]))
+}
+
+/// Raw AML bytes usable as a package element.
+struct RawAml(Vec<u8>);
+impl Aml for RawAml {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(&self.0);
+    }
+}
+
+/// The `_CPC` package of vCPU `index`: live SystemMemory registers in pvmm's CPPC window for
+/// highest, nominal, lowest-nonlinear, lowest, guaranteed and desired performance and both
+/// feedback counters; everything pvmm does not implement is a null register or 0.
+pub fn cpc_package(index: u32) -> Vec<u8> {
+    let reg = |r: CppcRegister| RawAml(cpc_register(r.address(CPPC_MMIO_START, index)));
+    let null = || RawAml(cpc_null_register());
+    let entries: Vec<Box<dyn Aml>> = vec![
+        Box::new(CPC_NUM_ENTRIES),
+        Box::new(CPC_REVISION),
+        Box::new(reg(CppcRegister::Highest)),
+        Box::new(reg(CppcRegister::Nominal)),
+        Box::new(reg(CppcRegister::LowestNonlinear)),
+        Box::new(reg(CppcRegister::Lowest)),
+        Box::new(reg(CppcRegister::Guaranteed)),
+        Box::new(reg(CppcRegister::Desired)),
+        Box::new(null()), // minimum performance register
+        Box::new(null()), // maximum performance register
+        Box::new(null()), // performance reduction tolerance register
+        Box::new(null()), // time window register
+        Box::new(0u8),    // counter wraparound time: 64-bit ns counters do not wrap
+        Box::new(reg(CppcRegister::ReferenceCounter)),
+        Box::new(reg(CppcRegister::DeliveredCounter)),
+        Box::new(null()), // performance limited register
+        Box::new(null()), // CPPC enable register
+        Box::new(0u8),    // autonomous selection enable
+        Box::new(null()), // autonomous activity window register
+        Box::new(null()), // energy performance preference register
+        Box::new(CPC_REFERENCE_PERF),
+        Box::new(0u8), // lowest frequency: unknown
+        Box::new(0u8), // nominal frequency: unknown
+    ];
+    debug_assert_eq!(entries.len(), CPC_NUM_ENTRIES as usize);
+    let refs: Vec<&dyn Aml> = entries.iter().map(|b| b.as_ref()).collect();
+    aml_bytes(&aml::Package::new(refs))
+}
+
+fn psd_package(index: u32) -> Vec<u8> {
+    let one = 1u8;
+    let inner = aml::Package::new(vec![
+        &PSD_NUM_ENTRIES,
+        &PSD_REVISION,
+        &index,
+        &PSD_COORD_SW_ANY,
+        &one,
+    ]);
+    aml_bytes(&aml::Package::new(vec![&inner]))
+}
+
+/// `\_SB._OSC`: grant CPPC v2 and flexible address space, whatever else was asked.
+fn osc_method() -> Vec<u8> {
+    let cdw1 = aml::Path::new("CDW1");
+    let cdw2 = aml::Path::new("CDW2");
+    let uuid = aml::Uuid::new(OSC_PLATFORM_UUID);
+    let create1 = aml::CreateDWordField::new(&cdw1, &aml::Arg(3), &0u8);
+    let create2 = aml::CreateDWordField::new(&cdw2, &aml::Arg(3), &4u8);
+    let grant = aml::And::new(&cdw2, &cdw2, &OSC_GRANTED);
+    let unknown = aml::Or::new(&cdw1, &cdw1, &OSC_UNRECOGNIZED_UUID);
+    let is_platform = aml::Equal::new(&aml::Arg(0), &uuid);
+    let if_platform = aml::If::new(&is_platform, vec![&create2, &grant]);
+    let otherwise = aml::Else::new(vec![&unknown]);
+    let ret = aml::Return::new(&aml::Arg(3));
+    aml_bytes(&aml::Method::new(
+        "_OSC".into(),
+        4,
+        false,
+        vec![&create1, &if_platform, &otherwise, &ret],
+    ))
+}
+
+/// `CNFY(n)`: `Notify(<processor n>, 0x85)`, one `If` per vCPU (AML cannot build a device
+/// reference from a number).
+fn notify_method(vcpus: u32) -> Vec<u8> {
+    let names: Vec<aml::Path> = (0..vcpus)
+        .map(|i| aml::Path::new(&processor_device_name(i)))
+        .collect();
+    let notifies: Vec<aml::Notify> = names
+        .iter()
+        .map(|p| aml::Notify::new(p, &NOTIFY_HIGHEST_PERF_CHANGED))
+        .collect();
+    let indices: Vec<u32> = (0..vcpus).collect();
+    let conds: Vec<aml::Equal> = indices
+        .iter()
+        .map(|i| aml::Equal::new(&aml::Arg(0), i))
+        .collect();
+    let ifs: Vec<aml::If> = conds
+        .iter()
+        .zip(&notifies)
+        .map(|(c, n)| aml::If::new(c, vec![n]))
+        .collect();
+    let body: Vec<&dyn Aml> = ifs.iter().map(|i| i as &dyn Aml).collect();
+    aml_bytes(&aml::Method::new("CNFY".into(), 1, true, body))
+}
+
+/// The Generic Event Device: its interrupt, its status register, and `_EVT`, which drains the
+/// register and notifies each processor it names (value = vCPU index + 1, 0 = none left).
+fn ged_device() -> Vec<u8> {
+    let hid = aml::Name::new("_HID".into(), &"ACPI0013");
+    let uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let irq = aml::Interrupt::new(true, true, false, false, GED_IRQ);
+    let crs = aml::Name::new("_CRS".into(), &aml::ResourceTemplate::new(vec![&irq]));
+    let base = GED_MMIO_START as u32;
+    let len = GED_MMIO_LEN as u32;
+    let region = aml::OpRegion::new("GDST".into(), aml::OpRegionSpace::SystemMemory, &base, &len);
+    let field = aml::Field::new(
+        "GDST".into(),
+        aml::FieldAccessType::DWord,
+        aml::FieldLockRule::NoLock,
+        aml::FieldUpdateRule::Preserve,
+        vec![aml::FieldEntry::Named(*b"GSTA", 32)],
+    );
+    let gsta = aml::Path::new("GSTA");
+    let read = aml::Store::new(&aml::Local(0), &gsta);
+    let index = aml::Subtract::new(&aml::Local(1), &aml::Local(0), &aml::ONE);
+    let call = aml::MethodCall::new("\\_SB_.CNFY".into(), vec![&aml::Local(1)]);
+    let more = aml::NotEqual::new(&aml::Local(0), &aml::ZERO);
+    let drain = aml::While::new(&more, vec![&index, &call, &read]);
+    let evt = aml::Method::new("_EVT".into(), 1, true, vec![&read, &drain]);
+    aml_bytes(&aml::Device::new(
+        "GED0".into(),
+        vec![&hid, &uid, &crs, &region, &field, &evt],
+    ))
 }
 
 /// Name of vCPU `index`'s processor device: `C` and three hex digits (AML names are 4 chars).
@@ -117,9 +327,11 @@ pub fn dsdt_aml(vcpus: u32) -> Vec<u8> {
         .map(|i| {
             let hid = aml::Name::new("_HID".into(), &"ACPI0007");
             let uid = aml::Name::new("_UID".into(), &i);
+            let cpc = aml::Name::new("_CPC".into(), &RawAml(cpc_package(i)));
+            let psd = aml::Name::new("_PSD".into(), &RawAml(psd_package(i)));
             aml_bytes(&aml::Device::new(
                 processor_device_name(i).as_str().into(),
-                vec![&hid, &uid],
+                vec![&hid, &uid, &cpc, &psd],
             ))
         })
         .collect();
@@ -135,6 +347,9 @@ pub fn dsdt_aml(vcpus: u32) -> Vec<u8> {
         sb_children.extend_from_slice(c);
     }
     com1.to_aml_bytes(&mut sb_children);
+    sb_children.extend(osc_method());
+    sb_children.extend(notify_method(vcpus));
+    sb_children.extend(ged_device());
     body.extend(aml::Scope::raw("\\_SB_".into(), sb_children));
     let s5_type = S5_SLEEP_TYPE;
     let s5 = aml::Package::new(vec![&s5_type]);
@@ -356,6 +571,33 @@ mod tests {
             assert!(text.contains(&processor_device_name(i)));
         }
         assert_eq!(text.matches("ACPI0007").count(), 3);
+        assert_eq!(text.matches("_CPC").count(), 3);
+        assert_eq!(text.matches("_PSD").count(), 3);
         assert!(text.contains("_S5_"));
+        assert!(text.contains("_OSC"));
+        assert!(text.contains("ACPI0013"));
+        assert!(text.contains("_EVT"));
+    }
+
+    #[test]
+    fn cpc_package_has_23_entries_and_live_registers() {
+        let p = cpc_package(2);
+        // PackageOp, PkgLength (2 bytes for this size), NumElements.
+        assert_eq!(p[0], 0x12);
+        let pkglen_bytes = 1 + (p[1] >> 6) as usize;
+        assert_eq!(p[1 + pkglen_bytes], CPC_NUM_ENTRIES);
+        // The highest-performance register points at vCPU 2's block in the CPPC window.
+        let hi = CppcRegister::Highest
+            .address(CPPC_MMIO_START, 2)
+            .to_le_bytes();
+        assert!(p.windows(8).any(|w| w == hi));
+        let ctr = CppcRegister::DeliveredCounter
+            .address(CPPC_MMIO_START, 2)
+            .to_le_bytes();
+        assert!(p.windows(8).any(|w| w == ctr));
+        assert_eq!(
+            CppcRegister::DeliveredCounter.address(0, 1),
+            pvmm_devices::cppc::CPPC_VCPU_STRIDE + 56
+        );
     }
 }

@@ -41,8 +41,12 @@ Example:
 #[command(name = "pvmm", version, about, long_about = None, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Kernel image: bzImage, or ELF vmlinux with a PVH entry note.
-    #[arg(value_name = "KERNEL")]
-    pub kernel: PathBuf,
+    #[arg(value_name = "KERNEL", required_unless_present = "dump_acpi")]
+    pub kernel: Option<PathBuf>,
+
+    /// Write every ACPI table for this configuration into DIR (one .dat file each) and exit.
+    #[arg(long, value_name = "DIR")]
+    pub dump_acpi: Option<PathBuf>,
 
     /// Number of vCPUs (1-255).
     #[arg(long, value_name = "N", default_value_t = 1,
@@ -95,7 +99,7 @@ impl Cli {
     /// The VM configuration these flags ask for.
     pub fn into_config(self) -> VmConfig {
         VmConfig {
-            kernel: self.kernel,
+            kernel: self.kernel.unwrap_or_default(),
             initrd: self.initrd,
             cmdline: self.cmdline,
             vcpus: self.vcpus,

@@ -42,6 +42,14 @@ pub const MMIO_GAP_START: u64 = 0xc000_0000;
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
 /// Where pvmm's own MMIO devices start (inside the gap, well below the IOAPIC).
 pub const PVMM_MMIO_START: u64 = 0xd000_0000;
+/// The CPPC register window: 64 bytes per vCPU, room for 256 vCPUs.
+pub const CPPC_MMIO_START: u64 = PVMM_MMIO_START;
+/// Size of the CPPC window.
+pub const CPPC_MMIO_SIZE: u64 = 0x4000;
+/// The ACPI Generic Event Device's status register, after the CPPC window.
+pub const GED_MMIO_START: u64 = CPPC_MMIO_START + CPPC_MMIO_SIZE;
+/// The GED's interrupt: ISA line 5, free on pvmm's platform (COM1 uses 4).
+pub const GED_IRQ: u32 = 5;
 /// IOAPIC base address (PC default; KVM's in-kernel IOAPIC answers here).
 pub const IOAPIC_START: u64 = 0xfec0_0000;
 /// Local APIC base address (architectural default).

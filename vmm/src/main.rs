@@ -15,6 +15,27 @@ fn main() {
             std::process::exit(EXIT_BAD_INPUT);
         }
     };
+    if let Some(dir) = cli.dump_acpi.clone() {
+        let tables = match pvmm::acpi::build_tables(cli.vcpus) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("pvmm: {e}");
+                std::process::exit(EXIT_BAD_INPUT);
+            }
+        };
+        match pvmm::acpi::dump_tables(&tables, &dir) {
+            Ok(files) => {
+                for f in files {
+                    println!("{}", f.display());
+                }
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("pvmm: --dump-acpi {}: {e}", dir.display());
+                std::process::exit(EXIT_BAD_INPUT);
+            }
+        }
+    }
     let config = cli.into_config();
     let vm = match pvmm::vmm::start(&config) {
         Ok(vm) => vm,

@@ -19,12 +19,16 @@ use crate::boot::{detect_kernel_format, load_kernel, BootError, BootSpec};
 use crate::config::{ConfigError, StatsTarget, VmConfig};
 use crate::exit::{VmExit, EXIT_BAD_INPUT, EXIT_HOST_ERROR};
 use crate::layout::HIMEM_START;
+use crate::layout::{CPPC_MMIO_SIZE, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START};
+use crate::live::capacity::CppcReporter;
 use crate::live::hoststat::CpuTimes;
 use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
 use crate::live::scheduler::{LiveScheduler, LiveVcpu, PlacementPolicy, PlacementTotals};
 use crate::memory::{create_guest_memory, low_ram_end, MemoryError};
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuError, VcpuStarted};
 use crate::vstate::vm::{Vm, VmError};
+use pvmm_devices::cppc::{CppcDevice, CppcShared, ProcSchedstat};
+use pvmm_devices::ged::{GedDevice, GedShared, GED_MMIO_LEN};
 use pvmm_scheduler::{CpuSet, EngineConfig, Executor, HostTopology, LinuxExecutor};
 
 /// How long to wait for a retry when the UART's receive FIFO is full.
@@ -290,9 +294,28 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         u64::from(I8042_COMMAND_PORT),
         1,
     )?;
+    // CPPC registers and the GED that announces capacity changes.
+    let cppc = Arc::new(CppcShared::new(config.vcpus));
+    let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Devices(e.to_string()))?;
+    vm.register_irq(&ged_irq, GED_IRQ)?;
+    let ged = Arc::new(GedShared::new(ged_irq));
+    let mut mmio = Bus::new();
+    mmio.insert(
+        Arc::new(Mutex::new(CppcDevice::new(
+            cppc.clone(),
+            Box::new(ProcSchedstat),
+        ))),
+        CPPC_MMIO_START,
+        CPPC_MMIO_SIZE,
+    )?;
+    mmio.insert(
+        Arc::new(Mutex::new(GedDevice(ged.clone()))),
+        GED_MMIO_START,
+        GED_MMIO_LEN,
+    )?;
     let buses = VcpuBuses {
         pio: Arc::new(pio),
-        mmio: Arc::new(Bus::new()),
+        mmio: Arc::new(mmio),
     };
 
     let supported = Vcpu::supported_cpuid(&vm)?;
@@ -336,6 +359,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     started.sort_by_key(|s| s.index);
     for s in &started {
         log(config, format!("vcpu{} tid {}", s.index, s.tid));
+        cppc.set_tid(s.index, s.tid);
     }
     let live_vcpus = started
         .iter()
@@ -355,7 +379,8 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         Box::new(LinuxExecutor),
         live_vcpus,
         stats_out,
-    );
+    )
+    .with_capacity_reporter(Box::new(CppcReporter::new(cppc, ged)));
     // vCPUs start where the policy wants them: place before releasing the gate.
     let placed = scheduler.tick();
     gate.wait();

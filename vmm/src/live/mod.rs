@@ -3,8 +3,10 @@
 //! - [`kvm_stats`]: KVM's binary statistics fd per vCPU (halt counters).
 //! - [`idle`]: the idle signal per vCPU, from KVM stats or, as a fallback, /proc run time.
 //! - [`scheduler`]: the tick loop running the scheduler crate's engine and applying affinity.
+//! - [`capacity`]: publishing each vCPU's capacity to the guest (CPPC) and notifying it.
 //! - [`hoststat`]: host per-CPU idle from /proc/stat for the exit summary.
 
+pub mod capacity;
 pub mod hoststat;
 pub mod idle;
 pub mod kvm_stats;

@@ -13,6 +13,7 @@ use pvmm_scheduler::{
 };
 use serde_json::json;
 
+use super::capacity::CapacityReporter;
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::idle::IdleSource;
 
@@ -127,9 +128,16 @@ pub struct LiveScheduler {
     stats: Option<Box<dyn Write + Send>>,
     totals: Arc<Mutex<PlacementTotals>>,
     host_stat_at_start: Vec<(u32, CpuTimes)>,
+    capacity: Option<Box<dyn CapacityReporter>>,
 }
 
 impl LiveScheduler {
+    /// Publishes every placement's effective capacities to the guest through `reporter`.
+    pub fn with_capacity_reporter(mut self, reporter: Box<dyn CapacityReporter>) -> Self {
+        self.capacity = Some(reporter);
+        self
+    }
+
     /// A scheduler for `vcpus` on `topology`.
     pub fn new(
         policy: PlacementPolicy,
@@ -153,6 +161,7 @@ impl LiveScheduler {
             stats,
             totals: Arc::new(Mutex::new(PlacementTotals::default())),
             host_stat_at_start: read_proc_stat(),
+            capacity: None,
         }
     }
 
@@ -218,6 +227,12 @@ impl LiveScheduler {
                 v.package = last_cpu_of_thread(v.tid).and_then(|c| self.topology.package_of(c));
             }
         }
+        if let Some(reporter) = self.capacity.as_mut() {
+            let now = Instant::now();
+            for v in &self.vcpus {
+                reporter.publish(v.index, v.capacity, now);
+            }
+        }
         if let Ok(mut t) = self.totals.lock() {
             t.ticks += 1;
             t.migrations += moved;
@@ -244,6 +259,7 @@ impl LiveScheduler {
                     "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
                     "package": v.package,
                     "capacity": v.capacity,
+                    "desired": self.capacity.as_ref().map(|r| r.guest_desired(v.index)),
                 })
             })
             .collect();
@@ -274,6 +290,8 @@ impl LiveScheduler {
             "packages": packages,
             "migrations": moved,
             "migrations_total": totals.migrations,
+            "capacity_notifications": self.capacity.as_ref().map(|r| r.notifications()),
+            "guest_register_errors": self.capacity.as_ref().map(|r| r.ignored_accesses()),
         });
         // A stats reader that went away must not stop the VM.
         if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {

@@ -1,0 +1,125 @@
+//! The ACPI Generic Event Device (`ACPI0013`) pvmm uses to tell the guest that a vCPU's
+//! capacity changed.
+//!
+//! The VMM queues a vCPU index and raises the GED interrupt; the guest's `_EVT` method reads
+//! the status register until it returns 0, and for each value `N + 1` issues
+//! `Notify(<processor N>, 0x85)` ("highest performance changed").
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::bus::BusDevice;
+
+/// Size of the GED's MMIO window: one 32-bit status register.
+pub const GED_MMIO_LEN: u64 = 4;
+/// Bytes of the status register.
+const GED_STATUS_SIZE: usize = 4;
+
+/// Errors from raising an event.
+#[derive(Debug, thiserror::Error)]
+pub enum GedError {
+    /// The interrupt eventfd could not be signalled.
+    #[error("GED interrupt: {0}")]
+    Interrupt(std::io::Error),
+}
+
+/// State shared by the device and the VMM.
+pub struct GedShared {
+    pending: Mutex<VecDeque<u32>>,
+    irq: EventFd,
+    raised: AtomicU64,
+    ignored: AtomicU64,
+}
+
+impl GedShared {
+    /// A GED raising its interrupt through `irq` (registered with KVM as an irqfd).
+    pub fn new(irq: EventFd) -> Self {
+        Self {
+            pending: Mutex::new(VecDeque::new()),
+            irq,
+            raised: AtomicU64::new(0),
+            ignored: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues a "capacity changed" event for `vcpu` and interrupts the guest.
+    pub fn notify_capacity_changed(&self, vcpu: u32) -> Result<(), GedError> {
+        {
+            let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if !q.contains(&vcpu) {
+                q.push_back(vcpu);
+            }
+        }
+        self.raised.fetch_add(1, Ordering::Relaxed);
+        self.irq.write(1).map_err(GedError::Interrupt)
+    }
+
+    /// Interrupts raised so far.
+    pub fn raised(&self) -> u64 {
+        self.raised.load(Ordering::Relaxed)
+    }
+
+    /// Guest accesses ignored so far.
+    pub fn ignored_accesses(&self) -> u64 {
+        self.ignored.load(Ordering::Relaxed)
+    }
+
+    fn pop(&self) -> u32 {
+        let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        q.pop_front().map_or(0, |v| v + 1)
+    }
+}
+
+/// The GED's MMIO status register.
+pub struct GedDevice(pub Arc<GedShared>);
+
+impl BusDevice for GedDevice {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if offset == 0 && data.len() == GED_STATUS_SIZE {
+            data.copy_from_slice(&self.0.pop().to_le_bytes());
+        } else {
+            self.0.ignored.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn write(&mut self, _offset: u64, _data: &[u8]) {
+        // The status register is read-only.
+        self.0.ignored.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_drain_in_order_without_duplicates() {
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let shared = Arc::new(GedShared::new(irq.try_clone().unwrap()));
+        let mut dev = GedDevice(shared.clone());
+        shared.notify_capacity_changed(3).unwrap();
+        shared.notify_capacity_changed(0).unwrap();
+        shared.notify_capacity_changed(3).unwrap();
+        assert_eq!(irq.read().unwrap(), 3);
+        assert_eq!(shared.raised(), 3);
+        let mut b = [0u8; 4];
+        let mut seen = vec![];
+        loop {
+            dev.read(0, &mut b);
+            let v = u32::from_le_bytes(b);
+            if v == 0 {
+                break;
+            }
+            seen.push(v - 1);
+        }
+        assert_eq!(seen, vec![3, 0]);
+        dev.write(0, &[1, 0, 0, 0]);
+        let mut b8 = [0u8; 8];
+        dev.read(0, &mut b8);
+        assert_eq!(shared.ignored_accesses(), 2);
+    }
+}
