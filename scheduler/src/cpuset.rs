@@ -50,8 +50,9 @@ pub struct CpuSet {
 enum Repr {
     /// `first..first + len`; `len == 0` is the empty set (with `first == 0`).
     Range { first: u32, len: u32 },
-    /// Bitmap, bit `i` of word `w` = CPU `64 * w + i`.
-    Bits(Vec<u64>),
+    /// Bitmap, bit `i` of word `w` = CPU `64 * w + i` (boxed slice: keeps
+    /// `CpuSet` at 24 bytes, it sits in every assignment).
+    Bits(Box<[u64]>),
 }
 
 impl Default for Repr {
@@ -222,7 +223,7 @@ impl CpuSet {
 
     fn to_words(&self) -> Vec<u64> {
         match &self.repr {
-            Repr::Bits(words) => words.clone(),
+            Repr::Bits(words) => words.to_vec(),
             Repr::Range { len: 0, .. } => Vec::new(),
             Repr::Range { first, len } => {
                 let last = first + (len - 1);
@@ -258,7 +259,7 @@ impl CpuSet {
             };
         }
         CpuSet {
-            repr: Repr::Bits(words),
+            repr: Repr::Bits(words.into_boxed_slice()),
         }
     }
 }
@@ -459,6 +460,11 @@ mod tests {
             "99999999999999999999999".parse::<CpuSet>(),
             Err(CpuSetError::TooLarge(_))
         ));
+    }
+
+    #[test]
+    fn stays_small() {
+        assert!(std::mem::size_of::<CpuSet>() <= 24);
     }
 
     #[test]

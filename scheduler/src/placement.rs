@@ -35,8 +35,8 @@
 //! ([`EngineConfig::max_migrations_per_vcpu_per_s`]); a vCPU without a token
 //! stays where it is, whatever the policy wants.
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use thiserror::Error;
 
@@ -77,6 +77,39 @@ const NO_CPU: u32 = u32::MAX;
 
 /// Marks "no package" in dense package index arrays.
 const NO_PKG: u32 = u32::MAX;
+
+/// Hash map keyed by a packed id, with [`IdHasher`].
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// Packs a vCPU id into one integer key.
+fn id_key(id: VcpuId) -> u64 {
+    (u64::from(id.vm) << 32) | u64::from(id.vcpu)
+}
+
+/// SplitMix64's finalizer as a hasher for integer keys: a few cycles per key
+/// (SipHash costs tens of nanoseconds, too much for 10,000 vCPUs per tick) and
+/// every input bit reaches every output bit. Keys are ours, not an attacker's.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let mut x = self.0;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = self.0.rotate_left(32) ^ value;
+    }
+}
 
 /// Identifies one vCPU of one VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -225,6 +258,8 @@ struct Layout {
     slot: Vec<u64>,
     pkg_fit_cap: Vec<u64>,
     pkg_slot_max: Vec<u64>,
+    /// Whether all cores of a package have the same spread capacity.
+    pkg_uniform_cores: Vec<bool>,
     host_slot_max: u64,
     total_fit_cap: u64,
     /// Dense CPUs in packing order; package p's are at its `pkg_cpu_start` range.
@@ -287,6 +322,9 @@ impl Layout {
                 order.sort_by_key(|c| (thread_of(*c), *c));
             }
             l.pack_order.extend(order);
+            let core_caps = &l.spread_core_cap[l.pkg_core_start[pkg_index as usize] as usize..];
+            l.pkg_uniform_cores
+                .push(core_caps.iter().all(|c| *c == core_caps[0]));
             l.spread_pkg_cap.push(pkg_spread);
             l.spread_total_cap += pkg_spread;
             l.pkg_fit_cap.push(pkg_fit);
@@ -334,7 +372,10 @@ fn fit_demand(w: u64, slot: u64) -> u64 {
 
 /// `a_num / a_den < b_num / b_den` for non-negative values, dens > 0.
 fn ratio_less(a_num: u64, a_den: u64, b_num: u64, b_den: u64) -> bool {
-    u128::from(a_num) * u128::from(b_den) < u128::from(b_num) * u128::from(a_den)
+    match (a_num.checked_mul(b_den), b_num.checked_mul(a_den)) {
+        (Some(a), Some(b)) => a < b,
+        _ => u128::from(a_num) * u128::from(b_den) < u128::from(b_num) * u128::from(a_den),
+    }
 }
 
 /// Thrash control state for the number of packages in use.
@@ -485,6 +526,25 @@ impl Engine {
     /// of calls gives the same decisions. vCPUs missing from `loads` are
     /// forgotten; new ones are placed for the first time.
     pub fn place(&mut self, now_ms: u64, loads: &[VcpuLoad]) -> Result<Decision, PlaceError> {
+        let mut decision = Decision::default();
+        self.place_into(now_ms, loads, &mut decision)?;
+        Ok(decision)
+    }
+
+    /// [`Engine::place`] writing into `out`, whose vectors are reused: with the
+    /// same `out` every tick a decision allocates nothing once warm (unless the
+    /// vCPU list changes). On error `out` is left empty.
+    pub fn place_into(
+        &mut self,
+        now_ms: u64,
+        loads: &[VcpuLoad],
+        out: &mut Decision,
+    ) -> Result<(), PlaceError> {
+        out.assignments.clear();
+        out.migrations.clear();
+        out.overutilized = false;
+        out.target_packages = 0;
+        out.preferred_package = None;
         self.sync_state(now_ms, loads)?;
         let n = loads.len();
         let num_cpus = self.layout.num_cpus();
@@ -534,7 +594,11 @@ impl Engine {
             target_packages = k;
             preferred = pref;
         }
-        Ok(self.finish(loads, overutilized, target_packages, preferred))
+        self.finish(loads, out);
+        out.overutilized = overutilized;
+        out.target_packages = target_packages as u32;
+        out.preferred_package = preferred;
+        Ok(())
     }
 
     /// Aligns `self.vcpus` with `loads` (fast when the order is unchanged).
@@ -544,26 +608,47 @@ impl Engine {
         {
             return Ok(());
         }
-        let mut old: HashMap<VcpuId, VcpuState> = self.vcpus.iter().map(|v| (v.id, *v)).collect();
-        let mut seen: HashMap<VcpuId, ()> = HashMap::with_capacity(loads.len());
-        let mut vm_index: HashMap<u32, u32> = HashMap::new();
+        // Keyed by id through a cheap well-mixed hasher: placement must stay
+        // fast even when the vCPU list changes (a VM starts or stops).
+        let mut old: IdMap<u32> =
+            IdMap::with_capacity_and_hasher(self.vcpus.len(), Default::default());
+        for (index, v) in self.vcpus.iter().enumerate() {
+            old.insert(id_key(v.id), index as u32);
+        }
+        let mut seen: IdMap<()> = IdMap::with_capacity_and_hasher(loads.len(), Default::default());
+        let mut vm_index: IdMap<u32> = IdMap::default();
         let full = u64::from(self.config.max_migrations_per_vcpu_per_s) * TOKEN;
         let mut vcpus = Vec::with_capacity(loads.len());
+        // (VM id, dense index) of the previous load: vCPUs of a VM usually come
+        // together, so most lookups are skipped.
+        let mut last_vm: Option<(u32, u32)> = None;
         for l in loads {
-            if let Entry::Vacant(e) = seen.entry(l.id) {
-                e.insert(());
-            } else {
+            if seen.insert(id_key(l.id), ()).is_some() {
                 return Err(PlaceError::DuplicateVcpu(l.id));
             }
-            let next_vm = vm_index.len() as u32;
-            let vm = *vm_index.entry(l.id.vm).or_insert(next_vm);
-            let mut state = old.remove(&l.id).unwrap_or(VcpuState {
-                id: l.id,
-                vm,
-                cpu: NO_CPU,
-                tokens: full,
-                refill_ms: now_ms,
-            });
+            let vm = match last_vm {
+                Some((id, index)) if id == l.id.vm => index,
+                _ => {
+                    let next_vm = vm_index.len() as u32;
+                    *vm_index.entry(u64::from(l.id.vm)).or_insert(next_vm)
+                }
+            };
+            last_vm = Some((l.id.vm, vm));
+            let previous = if old.is_empty() {
+                None
+            } else {
+                old.get(&id_key(l.id))
+            };
+            let mut state = match previous {
+                Some(index) => self.vcpus[*index as usize],
+                None => VcpuState {
+                    id: l.id,
+                    vm,
+                    cpu: NO_CPU,
+                    tokens: full,
+                    refill_ms: now_ms,
+                },
+            };
             state.vm = vm;
             vcpus.push(state);
         }
@@ -668,14 +753,26 @@ impl Engine {
         }
         let cores = l.pkg_core_start[best_pkg] as usize..l.pkg_core_start[best_pkg + 1] as usize;
         let mut best_core = cores.start;
-        for core in cores {
-            if ratio_less(
-                s.core_load[core] + w,
-                l.spread_core_cap[core],
-                s.core_load[best_core] + w,
-                l.spread_core_cap[best_core],
-            ) {
-                best_core = core;
+        if l.pkg_uniform_cores[best_pkg] {
+            // Equal core capacities (the usual case): compare loads directly.
+            let loads = &s.core_load[cores.clone()];
+            let mut best_load = loads[0];
+            for (k, load) in loads.iter().enumerate().skip(1) {
+                if *load < best_load {
+                    best_load = *load;
+                    best_core = cores.start + k;
+                }
+            }
+        } else {
+            for core in cores {
+                if ratio_less(
+                    s.core_load[core] + w,
+                    l.spread_core_cap[core],
+                    s.core_load[best_core] + w,
+                    l.spread_core_cap[best_core],
+                ) {
+                    best_core = core;
+                }
             }
         }
         let cpus = l.core_cpu_start[best_core] as usize..l.core_cpu_start[best_core + 1] as usize;
@@ -1160,13 +1257,7 @@ impl Engine {
     }
 
     /// Builds the decision and moves the per-vCPU state forward.
-    fn finish(
-        &mut self,
-        loads: &[VcpuLoad],
-        overutilized: bool,
-        target_packages: usize,
-        preferred_package: Option<u32>,
-    ) -> Decision {
+    fn finish(&mut self, loads: &[VcpuLoad], out: &mut Decision) {
         let l = &self.layout;
         let s = &mut self.scratch;
         // Busy CPUs, per core, for SMT sharing.
@@ -1185,8 +1276,13 @@ impl Engine {
                 s.core_busy[l.cpu_core[c] as usize] += 1;
             }
         }
-        let mut assignments = Vec::with_capacity(loads.len());
-        let mut migrations = Vec::new();
+        let assignments = &mut out.assignments;
+        let migrations = &mut out.migrations;
+        assignments.reserve(loads.len());
+        let changed = (0..loads.len())
+            .filter(|i| self.vcpus[*i].cpu != s.new_cpu[*i])
+            .count();
+        migrations.reserve(changed);
         for (i, load) in loads.iter().enumerate() {
             let c = s.new_cpu[i] as usize;
             let busy_threads = s.core_busy[l.cpu_core[c] as usize] + u32::from(!s.cpu_busy[c]);
@@ -1218,13 +1314,6 @@ impl Engine {
         }
         self.prev_pkg_weight.clear();
         self.prev_pkg_weight.extend_from_slice(&s.pkg_load);
-        Decision {
-            assignments,
-            migrations,
-            overutilized,
-            target_packages: target_packages as u32,
-            preferred_package,
-        }
     }
 }
 

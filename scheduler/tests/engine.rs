@@ -185,9 +185,12 @@ proptest! {
         let vm_list: Vec<(u32, u32)> = vms.iter().enumerate().map(|(i, n)| (i as u32, *n)).collect();
         let mut a = Engine::new(topology.clone(), policy, EngineConfig::default());
         let mut b = Engine::new(topology, policy, EngineConfig::default());
+        // b reuses one Decision through place_into: same results.
+        let mut out = Decision::default();
         for tick in 0..20u64 {
             let loads = loads_for(&vm_list, |vm, vcpu| utils[((vm + vcpu * 7 + tick as u32) % 40) as usize]);
-            prop_assert_eq!(a.place(tick * 37, &loads).unwrap(), b.place(tick * 37, &loads).unwrap());
+            b.place_into(tick * 37, &loads, &mut out).unwrap();
+            prop_assert_eq!(a.place(tick * 37, &loads).unwrap(), out.clone());
         }
     }
 
@@ -374,6 +377,42 @@ fn thrash_control_spreads_at_once_and_consolidates_slowly() {
         "consolidated at {at}, ramp restarted at {restart}"
     );
     assert!(at <= restart + 5000 + TICK_MS);
+}
+
+/// When the vCPUs already placed grow and their package no longer holds them
+/// at 80 %, the next decision spreads to another package.
+#[test]
+fn growing_load_spreads_at_once() {
+    let topology = HostTopology::from_spec("2x4x1").unwrap();
+    for policy in [
+        Policy::Balance,
+        Policy::Powersaving { level: 1 },
+        Policy::Powersaving { level: 2 },
+    ] {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let light: Vec<VcpuLoad> = (0..5u32)
+            .map(|i| VcpuLoad {
+                id: VcpuId { vm: i, vcpu: 0 },
+                util: 300,
+                busy: false,
+            })
+            .collect();
+        let d = run_steady(&mut engine, 0, 10, &light);
+        assert_eq!(d.used_packages().len(), 1, "{policy}");
+        // 5 x 700 x 1.25 = 4375 > 4096: one package no longer fits. (Above
+        // 819 a vCPU would count as one whole slot: 4 of them fill 4 cores.)
+        let heavy: Vec<VcpuLoad> = light
+            .iter()
+            .map(|l| VcpuLoad {
+                util: 700,
+                busy: true,
+                ..*l
+            })
+            .collect();
+        let d = engine.place(1000, &heavy).unwrap();
+        assert_eq!(d.used_packages().len(), 2, "{policy}");
+        assert!(d.moves() >= 1);
+    }
 }
 
 /// The quadratic ramp releases packages gradually when many are surplus.
