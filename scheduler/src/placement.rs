@@ -23,13 +23,24 @@
 //! demands is at most the sum of its slots. The engine computes how many
 //! packages the total needs, applies thrash control (up at once, down along a
 //! quadratic ramp), ranks packages by load (the fullest first, lower ids on
-//! ties, as sched_mc's group_leader) and uses the first `k`. vCPUs stay where
-//! they are while their package is in use and their CPU still fits them; the
-//! others go to their VM's package if it has room (a VM's vCPUs share a cache
-//! there), else to the first package that fits their whole VM, else to the
-//! first package that fits them, first-fit over CPUs in packing order.
-//! `powersaving:2` then lets the preferred (first-ranked) package pull busy
-//! vCPUs from other packages as soon as it has room.
+//! ties, as sched_mc's group_leader) and uses the first `k`. Then:
+//!
+//! 1. *Stay*: a vCPU keeps its CPU while its package is in use and still has
+//!    room (vCPUs at their VM's home package are counted first; one away from
+//!    home leaves when home has a CPU it fits on).
+//! 2. *Relieve*: on a CPU that is too full, the smallest vCPUs move to a CPU
+//!    of the same package where they fit (each such move lowers the total
+//!    overflow, so this cannot cycle).
+//! 3. *Place* the rest VM by VM, largest VM first: its home package if it
+//!    fits, else the first package that fits the whole VM, else the first that
+//!    fits the vCPU, else one more package at once; first fit over CPUs in
+//!    packing order, the least loaded slot when no slot has room.
+//! 4. `powersaving:2` only: the preferred (first-ranked) package pulls every
+//!    VM with a busy vCPU that it can take whole, at once.
+//!
+//! When whole vCPUs and VMs need more packages than the total suggested, that
+//! count is remembered until the demand is clearly lower, so the ramp does not
+//! retry an impossible consolidation every window.
 //!
 //! Migrations are bounded per vCPU by a token bucket
 //! ([`EngineConfig::max_migrations_per_vcpu_per_s`]); a vCPU without a token
@@ -410,8 +421,14 @@ impl Ramp {
             let drop = if window_ms == 0 || elapsed >= window_ms {
                 span
             } else {
-                span * u128::from(elapsed) * u128::from(elapsed)
-                    / (u128::from(window_ms) * u128::from(window_ms))
+                // Scale huge windows down so span x elapsed^2 fits in u128.
+                let shift = 64 - u64::from(u32::MAX).leading_zeros();
+                let shift = (64 - window_ms.leading_zeros()).saturating_sub(shift);
+                let (e, w) = (
+                    u128::from(elapsed >> shift),
+                    u128::from(window_ms >> shift).max(1),
+                );
+                span * e * e / (w * w)
             };
             let target = (self.from as u128 - drop).max(needed as u128) as usize;
             self.active = self.active.min(target);
@@ -571,7 +588,10 @@ impl Engine {
         s.forced.clear();
         for v in &mut self.vcpus {
             let elapsed = now_ms.saturating_sub(v.refill_ms);
-            v.tokens = (v.tokens + elapsed * limit).min(limit * TOKEN);
+            v.tokens = v
+                .tokens
+                .saturating_add(elapsed.saturating_mul(limit))
+                .min(limit * TOKEN);
             v.refill_ms = v.refill_ms.max(now_ms);
             s.forced.push(v.cpu != NO_CPU && v.tokens < TOKEN);
         }

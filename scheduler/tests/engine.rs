@@ -556,6 +556,26 @@ fn duplicate_vcpus_are_an_error_and_leave_state_intact() {
 }
 
 #[test]
+fn extreme_times_and_utils_do_not_panic() {
+    let topology = HostTopology::from_spec("2x2x2").unwrap();
+    for policy in Policy::ALL {
+        let config = EngineConfig {
+            ramp_down_window_ms: u64::MAX,
+            max_migrations_per_vcpu_per_s: u32::MAX,
+        };
+        let mut engine = Engine::new(topology.clone(), policy, config);
+        let mut loads = busy_vcpus(5);
+        loads[0].util = u32::MAX;
+        // Load first high (all packages), then low: the ramp runs at huge times.
+        engine.place(0, &busy_vcpus(16)).unwrap();
+        for now in [0, u64::MAX / 2, u64::MAX / 2 + 1, u64::MAX, 5, 0] {
+            let d = engine.place(now, &loads).unwrap();
+            check_decision(&topology, &loads, &d);
+        }
+    }
+}
+
+#[test]
 fn new_vcpus_are_initial_placements_not_moves() {
     let topology = HostTopology::from_spec("2x2x1").unwrap();
     let mut engine = Engine::new(topology, Policy::Balance, EngineConfig::default());
