@@ -65,6 +65,11 @@ impl CapacityReporter for CppcReporter {
         let Some((last, when)) = self.notified.get_mut(vcpu as usize) else {
             return;
         };
+        if !self.cppc.guest_probed() {
+            // The guest will read this value when its CPPC driver probes.
+            *last = capacity;
+            return;
+        }
         let due = when.is_none_or(|t| now.duration_since(t) >= NOTIFY_MIN_INTERVAL);
         // A change held back by the rate limit stays pending: `last` is only updated when
         // the guest is told, so the next eligible tick notifies the latest value.
@@ -110,9 +115,38 @@ mod tests {
         assert!(significant_change(0, 1));
     }
 
+    fn probe(cppc: &Arc<CppcShared>) {
+        use pvmm_devices::bus::BusDevice;
+        let mut dev = pvmm_devices::cppc::CppcDevice::new(
+            cppc.clone(),
+            Box::new(pvmm_devices::cppc::ProcSchedstat),
+        );
+        let mut b = [0u8; 8];
+        dev.read(0, &mut b);
+    }
+
+    #[test]
+    fn nothing_is_notified_before_the_guest_probes_cppc() {
+        let (mut r, cppc, ged) = reporter(1);
+        let t0 = Instant::now();
+        r.publish(0, 256, t0);
+        assert_eq!(cppc.capacity(0), Some(256));
+        assert_eq!(ged.raised(), 0);
+        probe(&cppc);
+        r.publish(0, 256, t0 + Duration::from_secs(2));
+        assert_eq!(
+            ged.raised(),
+            0,
+            "the guest read 256 at probe: no change to report"
+        );
+        r.publish(0, 1024, t0 + Duration::from_secs(3));
+        assert_eq!(ged.raised(), 1);
+    }
+
     #[test]
     fn notifies_big_changes_at_most_once_a_second() {
         let (mut r, cppc, ged) = reporter(2);
+        probe(&cppc);
         let t0 = Instant::now();
         r.publish(0, 1010, t0);
         assert_eq!(cppc.capacity(0), Some(1010));
