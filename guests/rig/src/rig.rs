@@ -272,6 +272,9 @@ pub fn inner_vmm_command(
             let (vcpus, memory) = (vcpus.to_string(), memory.to_string());
             [
                 inside::QEMU,
+                // Thread names ("CPU 0/KVM") let L1 probes find the vCPU threads.
+                "-name",
+                "pvmm-baseline,debug-threads=on",
                 "-enable-kvm",
                 "-cpu",
                 "host",

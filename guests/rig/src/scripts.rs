@@ -5,7 +5,8 @@
 //! host on its console starts with `@@TAG@@ `: `@@guest@@` for the inner VMM's stdout (the
 //! guest's serial console), `@@vmm@@` for the inner VMM's stderr, `@@probe@@` for the optional
 //! L1 probe script, and `@@rig@@ EVENT LABEL VALUE` for events (`vmm-start` and `guest-init`
-//! with L1's uptime in seconds, `vmm-exit` with the exit status). All other console lines are
+//! with L1's uptime in seconds, `guest-uptime` with the guest's own uptime at its init,
+//! `vmm-exit` with the exit status). All other console lines are
 //! L1's own (its kernel and init).
 
 /// The guest's `/init`. Linux hands unknown `name=value` kernel parameters to init as
@@ -81,6 +82,7 @@ rig_tag() {
         *"pvmm-guest: init reached"*)
             read -r up idle < /proc/uptime
             echo "@@rig@@ guest-init $RIG_LABEL $up"
+            echo "@@rig@@ guest-uptime $RIG_LABEL ${line##*uptime }"
             ;;
         esac
     done
