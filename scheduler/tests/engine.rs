@@ -584,3 +584,59 @@ fn new_vcpus_are_initial_placements_not_moves() {
     assert_eq!(d.moves(), 0);
     assert!(d.migrations.iter().all(|m| m.from.is_none()));
 }
+
+#[test]
+fn switching_policy_at_run_time_consolidates() {
+    let topology = HostTopology::from_spec("2x4x2").unwrap();
+    let config = EngineConfig {
+        ramp_down_window_ms: 1000,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(topology, Policy::Performance, config);
+    // Four single-vCPU VMs (one 4-vCPU VM split over two packages would rejoin
+    // its home package at once: that is cache sharing, not consolidation).
+    let loads: Vec<VcpuLoad> = busy_vcpus(4)
+        .into_iter()
+        .map(|mut l| {
+            l.id.vm = l.id.vcpu;
+            l
+        })
+        .collect();
+    let d = run_steady(&mut engine, 0, 5, &loads);
+    assert_eq!(d.used_packages().len(), 2);
+    engine.set_policy(Policy::Powersaving { level: 1 });
+    assert_eq!(engine.policy(), Policy::Powersaving { level: 1 });
+    // Coming from spreading, consolidation waits for the ramp (1 s), then happens.
+    let d = engine.place(600, &loads).unwrap();
+    assert_eq!(d.used_packages().len(), 2);
+    let d = run_steady(&mut engine, 700, 20, &loads);
+    assert_eq!(d.used_packages().len(), 1);
+}
+
+#[test]
+fn heterogeneous_capacities_are_placed_within_bounds() {
+    let dir = std::env::temp_dir().join(format!("pvmm-hetero-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("hetero.topo");
+    let mut text = String::new();
+    for cpu in 0..4 {
+        text += &format!("cpu={cpu} package=0 core={cpu} capacity=1024\n");
+    }
+    for cpu in 4..8 {
+        text += &format!("cpu={cpu} package=1 core={cpu} capacity=512\n");
+    }
+    std::fs::write(&file, text).unwrap();
+    let topology = HostTopology::from_file(&file).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    for policy in Policy::ALL {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        for n in [1u32, 3, 6, 12] {
+            let d = run_steady(&mut engine, u64::from(n) * 10_000, 30, &busy_vcpus(n));
+            check_decision(&topology, &busy_vcpus(n), &d);
+            for a in &d.assignments {
+                let cpu = a.cpus.first().unwrap();
+                assert!(a.capacity <= topology.cpu(cpu).unwrap().capacity);
+            }
+        }
+    }
+}
