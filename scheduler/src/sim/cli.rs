@@ -1,0 +1,508 @@
+//! The `pvmm-sim` command line, as a library function so that it can be
+//! tested without spawning the binary (`src/bin/pvmm-sim.rs` only calls
+//! [`main_with_args`]). `pvmm-sim --help` documents every option.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use super::run::MAX_DURATION_MS;
+use super::scenario::{kernbench_description, kernbench_topology, kernbench_vm, KERNBENCH_THREADS};
+use super::spec::MAX_VCPUS_PER_VM;
+use super::{
+    format_table, simulate, svg, Placement, PowerModel, Progress, RunResult, SimConfig, SimError,
+    VmSpec,
+};
+use crate::placement::EngineConfig;
+use crate::topology::{parse_host_topology_arg, HostTopology};
+
+/// Exit status for bad command lines and bad input files.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status for failures while running (engine error, unwritable SVG).
+pub const EXIT_FAILURE: u8 = 1;
+
+/// Default simulated time without jobs (s): long enough for the engine's 5 s
+/// consolidation ramp to play out many times.
+const DEFAULT_DURATION_S: f64 = 60.0;
+/// Default cap with jobs (s): ten times the seeds' longest kernbench run.
+const DEFAULT_JOB_CAP_S: f64 = 3600.0;
+/// Wall-clock interval between progress lines on stderr.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+
+const ABOUT: &str = "Trace-driven simulator for pvmm's vCPU placement engine";
+
+const LONG_ABOUT: &str = "\
+Trace-driven simulator for pvmm's vCPU placement engine.
+
+Simulates VMs with per-vCPU load on a host topology, in discrete time: every
+placement tick (default 100 ms, as the live VMM) each vCPU's simulated busy/idle
+time goes through the live VMM's utilization tracker into the placement engine
+(the same Engine::place code as pvmm), and the decision is applied; every work
+step (default 1 ms) each vCPU's work is served by the capacity its placement
+gives it (time slicing on a shared CPU, SMT sharing, a cache-sharing bonus when
+a VM's vCPUs share a package, a migration cost). A power model turns package,
+core and thread activity into watts.
+
+Prints one table per case, one row per policy, in the format of the seeds'
+kernbench tables (performance = 1.00):
+  Run Time(s)      when every VM's job finished ('>' = not by the cap);
+                   'Work Done(s)' (CPU-seconds) when no VM has a job
+  Package Idle(%)  per package, share of the time all its CPUs were idle
+  Energy, Power    energy for the same work and average power, relative
+  Energy(J), Power(W), Migrations (vCPU moves between CPUs)
+  Perf/W           1e6 / run time / watts (Alex Shi's scale); without jobs,
+                   1e6 x CPU-seconds done / joules
+
+Policies: performance, balance, powersaving:1, powersaving:2 (the engine's),
+and unpinned: no packing at all, vCPU threads left to a host scheduler that
+puts a waking vCPU on a random idle CPU anywhere and moves running ones now and
+then (threads wander between packages).
+
+MODES
+  pvmm-sim --scenario kernbench [--vcpus 2,4,6,8] [--scale F] [--svg FILE]
+      The seeds' case: host 2x4x1, one VM with N vCPUs running a make -jN-like
+      load (bursts of work and idle gaps, a fixed build shared by the vCPUs),
+      one table per N.
+  pvmm-sim --topology SPEC --vm SPEC [--vm SPEC...] [--policy LIST]
+           [--duration S] [--svg FILE]
+      Any host and VMs; one table.
+
+VM SPEC (--vm), comma-separated KEY=VALUE:
+  vcpus=N            vCPUs (1-1024; default: number of loads, trace columns, 1)
+  load=GEN[+GEN...]  one generator for all vCPUs, or one per vCPU:
+                       constant:D        D (0..1) of one CPU, all the time
+                       duty:B/P[@S]      busy B ms of every P ms (windows from S ms)
+                       bursty:B/I        closed loop: bursts of mean B ms of work,
+                                         idle gaps of mean I ms after each burst
+                       ramp:F/T/O        demand F -> T (0..1) linearly over O ms
+                     default constant:1
+  trace=FILE         per-vCPU demand from a trace file (instead of load=)
+  work=S             the VM's job: S CPU-seconds of work shared by its vCPUs;
+                     the run ends when every job is done
+  e.g. --vm vcpus=4,load=bursty:20/50,work=60  --vm load=constant:1+constant:0.1
+
+TRACE FILE: lines 'TIME_MS D0 D1 ...', one demand (0..1 of one CPU) per vCPU;
+first line at time 0, times increasing, values hold until the next line (the
+last line's until the end); '#' comments. Demand that is not served queues.
+
+POWER MODEL (--power KEY=VALUE,...; watts unless noted), defaults fitted to Len
+Brown's SNB-EP measurements (2 x 8 cores x 2 threads, busy loops):
+  platform=117  everything outside the packages
+  idle=10       a package with all CPUs idle (assumed; only platform + 2 x idle
+                = 137 W is measured, the split changes no result)
+  active=35.21  an awake package before its cores' power
+  core=11.79    each busy core
+  smt=0.1008    each further busy thread of a core adds this x core
+
+EXIT STATUS: 0 success; 2 bad command line or input (spec, topology, trace);
+1 failure while running (e.g. the SVG cannot be written).";
+
+#[derive(Parser, Debug)]
+#[command(name = "pvmm-sim", version, about = ABOUT, long_about = LONG_ABOUT)]
+struct Args {
+    /// Built-in scenario: kernbench (the seeds' dual-socket quad-core case).
+    #[arg(long, value_name = "NAME")]
+    scenario: Option<String>,
+
+    /// Host topology: SxCxT or SxDxCxT (e.g. 2x4x2), a topology file, or auto
+    /// (this machine). Default: 2x4x1.
+    #[arg(long, value_name = "SPEC|FILE|auto")]
+    topology: Option<String>,
+
+    /// A VM (repeatable), e.g. vcpus=4,load=bursty:20/50,work=60. See --help.
+    #[arg(long = "vm", value_name = "SPEC")]
+    vms: Vec<String>,
+
+    /// Comma-separated policies, or all: performance, balance, powersaving:1,
+    /// powersaving:2, unpinned.
+    #[arg(long, value_name = "LIST", default_value = "all")]
+    policy: String,
+
+    /// Simulated seconds: the run length when no VM has work=, else a cap
+    /// (defaults 60 and 3600).
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    duration: Option<f64>,
+
+    /// Scenario only: comma-separated vCPU counts N (default 2,4,6,8).
+    #[arg(long, value_name = "LIST")]
+    vcpus: Option<String>,
+
+    /// Scenario only: scale the build's work (1 = full; 0.1 = ten times shorter runs).
+    #[arg(
+        long,
+        value_name = "FACTOR",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    scale: f64,
+
+    /// Placement tick in milliseconds (the live VMM's default: 100).
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    tick_ms: u64,
+
+    /// Work accounting step in microseconds (must divide the tick).
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    step_us: u64,
+
+    /// Seed for the load generators and the unpinned baseline.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+
+    /// Power model overrides, e.g. idle=5,core=10 (see --help).
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    power: Option<String>,
+
+    /// Engine: consolidation ramp-down window in ms (default 5000).
+    #[arg(long, value_name = "MS")]
+    ramp_down_ms: Option<u64>,
+
+    /// Engine: migrations per vCPU per second at most (default 2).
+    #[arg(long, value_name = "N")]
+    max_migrations: Option<u32>,
+
+    /// Write an SVG timeline (which package each vCPU ran on) to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// A failure with its exit status; the message is one line.
+struct Failure {
+    status: u8,
+    message: String,
+}
+
+fn bad(message: impl Into<String>) -> Failure {
+    Failure {
+        status: EXIT_BAD_INPUT,
+        message: message.into(),
+    }
+}
+
+fn failed(message: impl Into<String>) -> Failure {
+    Failure {
+        status: EXIT_FAILURE,
+        message: message.into(),
+    }
+}
+
+/// Runs `pvmm-sim` with `args` (the first is the program name), printing
+/// tables to `out` and progress and errors to `err`. Returns the exit status:
+/// 0, [`EXIT_BAD_INPUT`] or [`EXIT_FAILURE`].
+pub fn main_with_args<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args = match Args::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                // A closed pipe is not an error for help output.
+                let _ = write!(out, "{}", e.render());
+                return 0;
+            }
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or("bad command line");
+                let first = first.strip_prefix("error: ").unwrap_or(first);
+                let _ = writeln!(err, "pvmm-sim: {first} (see --help)");
+                return EXIT_BAD_INPUT;
+            }
+        },
+    };
+    match run(&args, out, err) {
+        Ok(()) => 0,
+        Err(f) => {
+            let _ = writeln!(err, "pvmm-sim: {}", f.message);
+            f.status
+        }
+    }
+}
+
+fn parse_placements(list: &str) -> Result<Vec<Placement>, Failure> {
+    if list.trim() == "all" {
+        return Ok(Placement::ALL.to_vec());
+    }
+    let mut out: Vec<Placement> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let p: Placement = item.parse().map_err(bad)?;
+        if out.contains(&p) {
+            return Err(bad(format!("policy '{item}' listed twice")));
+        }
+        out.push(p);
+    }
+    if out.is_empty() {
+        return Err(bad("--policy lists no policy"));
+    }
+    Ok(out)
+}
+
+fn parse_vcpu_counts(list: &str) -> Result<Vec<usize>, Failure> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        let n = item
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_VCPUS_PER_VM).contains(n))
+            .ok_or_else(|| {
+                bad(format!(
+                    "--vcpus: '{item}' is not a vCPU count from 1 to 1024"
+                ))
+            })?;
+        out.push(n);
+    }
+    Ok(out)
+}
+
+fn duration_ms(seconds: f64) -> Result<u64, Failure> {
+    let max_s = MAX_DURATION_MS as f64 / 1000.0;
+    if !seconds.is_finite() || seconds <= 0.0 || seconds > max_s {
+        return Err(bad(format!(
+            "--duration {seconds} is not a number of seconds above 0 and up to {max_s}"
+        )));
+    }
+    Ok(((seconds * 1000.0).round() as u64).max(1))
+}
+
+fn topology_summary(t: &HostTopology) -> String {
+    let threads = t.cpus().len() / t.num_cores().max(1);
+    format!(
+        "{} packages, {} cores, {} CPUs ({} thread{} per core)",
+        t.num_packages(),
+        t.num_cores(),
+        t.cpus().len(),
+        threads,
+        if threads == 1 { "" } else { "s" }
+    )
+}
+
+/// Prints progress lines (stderr) at most every [`PROGRESS_INTERVAL`].
+struct Reporter<'a> {
+    quiet: bool,
+    started: Instant,
+    last: Instant,
+    err: &'a mut dyn Write,
+}
+
+impl<'a> Reporter<'a> {
+    fn new(quiet: bool, err: &'a mut dyn Write) -> Self {
+        Reporter {
+            quiet,
+            started: Instant::now(),
+            last: Instant::now(),
+            err,
+        }
+    }
+
+    fn start(&mut self, what: &str) {
+        self.last = Instant::now();
+        if !self.quiet {
+            let _ = writeln!(self.err, "pvmm-sim: simulating {what} ...");
+        }
+    }
+
+    fn tick(&mut self, p: Progress) {
+        if self.quiet || self.last.elapsed() < PROGRESS_INTERVAL {
+            return;
+        }
+        self.last = Instant::now();
+        let _ = match p.work_fraction {
+            Some(f) => writeln!(
+                self.err,
+                "pvmm-sim:   {:.0} s simulated, {:.0} % of the work done",
+                p.simulated_s,
+                f * 100.0
+            ),
+            None => writeln!(
+                self.err,
+                "pvmm-sim:   {:.0} of {:.0} s simulated",
+                p.simulated_s, p.limit_s
+            ),
+        };
+    }
+
+    fn done(&mut self, r: &RunResult) {
+        if !self.quiet {
+            let _ = writeln!(
+                self.err,
+                "pvmm-sim:   {}: {:.1} s simulated, {} migrations ({:.1} s elapsed in total)",
+                r.placement,
+                r.elapsed_s,
+                r.migrations,
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+fn run_case(
+    topology: &HostTopology,
+    vms: &[VmSpec],
+    placements: &[Placement],
+    config: &SimConfig,
+    label: &str,
+    reporter: &mut Reporter<'_>,
+) -> Result<Vec<RunResult>, Failure> {
+    let mut results = Vec::new();
+    for &placement in placements {
+        reporter.start(&format!("{label}{placement}"));
+        let result = simulate(topology, vms, placement, config, &mut |p| reporter.tick(p))
+            .map_err(|e| match e {
+                SimError::BadConfig(m) => bad(m),
+                other => failed(other.to_string()),
+            })?;
+        reporter.done(&result);
+        results.push(result);
+    }
+    Ok(results)
+}
+
+fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Failure> {
+    let placements = parse_placements(&args.policy)?;
+    let power = match &args.power {
+        Some(spec) => PowerModel::parse_overrides(spec).map_err(|e| bad(e.to_string()))?,
+        None => PowerModel::default(),
+    };
+    let mut engine = EngineConfig::default();
+    if let Some(ms) = args.ramp_down_ms {
+        engine.ramp_down_window_ms = ms;
+    }
+    if let Some(n) = args.max_migrations {
+        engine.max_migrations_per_vcpu_per_s = n;
+    }
+    let mut config = SimConfig {
+        tick_ms: args.tick_ms,
+        step_us: args.step_us,
+        seed: args.seed,
+        power,
+        engine,
+        timeline: args.svg.is_some(),
+        ..SimConfig::default()
+    };
+    let topology = match &args.topology {
+        Some(arg) => parse_host_topology_arg(arg).map_err(|e| bad(e.to_string()))?,
+        None => kernbench_topology().map_err(|e| failed(e.to_string()))?,
+    };
+    let mut reporter = Reporter::new(args.quiet, err);
+    let mut panels: Vec<(String, RunResult)> = Vec::new();
+    let heading;
+    let stdout = out;
+
+    match args.scenario.as_deref() {
+        Some("kernbench") => {
+            if !args.vms.is_empty() {
+                return Err(bad("--scenario and --vm cannot be combined"));
+            }
+            if !args.scale.is_finite() || args.scale <= 0.0 || args.scale > 100.0 {
+                return Err(bad(format!(
+                    "--scale {} is not a factor above 0 and up to 100",
+                    args.scale
+                )));
+            }
+            let counts = match &args.vcpus {
+                Some(list) => parse_vcpu_counts(list)?,
+                None => KERNBENCH_THREADS.to_vec(),
+            };
+            config.duration_ms = duration_ms(args.duration.unwrap_or(DEFAULT_JOB_CAP_S))?;
+            config.validate().map_err(|e| bad(e.to_string()))?;
+            let _ = writeln!(
+                stdout,
+                "pvmm-sim kernbench scenario: {}; {}; tick {} ms, step {} us, seed {}.\n",
+                kernbench_description(args.scale),
+                topology_summary(&topology),
+                config.tick_ms,
+                config.step_us,
+                config.seed
+            );
+            for n in counts {
+                let vms = [kernbench_vm(n, args.scale)];
+                let results = run_case(
+                    &topology,
+                    &vms,
+                    &placements,
+                    &config,
+                    &format!("kernbench N={n}: "),
+                    &mut reporter,
+                )?;
+                let title = format!("Kernbench-like load, {n} busy vCPUs (1 VM)");
+                let _ = writeln!(stdout, "{}", format_table(&title, &results));
+                let _ = stdout.flush();
+                for r in results {
+                    panels.push((format!("N={n}, {}", r.placement), r));
+                }
+            }
+            heading = format!("pvmm-sim kernbench on {}", topology_summary(&topology));
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "unknown scenario '{other}' (expected kernbench)"
+            )))
+        }
+        None => {
+            if args.vms.is_empty() {
+                return Err(bad("give --scenario kernbench, or at least one --vm SPEC"));
+            }
+            if args.vcpus.is_some() {
+                return Err(bad("--vcpus is for --scenario kernbench; use --vm vcpus=N"));
+            }
+            let vms = args
+                .vms
+                .iter()
+                .map(|s| VmSpec::parse(s).map_err(|e| bad(format!("--vm {s}: {e}"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            let has_jobs = vms.iter().any(|v| v.work_s.is_some());
+            let default_s = if has_jobs {
+                DEFAULT_JOB_CAP_S
+            } else {
+                DEFAULT_DURATION_S
+            };
+            config.duration_ms = duration_ms(args.duration.unwrap_or(default_s))?;
+            config.validate().map_err(|e| bad(e.to_string()))?;
+            let total_vcpus: usize = vms.iter().map(|v| v.vcpus.len()).sum();
+            let _ = writeln!(
+                stdout,
+                "pvmm-sim: host {}; {} VM{}, {} vCPUs; {}; tick {} ms, step {} us, seed {}.\n",
+                topology_summary(&topology),
+                vms.len(),
+                if vms.len() == 1 { "" } else { "s" },
+                total_vcpus,
+                if has_jobs {
+                    format!(
+                        "until every job is done (cap {} s)",
+                        config.duration_ms / 1000
+                    )
+                } else {
+                    format!("{} s", config.duration_ms as f64 / 1000.0)
+                },
+                config.tick_ms,
+                config.step_us,
+                config.seed
+            );
+            let results = run_case(&topology, &vms, &placements, &config, "", &mut reporter)?;
+            let _ = writeln!(stdout, "{}", format_table("", &results));
+            for r in results {
+                panels.push((r.placement.to_string(), r));
+            }
+            heading = format!("pvmm-sim on {}", topology_summary(&topology));
+        }
+    }
+
+    if let Some(path) = &args.svg {
+        let refs: Vec<(String, &RunResult)> = panels.iter().map(|(t, r)| (t.clone(), r)).collect();
+        let text = svg::render(&heading, &refs);
+        std::fs::write(path, text)
+            .map_err(|e| failed(format!("cannot write SVG {}: {e}", path.display())))?;
+        if !args.quiet {
+            let _ = writeln!(reporter.err, "pvmm-sim: wrote {}", path.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! Result tables in the seeds' format: one row per policy, absolute run time
+//! and per-package idle percentages, energy and power relative to the
+//! reference policy (`performance` = 1.00), plus absolute energy and power,
+//! migrations and perf/W.
+//!
+//! The seeds (`shared/seeds/000_*`) report kernbench as
+//!
+//! ```text
+//! SchedMC Run Time     Package Idle(%)    Energy(J)  Power(W)
+//! 0       217.37       73.30 76.93        1.00       1.00
+//! ```
+//!
+//! and Alex Shi (`004_*`) scales performance per watt as
+//! `1e6 / time / watts`. Columns here:
+//!
+//! | column | meaning |
+//! |---|---|
+//! | Run Time(s) | when every VM's job was done (`>` = not done by the duration cap); without jobs, `Work Done(s)`: CPU-seconds of work done |
+//! | Package Idle(%) | per package, share of the time all its CPUs were idle |
+//! | Energy | energy for the same work (J per CPU-second done) relative to the reference |
+//! | Power | average power relative to the reference |
+//! | Energy(J), Power(W) | absolute energy of the run and average power |
+//! | Migrations | vCPU moves between CPUs |
+//! | Perf/W | with jobs: `1e6 / run time / average power` (Alex Shi's scale); without: `1e6 x work done / energy` |
+
+use std::fmt::Write as _;
+
+use super::run::{Placement, RunResult};
+use crate::policy::Policy;
+
+/// Index of the reference row: the `performance` row, else the first.
+pub fn reference_index(results: &[RunResult]) -> usize {
+    results
+        .iter()
+        .position(|r| r.placement == Placement::Engine(Policy::Performance))
+        .unwrap_or(0)
+}
+
+/// Perf/W of one run (module docs).
+pub fn perf_per_watt(r: &RunResult) -> f64 {
+    if r.has_jobs {
+        let power = r.avg_power_w();
+        if r.elapsed_s > 0.0 && power > 0.0 {
+            1e6 / r.elapsed_s / power
+        } else {
+            0.0
+        }
+    } else if r.energy_j > 0.0 {
+        1e6 * r.work_done_s / r.energy_j
+    } else {
+        0.0
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 && a.is_finite() && b.is_finite() {
+        format!("{:.2}", a / b)
+    } else {
+        "-".to_string()
+    }
+}
+
+/// Formats `results` as a table under `title` (title lines are printed as
+/// given; the header names the reference policy).
+pub fn format_table(title: &str, results: &[RunResult]) -> String {
+    let mut out = String::new();
+    if !title.is_empty() {
+        out.push_str(title);
+        if !title.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    if results.is_empty() {
+        out.push_str("(no runs)\n");
+        return out;
+    }
+    let reference = &results[reference_index(results)];
+    let jobs = results.iter().all(|r| r.has_jobs);
+    let headers = [
+        "Policy".to_string(),
+        if jobs { "Run Time(s)" } else { "Work Done(s)" }.to_string(),
+        "Package Idle(%)".to_string(),
+        "Energy".to_string(),
+        "Power".to_string(),
+        "Energy(J)".to_string(),
+        "Power(W)".to_string(),
+        "Migrations".to_string(),
+        "Perf/W".to_string(),
+    ];
+    let mut rows: Vec<[String; 9]> = Vec::new();
+    for r in results {
+        let first = if jobs {
+            let mark = if r.finished { "" } else { ">" };
+            format!("{mark}{:.2}", r.elapsed_s)
+        } else {
+            format!("{:.2}", r.work_done_s)
+        };
+        let idle = r
+            .package_idle
+            .iter()
+            .map(|f| format!("{:6.2}", f * 100.0))
+            .collect::<Vec<_>>()
+            .join(" ");
+        rows.push([
+            r.placement.to_string(),
+            first,
+            idle,
+            ratio(r.energy_per_work(), reference.energy_per_work()),
+            ratio(r.avg_power_w(), reference.avg_power_w()),
+            format!("{:.1}", r.energy_j),
+            format!("{:.2}", r.avg_power_w()),
+            r.migrations.to_string(),
+            format!("{:.2}", perf_per_watt(r)),
+        ]);
+    }
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row.iter()) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String], out: &mut String| {
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            // Policy left-aligned, numbers right-aligned.
+            if i == 0 {
+                let _ = write!(text, "{cell:<w$}");
+            } else {
+                let _ = write!(text, "{cell:>w$}");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&headers, &mut out);
+    for row in &rows {
+        line(row, &mut out);
+    }
+    let _ = writeln!(
+        out,
+        "(Energy, Power: relative to {} = 1.00; Energy is for the same work)",
+        reference.placement
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(placement: Placement, time: f64, energy: f64, idle: [f64; 2]) -> RunResult {
+        RunResult {
+            placement,
+            package_ids: vec![0, 1],
+            elapsed_s: time,
+            has_jobs: true,
+            finished: true,
+            vm_done_s: vec![Some(time)],
+            work_done_s: 100.0,
+            backlog_s: 0.0,
+            package_idle: idle.to_vec(),
+            energy_j: energy,
+            migrations: 3,
+            ticks: 10,
+            timeline: None,
+        }
+    }
+
+    #[test]
+    fn performance_is_the_reference_and_ratios_follow() {
+        let results = vec![
+            result(Placement::Unpinned, 100.0, 30_000.0, [0.5, 0.5]),
+            result(
+                Placement::Engine(Policy::Performance),
+                200.0,
+                40_000.0,
+                [0.7330, 0.7693],
+            ),
+            result(
+                Placement::Engine(Policy::Powersaving { level: 1 }),
+                100.0,
+                18_000.0,
+                [0.5086, 0.9991],
+            ),
+        ];
+        assert_eq!(reference_index(&results), 1);
+        let table = format_table("Title line", &results);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "Title line");
+        assert!(lines[1].starts_with("Policy"));
+        assert!(lines[1].contains("Run Time(s)"));
+        assert!(lines[1].contains("Package Idle(%)"));
+        // performance row: 1.00 / 1.00, 200 W, perf/W = 1e6 / 200 / 200 = 25.
+        let perf = lines[3];
+        assert!(perf.starts_with("performance"), "{perf}");
+        let cells: Vec<&str> = perf.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "performance",
+                "200.00",
+                "73.30",
+                "76.93",
+                "1.00",
+                "1.00",
+                "40000.0",
+                "200.00",
+                "3",
+                "25.00"
+            ]
+        );
+        // unpinned: 0.75 energy, 300 W / 200 W = 1.50 power.
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(cells[4], "0.75");
+        assert_eq!(cells[5], "1.50");
+        // powersaving:1: 0.45 energy, 0.90 power, idle 50.86 99.91.
+        let cells: Vec<&str> = lines[4].split_whitespace().collect();
+        assert_eq!(
+            &cells[..6],
+            ["powersaving:1", "100.00", "50.86", "99.91", "0.45", "0.90"]
+        );
+        assert!(lines[5].contains("relative to performance = 1.00"));
+        // Columns line up: every row as long as its header up to the last column.
+        let header_end = lines[1].find("Perf/W").unwrap() + "Perf/W".len();
+        for row in &lines[2..5] {
+            assert_eq!(row.len(), header_end, "{row}");
+        }
+    }
+
+    #[test]
+    fn unfinished_and_open_ended_runs() {
+        let mut r = result(
+            Placement::Engine(Policy::Balance),
+            50.0,
+            5_000.0,
+            [0.1, 0.2],
+        );
+        r.finished = false;
+        let table = format_table("", std::slice::from_ref(&r));
+        assert!(table.contains(">50.00"), "{table}");
+        assert!(table.contains("relative to balance"));
+        r.has_jobs = false;
+        let table = format_table("", &[r]);
+        assert!(table.contains("Work Done(s)"));
+        // 1e6 x 100 CPU-s / 5000 J.
+        assert!(table.contains("20000.00"), "{table}");
+        assert_eq!(format_table("t", &[]), "t\n(no runs)\n");
+    }
+
+    #[test]
+    fn zero_reference_prints_dashes() {
+        let zero = result(Placement::Engine(Policy::Performance), 0.0, 0.0, [1.0, 1.0]);
+        let table = format_table("", &[zero]);
+        assert!(table.lines().nth(1).unwrap().contains(" - "), "{table}");
+    }
+}

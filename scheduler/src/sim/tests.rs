@@ -1,0 +1,393 @@
+//! End-to-end tests of the simulator: work accounting against hand-computed
+//! values, the engine path (utilization from simulated busy time), the
+//! kernbench scenario and the command line.
+
+use std::path::Path;
+
+use super::cli::{main_with_args, EXIT_BAD_INPUT, EXIT_FAILURE};
+use super::load::LoadSpec;
+use super::power::PowerModel;
+use super::run::{simulate, Placement, RunResult, SimConfig, CACHE_SHARING_SPEEDUP};
+use super::scenario::{kernbench_topology, kernbench_vm};
+use super::spec::VmSpec;
+use crate::policy::Policy;
+use crate::topology::HostTopology;
+
+const PERFORMANCE: Placement = Placement::Engine(Policy::Performance);
+const POWERSAVING_1: Placement = Placement::Engine(Policy::Powersaving { level: 1 });
+
+fn topo(spec: &str) -> HostTopology {
+    HostTopology::from_spec(spec).unwrap()
+}
+
+fn config(duration_ms: u64) -> SimConfig {
+    SimConfig {
+        duration_ms,
+        ..SimConfig::default()
+    }
+}
+
+fn sim(topology: &str, vms: &[VmSpec], placement: Placement, cfg: &SimConfig) -> RunResult {
+    simulate(&topo(topology), vms, placement, cfg, &mut |_| {}).unwrap()
+}
+
+fn constant(count: usize, demand: f64) -> VmSpec {
+    VmSpec::uniform(count, LoadSpec::Constant { demand }, None)
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * b.abs().max(1e-9)
+}
+
+#[test]
+fn a_shared_cpu_is_time_sliced() {
+    // Two always-busy vCPUs on a one-CPU host: one CPU-second per second.
+    let r = sim("1x1x1", &[constant(2, 1.0)], PERFORMANCE, &config(10_000));
+    assert!(close(r.work_done_s, 10.0, 1e-6), "{}", r.work_done_s);
+    assert!(close(r.backlog_s, 10.0, 1e-6), "{}", r.backlog_s);
+    assert_eq!(r.package_idle, vec![0.0]);
+    assert_eq!(r.migrations, 0);
+    assert!(!r.has_jobs);
+}
+
+#[test]
+fn smt_siblings_share_a_core() {
+    // Two busy vCPUs on one 2-thread core: 2 x 589 / 1024 of a CPU each second.
+    let r = sim("1x1x2", &[constant(2, 1.0)], PERFORMANCE, &config(10_000));
+    let expected = 10.0 * 2.0 * 589.0 / 1024.0;
+    assert!(
+        close(r.work_done_s, expected, 1e-6),
+        "{} vs {expected}",
+        r.work_done_s
+    );
+    // Power: the package awake, one core with two busy threads.
+    let m = PowerModel::default();
+    let watts = m.platform_w + m.package_active_w + m.core_w * (1.0 + m.smt_factor);
+    assert!(close(r.avg_power_w(), watts, 1e-9), "{}", r.avg_power_w());
+}
+
+#[test]
+fn cache_sharing_slows_a_vm_split_across_packages() {
+    // One VM whose two busy vCPUs must be on different packages (1 CPU each).
+    let split = sim("2x1x1", &[constant(2, 1.0)], PERFORMANCE, &config(10_000));
+    let expected = 20.0 / (1.0 + CACHE_SHARING_SPEEDUP);
+    assert!(
+        close(split.work_done_s, expected, 1e-6),
+        "{}",
+        split.work_done_s
+    );
+    // Two one-vCPU VMs: nothing to share, full speed.
+    let separate = sim(
+        "2x1x1",
+        &[constant(1, 1.0), constant(1, 1.0)],
+        PERFORMANCE,
+        &config(10_000),
+    );
+    assert!(close(separate.work_done_s, 20.0, 1e-6));
+}
+
+#[test]
+fn power_of_idle_and_one_busy_package() {
+    let m = PowerModel::default();
+    let idle = sim("2x4x1", &[constant(4, 0.0)], PERFORMANCE, &config(5_000));
+    assert_eq!(idle.package_idle, vec![1.0, 1.0]);
+    let floor = m.platform_w + 2.0 * m.package_idle_w;
+    assert!(close(idle.energy_j, floor * 5.0, 1e-9), "{}", idle.energy_j);
+    // One busy vCPU: Len Brown's 1-task figure, 174 W.
+    let one = sim("2x1x1", &[constant(1, 1.0)], PERFORMANCE, &config(10_000));
+    assert!(
+        close(one.avg_power_w(), 174.0, 1e-9),
+        "{}",
+        one.avg_power_w()
+    );
+    assert!(close(one.energy_j, 1740.0, 1e-9));
+    assert_eq!(one.migrations, 0);
+}
+
+#[test]
+fn engine_sees_utilization_from_simulated_busy_time() {
+    // 8 busy vCPUs under powersaving. At t = 0 the trackers know nothing and
+    // the engine may stack them; only utilization measured from the simulated
+    // busy time can make it spread them over all 8 CPUs afterwards.
+    let r = sim("2x4x1", &[constant(8, 1.0)], POWERSAVING_1, &config(5_000));
+    let speed = 1.0 / (1.0 + CACHE_SHARING_SPEEDUP * 4.0 / 7.0);
+    assert!(
+        r.work_done_s > 0.9 * 8.0 * 5.0 * speed,
+        "work {} (stacked vCPUs would do about 5)",
+        r.work_done_s
+    );
+    assert!(
+        r.package_idle.iter().all(|&i| i < 0.05),
+        "{:?}",
+        r.package_idle
+    );
+    assert_eq!(r.ticks, 50);
+}
+
+#[test]
+fn a_job_ends_the_run() {
+    // 2 CPU-seconds shared by two busy vCPUs on two cores of one package.
+    let vm = VmSpec::uniform(2, LoadSpec::Constant { demand: 1.0 }, Some(2.0));
+    let r = sim("1x2x1", &[vm], PERFORMANCE, &config(60_000));
+    assert!(r.has_jobs && r.finished);
+    assert!(close(r.elapsed_s, 1.0, 1e-3), "{}", r.elapsed_s);
+    assert!(close(r.work_done_s, 2.0, 1e-6));
+    assert_eq!(r.vm_done_s, vec![Some(r.elapsed_s)]);
+    // A job larger than the cap is reported unfinished.
+    let vm = VmSpec::uniform(1, LoadSpec::Constant { demand: 1.0 }, Some(100.0));
+    let r = sim("1x1x1", &[vm], PERFORMANCE, &config(1_000));
+    assert!(r.has_jobs && !r.finished);
+    assert_eq!(r.vm_done_s, vec![None]);
+}
+
+#[test]
+fn open_loop_generators_are_served_on_an_idle_host() {
+    // One package, so no cache slowdown: every vCPU can be served in full.
+    let vm = VmSpec::parse("load=duty:30/100+ramp:0/1/4000+bursty:10/30").unwrap();
+    let r = sim("1x4x1", &[vm], PERFORMANCE, &config(8_000));
+    // Duty 2.4 s + ramp 2 + 4 s, + bursty about 2 s.
+    assert!(
+        r.work_done_s > 9.9 && r.work_done_s < 10.9,
+        "{}",
+        r.work_done_s
+    );
+    assert!(r.backlog_s < 0.1, "{}", r.backlog_s);
+}
+
+#[test]
+fn trace_file_drives_a_vm() {
+    let dir = std::env::temp_dir().join(format!("pvmm-sim-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("load.trace");
+    std::fs::write(&path, "# t d0 d1\n0 1 0.5\n1000 0 0.5\n3000 0 0\n").unwrap();
+    let vm = VmSpec::parse(&format!("trace={}", path.display())).unwrap();
+    // Separate VMs are not what a trace gives: both columns are one VM, on
+    // one package of a 1x2x1 host, so no cache slowdown.
+    let r = sim("1x2x1", &[vm], PERFORMANCE, &config(4_000));
+    assert!(close(r.work_done_s, 1.0 + 1.5, 1e-6), "{}", r.work_done_s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let vms = [kernbench_vm(4, 0.02)];
+    let cfg = config(600_000);
+    for placement in [PERFORMANCE, Placement::Unpinned] {
+        let a = sim("2x4x1", &vms, placement, &cfg);
+        let b = sim("2x4x1", &vms, placement, &cfg);
+        assert_eq!(a, b);
+        let tl = a.timeline.as_ref().unwrap();
+        assert_eq!(tl.cells.len(), 4);
+        assert!(tl.cells.iter().all(|row| row.len() as u64 == a.ticks));
+        assert!(tl
+            .cells
+            .iter()
+            .flatten()
+            .all(|c| c.package.is_none_or(|p| p < 2) && (0.0..=1.0).contains(&c.busy)));
+    }
+    let other_seed = SimConfig { seed: 2, ..cfg };
+    assert_ne!(
+        sim("2x4x1", &vms, PERFORMANCE, &config(600_000)).elapsed_s,
+        sim("2x4x1", &vms, PERFORMANCE, &other_seed).elapsed_s
+    );
+}
+
+#[test]
+fn kernbench_two_vcpus_powersaving_packs_and_unpinned_wanders() {
+    let topology = kernbench_topology().unwrap();
+    let vms = [kernbench_vm(2, 0.1)];
+    let cfg = config(3_600_000);
+    let run = |p| simulate(&topology, &vms, p, &cfg, &mut |_| {}).unwrap();
+    let perf = run(PERFORMANCE);
+    let unpinned = run(Placement::Unpinned);
+    // Packages in use: idle less than 99 % of the run.
+    let used = |r: &RunResult| r.package_idle.iter().filter(|&&i| i < 0.99).count();
+    assert!(perf.finished && unpinned.finished);
+    assert_eq!(
+        used(&perf),
+        2,
+        "performance spreads: {:?}",
+        perf.package_idle
+    );
+    for policy in [
+        Policy::Balance,
+        Policy::Powersaving { level: 1 },
+        Policy::Powersaving { level: 2 },
+    ] {
+        let packed = run(Placement::Engine(policy));
+        assert!(packed.finished);
+        assert_eq!(used(&packed), 1, "{policy}: {:?}", packed.package_idle);
+        // The threads run about 29 % of the time: packing saves the wake-up
+        // power of the time the second package was awake on its own.
+        let awake = |r: &RunResult| r.package_idle.iter().map(|i| 1.0 - i).sum::<f64>();
+        assert!(
+            awake(&packed) < awake(&perf) - 0.05,
+            "{policy}: packages awake {} vs {}",
+            awake(&packed),
+            awake(&perf)
+        );
+        assert!(
+            packed.avg_power_w() < perf.avg_power_w(),
+            "{policy}: {} W vs {} W",
+            packed.avg_power_w(),
+            perf.avg_power_w()
+        );
+        assert!(packed.migrations < unpinned.migrations / 10);
+    }
+    // Unpinned: threads wander, between packages too.
+    assert!(unpinned.migrations > 100, "{}", unpinned.migrations);
+    let tl = unpinned.timeline.as_ref().unwrap();
+    for row in &tl.cells {
+        let on = |p: u16| row.iter().filter(|c| c.package == Some(p)).count();
+        assert!(on(0) > 0 && on(1) > 0, "a vCPU never changed package");
+    }
+    assert_eq!(used(&unpinned), 2);
+}
+
+fn cli(args: &[&str]) -> (u8, String, String) {
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let mut argv = vec!["pvmm-sim"];
+    argv.extend_from_slice(args);
+    let code = main_with_args(argv, &mut out, &mut err);
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+#[test]
+fn cli_help_explains_everything() {
+    let (code, out, err) = cli(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(err.is_empty());
+    for needle in [
+        "--scenario",
+        "--vm",
+        "VM SPEC",
+        "bursty:B/I",
+        "TRACE FILE",
+        "POWER MODEL",
+        "EXIT STATUS",
+        "unpinned",
+        "--svg",
+    ] {
+        assert!(out.contains(needle), "help lacks {needle}");
+    }
+}
+
+#[test]
+fn cli_bad_input_is_one_line_and_exit_2() {
+    for args in [
+        &[][..],
+        &["--bogus"],
+        &["--scenario", "nope"],
+        &["--scenario", "kernbench", "--vm", "vcpus=1"],
+        &["--scenario", "kernbench", "--scale", "-1"],
+        &["--scenario", "kernbench", "--vcpus", "2,x"],
+        &["--vm", "vcpus=0"],
+        &["--vm", "load=sine:1"],
+        &["--vm", "trace=/nonexistent/t.trace"],
+        &["--vm", "vcpus=1", "--topology", "2x0x1"],
+        &["--vm", "vcpus=1", "--topology", "/nonexistent/topology"],
+        &["--vm", "vcpus=1", "--policy", "fastest"],
+        &["--vm", "vcpus=1", "--policy", "balance,balance"],
+        &["--vm", "vcpus=1", "--duration", "-1"],
+        &["--vm", "vcpus=1", "--duration", "0"],
+        &["--vm", "vcpus=1", "--tick-ms", "0"],
+        &["--vm", "vcpus=1", "--step-us", "3000"],
+        &["--vm", "vcpus=1", "--power", "core=-1"],
+        &["--vm", "vcpus=1", "--vcpus", "2"],
+        &["--tick-ms", "abc"],
+    ] {
+        let (code, out, err) = cli(args);
+        assert_eq!(code, EXIT_BAD_INPUT, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?} printed {out}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("pvmm-sim: "), "{err}");
+    }
+}
+
+#[test]
+fn cli_generic_run_prints_a_table() {
+    let (code, out, err) = cli(&[
+        "--topology",
+        "1x2x1",
+        "--vm",
+        "vcpus=2,load=constant:0.5",
+        "--duration",
+        "2",
+        "--policy",
+        "performance,unpinned",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Work Done(s)"), "{out}");
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("performance") || l.starts_with("unpinned"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    // 2 x 0.5 CPU for 2 s.
+    assert_eq!(rows[0].split_whitespace().nth(1), Some("2.00"), "{out}");
+    assert!(err.contains("simulating performance"), "progress: {err}");
+}
+
+#[test]
+fn cli_scenario_writes_tables_and_svg() {
+    let dir = std::env::temp_dir().join(format!("pvmm-sim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg_path = dir.join("timeline.svg");
+    let svg_arg = svg_path.to_str().unwrap();
+    let (code, out, err) = cli(&[
+        "--scenario",
+        "kernbench",
+        "--vcpus",
+        "2,4",
+        "--scale",
+        "0.02",
+        "--svg",
+        svg_arg,
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.is_empty(), "--quiet: {err}");
+    assert!(out.contains("Kernbench-like load, 2 busy vCPUs (1 VM)"));
+    assert!(out.contains("Kernbench-like load, 4 busy vCPUs (1 VM)"));
+    for policy in [
+        "performance",
+        "balance",
+        "powersaving:1",
+        "powersaving:2",
+        "unpinned",
+    ] {
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with(policy)).count(),
+            2,
+            "{policy}: {out}"
+        );
+    }
+    let text = std::fs::read_to_string(&svg_path).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .filter(|t| t.starts_with("N="))
+        .collect();
+    assert_eq!(titles.len(), 10, "{titles:?}");
+    // An unwritable SVG is a run failure, not bad input.
+    let (code, _, err) = cli(&[
+        "--vm",
+        "vcpus=1",
+        "--duration",
+        "0.5",
+        "--svg",
+        "/nonexistent/dir/x.svg",
+        "--quiet",
+    ]);
+    assert_eq!(code, EXIT_FAILURE);
+    assert!(err.starts_with("pvmm-sim: cannot write SVG"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!Path::new(svg_arg).exists());
+}
