@@ -11,7 +11,9 @@ use clap::error::ErrorKind;
 use clap::Parser;
 
 use super::run::MAX_DURATION_MS;
-use super::scenario::{kernbench_description, kernbench_topology, kernbench_vm, KERNBENCH_THREADS};
+use super::scenario::{
+    kernbench_description, kernbench_topology, kernbench_vm, KERNBENCH_THREADS, KERNBENCH_TOPOLOGY,
+};
 use super::spec::MAX_VCPUS_PER_VM;
 use super::{
     format_table, simulate, svg, Placement, PowerModel, Progress, RunResult, SimConfig, SimError,
@@ -275,7 +277,7 @@ fn duration_ms(seconds: f64) -> Result<u64, Failure> {
 fn topology_summary(t: &HostTopology) -> String {
     let threads = t.cpus().len() / t.num_cores().max(1);
     format!(
-        "{} packages, {} cores, {} CPUs ({} thread{} per core)",
+        "{} packages, {} cores, {} CPUs, {} thread{} per core",
         t.num_packages(),
         t.num_cores(),
         t.cpus().len(),
@@ -415,9 +417,11 @@ fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Fail
             config.validate().map_err(|e| bad(e.to_string()))?;
             let _ = writeln!(
                 stdout,
-                "pvmm-sim kernbench scenario: {}; {}; tick {} ms, step {} us, seed {}.\n",
-                kernbench_description(args.scale),
+                "pvmm-sim kernbench scenario\n  host: {} ({})\n  load: {}\n  \
+                 simulation: placement tick {} ms, work step {} us, seed {}\n",
+                args.topology.as_deref().unwrap_or(KERNBENCH_TOPOLOGY),
                 topology_summary(&topology),
+                kernbench_description(args.scale),
                 config.tick_ms,
                 config.step_us,
                 config.seed
@@ -469,7 +473,8 @@ fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Fail
             let total_vcpus: usize = vms.iter().map(|v| v.vcpus.len()).sum();
             let _ = writeln!(
                 stdout,
-                "pvmm-sim: host {}; {} VM{}, {} vCPUs; {}; tick {} ms, step {} us, seed {}.\n",
+                "pvmm-sim\n  host: {}\n  load: {} VM{}, {} vCPUs\n  \
+                 simulation: {}, placement tick {} ms, work step {} us, seed {}\n",
                 topology_summary(&topology),
                 vms.len(),
                 if vms.len() == 1 { "" } else { "s" },
