@@ -391,3 +391,97 @@ fn cli_scenario_writes_tables_and_svg() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(!Path::new(svg_arg).exists());
 }
+
+#[test]
+fn unpinned_busy_threads_wander_and_pay_for_it() {
+    // One always-busy vCPU on an otherwise idle 2x2x1 host: it never sleeps,
+    // so only displacement moves it (mean residency 100 ms).
+    let cfg = config(10_000);
+    let r = sim("2x2x1", &[constant(1, 1.0)], Placement::Unpinned, &cfg);
+    assert!(r.migrations > 20, "{}", r.migrations);
+    let tl = r.timeline.as_ref().unwrap();
+    assert!(tl.cells[0].iter().any(|c| c.package == Some(0)));
+    assert!(tl.cells[0].iter().any(|c| c.package == Some(1)));
+    // Each move costs 50 µs (same package) or 500 µs (other package) of work.
+    let lost = 10.0 - r.work_done_s;
+    let moves = r.migrations as f64;
+    assert!(
+        lost >= moves * 50e-6 - 1e-9,
+        "lost {lost} for {moves} moves"
+    );
+    assert!(
+        lost <= moves * 500e-6 + 1e-9,
+        "lost {lost} for {moves} moves"
+    );
+    // Without migration costs nothing is lost; pinned by the engine, nothing moves.
+    let free = SimConfig {
+        migration_cost_same_package_us: 0.0,
+        migration_cost_cross_package_us: 0.0,
+        ..cfg.clone()
+    };
+    let r = sim("2x2x1", &[constant(1, 1.0)], Placement::Unpinned, &free);
+    assert!(close(r.work_done_s, 10.0, 1e-9), "{}", r.work_done_s);
+    let r = sim("2x2x1", &[constant(1, 1.0)], PERFORMANCE, &cfg);
+    assert_eq!(r.migrations, 0);
+    assert!(close(r.work_done_s, 10.0, 1e-9));
+}
+
+#[test]
+fn bad_config_is_an_error_not_a_panic() {
+    let vms = [constant(1, 1.0)];
+    for bad in [
+        SimConfig {
+            tick_ms: 0,
+            ..SimConfig::default()
+        },
+        SimConfig {
+            step_us: 0,
+            ..SimConfig::default()
+        },
+        SimConfig {
+            step_us: 300,
+            tick_ms: 1,
+            ..SimConfig::default()
+        },
+        SimConfig {
+            duration_ms: 0,
+            ..SimConfig::default()
+        },
+        SimConfig {
+            cache_sharing_speedup: f64::NAN,
+            ..SimConfig::default()
+        },
+        SimConfig {
+            migration_cost_same_package_us: -1.0,
+            ..SimConfig::default()
+        },
+    ] {
+        let err = simulate(&topo("1x1x1"), &vms, PERFORMANCE, &bad, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, super::SimError::BadConfig(_)), "{err}");
+    }
+    let err = simulate(
+        &topo("1x1x1"),
+        &[],
+        PERFORMANCE,
+        &SimConfig::default(),
+        &mut |_| {},
+    );
+    assert!(matches!(err, Err(super::SimError::NoVcpus)));
+}
+
+#[test]
+fn progress_is_reported_every_simulated_second() {
+    let mut seen = Vec::new();
+    let vm = VmSpec::uniform(1, LoadSpec::Constant { demand: 1.0 }, Some(2.5));
+    simulate(
+        &topo("1x1x1"),
+        &[vm],
+        PERFORMANCE,
+        &config(60_000),
+        &mut |p| seen.push(p),
+    )
+    .unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(close(seen[0].simulated_s, 1.0, 1e-9));
+    assert!(close(seen[1].work_fraction.unwrap(), 0.8, 1e-6));
+}
