@@ -903,7 +903,11 @@ impl Engine {
 
         // Pass 1: stays. First vCPUs at their VM's home (or forced), then the
         // others, which move home instead when home has room.
+        let mut away_from_home = 0usize;
         for second in [false, true] {
+            if second && away_from_home == 0 {
+                break;
+            }
             for k in 0..self.scratch.order.len() {
                 let i = self.scratch.order[k] as usize;
                 let prev = self.vcpus[i].cpu;
@@ -921,6 +925,7 @@ impl Engine {
                     continue;
                 }
                 if at_home == second {
+                    away_from_home += usize::from(!at_home);
                     continue;
                 }
                 if !self.stay_fits(i, prev) {
@@ -944,7 +949,14 @@ impl Engine {
         // overfilled them): their smallest vCPUs move to a CPU of the same
         // package where they fit. Every such move lowers the total overflow and
         // creates none, so repeated decisions converge.
-        for k in (0..self.scratch.order.len()).rev() {
+        let any_overfull = (0..self.layout.num_cpus())
+            .any(|c| self.scratch.cpu_fit[c] > self.layout.slot[c] && self.layout.slot[c] > 0);
+        let relieve = if any_overfull {
+            0..self.scratch.order.len()
+        } else {
+            0..0
+        };
+        for k in relieve.rev() {
             let i = self.scratch.order[k] as usize;
             let c = self.scratch.new_cpu[i];
             if c == NO_CPU || self.scratch.forced[i] {
@@ -1046,6 +1058,12 @@ impl Engine {
     /// `powersaving:2`'s immediate pull into the preferred package `pref`.
     fn pull_into(&mut self, pref: usize, loads: &[VcpuLoad]) {
         let num_vms = self.num_vms;
+        let candidates = loads.iter().enumerate().any(|(i, l)| {
+            l.busy && self.layout.cpu_pkg[self.scratch.new_cpu[i] as usize] as usize != pref
+        });
+        if !candidates {
+            return;
+        }
         {
             // vm_members[vm_start[v]..vm_start[v + 1]]: VM v's vCPUs.
             let s = &mut self.scratch;
