@@ -56,16 +56,24 @@ pub fn thread_share(thread_capacity: u32, threads: u32, busy_threads: u32) -> u3
     }
 }
 
-/// Effective capacity of a vCPU from its placement: its host CPU's share of the
-/// core ([`thread_share`], lower when an SMT sibling is busy) divided among the
-/// `vcpus_on_cpu` vCPUs allowed on that CPU. Always at least 1.
+/// Effective capacity of a vCPU from its placement: what it can get if it
+/// runs flat out now. Its host CPU offers [`thread_share`] (less when an SMT
+/// sibling is busy); the other `vcpus_on_cpu - 1` vCPUs there use
+/// `others_util` of it; the vCPU gets what they leave, but never less than an
+/// equal share (the host scheduler's fairness when all of them run). So a busy
+/// vCPU sharing a CPU with idle ones keeps nearly all of it, and k busy vCPUs
+/// get 1/k each. Always at least 1.
 pub fn effective_capacity(
     thread_capacity: u32,
     threads: u32,
     busy_threads: u32,
     vcpus_on_cpu: u32,
+    others_util: u64,
 ) -> u32 {
-    (thread_share(thread_capacity, threads, busy_threads) / vcpus_on_cpu.max(1)).max(1)
+    let share = thread_share(thread_capacity, threads, busy_threads);
+    let fair = share / vcpus_on_cpu.max(1);
+    let left = u64::from(share).saturating_sub(others_util) as u32;
+    fair.max(left).max(1)
 }
 
 /// Capacity of a group of CPUs (a package, a die, an allowed set).
@@ -127,9 +135,15 @@ mod tests {
         assert_eq!(core_capacity(1024, 2), 1178);
         assert_eq!(thread_share(1024, 2, 1), 1024);
         assert_eq!(thread_share(1024, 2, 2), 589);
-        assert_eq!(effective_capacity(1024, 2, 2, 2), 294);
-        assert_eq!(effective_capacity(1024, 1, 1, 4), 256);
-        assert_eq!(effective_capacity(1, 1, 1, 8), 1);
+        assert_eq!(effective_capacity(1024, 2, 2, 2, 1024), 294);
+        assert_eq!(effective_capacity(1024, 1, 1, 4, 3 * 1024), 256);
+        assert_eq!(
+            effective_capacity(1024, 1, 1, 4, 3 * 16),
+            976,
+            "idle sharers leave most"
+        );
+        assert_eq!(effective_capacity(1024, 1, 1, 1, 0), 1024);
+        assert_eq!(effective_capacity(1, 1, 1, 8, 7), 1);
     }
 
     #[test]

@@ -173,8 +173,10 @@ pub struct Assignment {
     pub cpus: CpuSet,
     /// Package id of those CPUs.
     pub package: u32,
-    /// Capacity the vCPU gets there, 1..=1024: its CPU's share of the core
-    /// (less when an SMT sibling is busy) divided by the vCPUs on that CPU.
+    /// Capacity the vCPU can get there running flat out, 1..=1024: its CPU's
+    /// share of the core (less when an SMT sibling is busy) minus what the
+    /// other vCPUs on that CPU use, but at least an equal share of it
+    /// ([`crate::capacity::effective_capacity`]).
     pub capacity: u32,
 }
 
@@ -1347,6 +1349,7 @@ impl Engine {
                     l.cpu_threads[c],
                     busy_threads,
                     s.cpu_count[c],
+                    s.cpu_load[c] - s.weight[i],
                 ),
             });
         }

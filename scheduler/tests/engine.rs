@@ -536,6 +536,23 @@ fn effective_capacity_reflects_sharing() {
         d.assignments
     );
     assert!(d.overutilized);
+    // One busy vCPU sharing a CPU with idle ones keeps most of it.
+    let topology = HostTopology::from_spec("1x1x1").unwrap();
+    let mut engine = Engine::new(
+        topology,
+        Policy::Powersaving { level: 1 },
+        EngineConfig::default(),
+    );
+    let mut loads = busy_vcpus(4);
+    for l in &mut loads[1..] {
+        l.util = 0;
+        l.busy = false;
+    }
+    let d = engine.place(0, &loads).unwrap();
+    assert!(d.assignments.iter().all(|a| a.cpus == CpuSet::single(0)));
+    // Idle vCPUs count for MIN_VCPU_WEIGHT (16) each.
+    assert_eq!(d.assignments[0].capacity, 1024 - 3 * 16);
+    assert_eq!(d.assignments[1].capacity, 256);
 }
 
 #[test]
