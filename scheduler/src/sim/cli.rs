@@ -275,14 +275,14 @@ fn duration_ms(seconds: f64) -> Result<u64, Failure> {
 }
 
 fn topology_summary(t: &HostTopology) -> String {
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     let threads = t.cpus().len() / t.num_cores().max(1);
     format!(
-        "{} packages, {} cores, {} CPUs, {} thread{} per core",
-        t.num_packages(),
-        t.num_cores(),
-        t.cpus().len(),
-        threads,
-        if threads == 1 { "" } else { "s" }
+        "{}, {}, {}, {} per core",
+        plural(t.num_packages(), "package"),
+        plural(t.num_cores(), "core"),
+        plural(t.cpus().len(), "CPU"),
+        plural(threads, "thread")
     )
 }
 
