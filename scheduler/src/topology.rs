@@ -367,9 +367,9 @@ impl HostTopology {
     ///
     /// Uses `online`, and per online CPU `topology/physical_package_id`,
     /// `topology/die_id` (0 if absent), `topology/core_id`,
-    /// `topology/thread_siblings_list` (checked against the core ids) and, for
-    /// capacity, `cpu_capacity` where present, else the ratio of
-    /// `cpufreq/cpuinfo_max_freq` to the fastest CPU's, else 1024.
+    /// `topology/thread_siblings_list` (or `core_cpus_list`; checked against
+    /// the core ids) and, for capacity, `cpu_capacity` where present, else the
+    /// ratio of `cpufreq/cpuinfo_max_freq` to the fastest CPU's, else 1024.
     pub fn from_sysfs(root: &Path) -> Result<Self, TopologyError> {
         let online: CpuSet =
             read_trimmed(&root.join("online"))?
@@ -392,8 +392,16 @@ impl HostTopology {
                 None => 0,
             };
             let core = read_id(&topo.join("core_id"))?;
-            let siblings_path = topo.join("thread_siblings_list");
-            let sibling_text = read_trimmed(&siblings_path)?;
+            // thread_siblings_list is deprecated in favour of core_cpus_list
+            // (Linux 5.3+) but both exist today; accept either.
+            let mut siblings_path = topo.join("thread_siblings_list");
+            let sibling_text = match read_optional(&siblings_path)? {
+                Some(text) => text,
+                None => {
+                    siblings_path = topo.join("core_cpus_list");
+                    read_trimmed(&siblings_path)?
+                }
+            };
             let sibling_set: CpuSet =
                 sibling_text
                     .parse()

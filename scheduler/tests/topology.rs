@@ -115,6 +115,25 @@ fn offline_cpus_and_missing_die_ids_are_handled() {
 }
 
 #[test]
+fn core_cpus_list_replaces_thread_siblings_list() {
+    let dir = TempDir::new();
+    write_tree(&dir, "0-7", &two_by_two_by_two());
+    for c in 0..8 {
+        let t = dir.path().join(format!("cpu{c}/topology"));
+        fs::rename(t.join("thread_siblings_list"), t.join("core_cpus_list")).unwrap();
+    }
+    assert_eq!(
+        HostTopology::from_sysfs(dir.path()).unwrap(),
+        HostTopology::from_spec("2x2x2").unwrap()
+    );
+    fs::remove_file(dir.path().join("cpu3/topology/core_cpus_list")).unwrap();
+    assert!(matches!(
+        HostTopology::from_sysfs(dir.path()),
+        Err(TopologyError::Unreadable { .. })
+    ));
+}
+
+#[test]
 fn unknown_package_id_reads_as_zero() {
     let dir = TempDir::new();
     write_tree(
