@@ -12,7 +12,8 @@ use clap::Parser;
 
 use super::run::MAX_DURATION_MS;
 use super::scenario::{
-    kernbench_description, kernbench_topology, kernbench_vm, KERNBENCH_THREADS, KERNBENCH_TOPOLOGY,
+    format_seed_rows, kernbench_description, kernbench_topology, kernbench_vm, KERNBENCH_THREADS,
+    KERNBENCH_TOPOLOGY,
 };
 use super::spec::MAX_VCPUS_PER_VM;
 use super::{
@@ -437,7 +438,8 @@ fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Fail
                     &mut reporter,
                 )?;
                 let title = format!("Kernbench-like load, {n} busy vCPUs (1 VM)");
-                let _ = writeln!(stdout, "{}", format_table(&title, &results));
+                let _ = write!(stdout, "{}", format_table(&title, &results));
+                let _ = writeln!(stdout, "{}", format_seed_rows(n));
                 let _ = stdout.flush();
                 for r in results {
                     panels.push((format!("N={n}, {}", r.placement), r));

@@ -74,6 +74,66 @@ pub fn kernbench_work_s() -> f64 {
     SEED_RUN_TIME_2_THREADS_S * 2.0 * KERNBENCH_BURST_MS / cycle
 }
 
+/// One row of the seeds' kernbench tables (`000_*`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SeedRow {
+    /// sched_mc_power_savings level (0 = the reference).
+    pub level: u8,
+    /// Run time (s).
+    pub run_time_s: f64,
+    /// Package idle (%), package 0 and 1.
+    pub package_idle_pct: [f64; 2],
+    /// Energy relative to level 0.
+    pub energy: f64,
+    /// Power relative to level 0.
+    pub power: f64,
+}
+
+/// The seeds' measured kernbench tables (`shared/seeds/000_*`, averages of 5
+/// runs on a 2008 dual-socket quad-core, kernel 2.6.28), per thread count.
+/// Reference data to read the simulated tables against, not simulator input.
+#[rustfmt::skip]
+pub const SEED_KERNBENCH: [(usize, [SeedRow; 3]); 4] = [
+    (2, [
+        SeedRow { level: 0, run_time_s: 217.37, package_idle_pct: [73.30, 76.93], energy: 1.00, power: 1.00 },
+        SeedRow { level: 1, run_time_s: 204.68, package_idle_pct: [50.86, 99.91], energy: 0.95, power: 1.01 },
+        SeedRow { level: 2, run_time_s: 204.49, package_idle_pct: [50.69, 99.93], energy: 0.95, power: 1.01 },
+    ]),
+    (4, [
+        SeedRow { level: 0, run_time_s: 109.11, package_idle_pct: [51.99, 54.91], energy: 1.00, power: 1.00 },
+        SeedRow { level: 1, run_time_s: 109.71, package_idle_pct: [35.86, 71.88], energy: 0.96, power: 0.96 },
+        SeedRow { level: 2, run_time_s: 102.95, package_idle_pct: [25.02, 82.47], energy: 0.92, power: 0.97 },
+    ]),
+    (6, [
+        SeedRow { level: 0, run_time_s: 74.77, package_idle_pct: [35.29, 36.37], energy: 1.00, power: 1.00 },
+        SeedRow { level: 1, run_time_s: 74.54, package_idle_pct: [28.83, 40.90], energy: 0.99, power: 0.99 },
+        SeedRow { level: 2, run_time_s: 73.38, package_idle_pct: [21.09, 47.29], energy: 0.98, power: 1.00 },
+    ]),
+    (8, [
+        SeedRow { level: 0, run_time_s: 63.18, package_idle_pct: [26.23, 28.67], energy: 1.00, power: 1.00 },
+        SeedRow { level: 1, run_time_s: 56.89, package_idle_pct: [19.85, 22.38], energy: 0.93, power: 1.02 },
+        SeedRow { level: 2, run_time_s: 55.27, package_idle_pct: [17.65, 19.84], energy: 0.91, power: 1.03 },
+    ]),
+];
+
+/// The seeds' rows for `threads` as text lines aligned like a results table
+/// (empty when the seeds have no table for that count).
+pub fn format_seed_rows(threads: usize) -> String {
+    let Some((_, rows)) = SEED_KERNBENCH.iter().find(|(n, _)| *n == threads) else {
+        return String::new();
+    };
+    let mut out = format!(
+        "Seeds, {threads} threads (000_*, measured 2008; run time s, package idle %, energy, power):\n"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "  sched_mc={}  {:>7.2}  {:6.2} {:6.2}  {:4.2}  {:4.2}\n",
+            r.level, r.run_time_s, r.package_idle_pct[0], r.package_idle_pct[1], r.energy, r.power
+        ));
+    }
+    out
+}
+
 /// The seeds' host topology.
 pub fn kernbench_topology() -> Result<HostTopology, TopologyError> {
     HostTopology::from_spec(KERNBENCH_TOPOLOGY)
@@ -109,6 +169,26 @@ pub fn kernbench_description(work_scale: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seed_rows() {
+        let text = format_seed_rows(2);
+        assert!(
+            text.contains("sched_mc=1   204.68   50.86  99.91  0.95  1.01"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 4);
+        assert_eq!(format_seed_rows(3), "");
+        // The table agrees with its own time ratios (000_*: level 2 at 8 threads 0.87).
+        let (_, rows8) = SEED_KERNBENCH[3];
+        assert!((rows8[2].run_time_s / rows8[0].run_time_s - 0.87).abs() < 0.005);
+        // The busy fraction was derived from this table's N=2 level-1 package 0.
+        assert_eq!(
+            SEED_KERNBENCH[0].1[1].package_idle_pct[0] / 100.0,
+            SEED_PACKED_PACKAGE_IDLE
+        );
+        assert_eq!(SEED_KERNBENCH[0].1[0].run_time_s, SEED_RUN_TIME_2_THREADS_S);
+    }
 
     #[test]
     fn derivation() {
