@@ -842,8 +842,8 @@ impl Engine {
         }
         // Packing whole vCPUs (and whole VMs) can need more packages than the
         // total suggests; once a decision had to open more, keep that many
-        // until the demand is clearly (5 %) lower, or the ramp would retry the
-        // impossible every window and migrate vCPUs each time.
+        // until the demand is clearly (5 %) lower, rather than let the ramp
+        // retry an impossible consolidation every window.
         if let Some((fit_then, k_then)) = self.fragmentation {
             if capacity_greater(fit_then, total_fit) {
                 self.fragmentation = None;

@@ -657,3 +657,115 @@ fn heterogeneous_capacities_are_placed_within_bounds() {
         }
     }
 }
+
+/// Load sets on which development versions of the engine kept migrating
+/// forever (found by a randomized search over topologies, policies and loads),
+/// kept as regression cases; the last one catches a vCPU counted against a
+/// larger slot than it was placed by.
+#[test]
+fn former_migration_cycles_converge() {
+    let cases: [(&str, Policy, &[&[u32]]); 4] = [
+        (
+            "4x4x1",
+            Policy::Powersaving { level: 1 },
+            &[
+                &[514],
+                &[939, 916, 865, 270],
+                &[270, 534, 582],
+                &[629, 740, 630],
+                &[617, 722, 710],
+                &[1004, 411, 663],
+                &[390, 399, 172, 825],
+            ],
+        ),
+        (
+            "4x3x2",
+            Policy::Balance,
+            &[
+                &[660, 401, 636],
+                &[432],
+                &[579],
+                &[60, 681, 348],
+                &[422, 480],
+                &[533, 573, 533, 948],
+            ],
+        ),
+        (
+            "3x3x1",
+            Policy::Powersaving { level: 1 },
+            &[
+                &[105],
+                &[399, 206],
+                &[540, 634, 842],
+                &[736, 595, 23],
+                &[118],
+                &[751, 577, 527, 445],
+                &[445, 210],
+            ],
+        ),
+        (
+            "3x4x2",
+            Policy::Powersaving { level: 2 },
+            &[
+                &[689, 182],
+                &[77, 193, 658, 384],
+                &[384, 928, 547, 268],
+                &[268, 636, 374],
+                &[26],
+            ],
+        ),
+    ];
+    for (spec, policy, vms) in cases {
+        let topology = HostTopology::from_spec(spec).unwrap();
+        let mut loads = Vec::new();
+        for (vm, utils) in vms.iter().enumerate() {
+            for (vcpu, util) in utils.iter().enumerate() {
+                loads.push(VcpuLoad {
+                    id: VcpuId {
+                        vm: vm as u32,
+                        vcpu: vcpu as u32,
+                    },
+                    util: *util,
+                    busy: *util >= 512,
+                });
+            }
+        }
+        let mut engine = Engine::new(topology, policy, EngineConfig::default());
+        run_steady(&mut engine, 0, 100, &loads);
+        for tick in 100..200u64 {
+            let d = engine.place(tick * TICK_MS, &loads).unwrap();
+            assert_eq!(
+                d.moves(),
+                0,
+                "{spec} {policy} tick {tick}: {:?}",
+                d.migrations
+            );
+        }
+    }
+}
+
+/// Three vCPUs of 47 % of a CPU on three single-CPU packages: their total
+/// suggests two packages at 80 %, but no two fit in one. The engine keeps
+/// three in use, with no moves, across many ramp-down windows.
+#[test]
+fn fragmented_loads_do_not_retry_consolidation() {
+    let topology = HostTopology::from_spec("3x1x1").unwrap();
+    let loads: Vec<VcpuLoad> = (0..3u32)
+        .map(|i| VcpuLoad {
+            id: VcpuId { vm: i, vcpu: 0 },
+            util: 480,
+            busy: false,
+        })
+        .collect();
+    let mut engine = Engine::new(
+        topology,
+        Policy::Powersaving { level: 1 },
+        EngineConfig::default(),
+    );
+    for tick in 0..150u64 {
+        let d = engine.place(tick * TICK_MS, &loads).unwrap();
+        assert_eq!(d.used_packages().len(), 3);
+        assert_eq!(d.target_packages, 3, "tick {tick}");
+        assert_eq!(d.moves(), 0);
+    }
+}
