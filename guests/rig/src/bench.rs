@@ -191,6 +191,12 @@ pub fn run_bench(
             times
                 .boot_seconds
                 .push(outcome.boot_to_init_seconds(&label));
+            times.guest_uptime.push(
+                outcome
+                    .events_of("guest-uptime")
+                    .find(|e| e.label == label)
+                    .and_then(|e| e.value.trim().parse().ok()),
+            );
             times.exit_status.push(
                 outcome
                     .events_of("vmm-exit")
