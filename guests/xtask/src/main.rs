@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
 use pvmm_rig::images::{self, L1Needs, Workspace};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
-use pvmm_rig::{InnerVmm, Rig, Topology};
+use pvmm_rig::{InnerVmm, Rig, RigError, Topology};
 
 /// The guest command when none is given: the README's demo prints the guest's CPU count.
 const DEFAULT_GUEST_CMD: &str =
@@ -95,6 +95,14 @@ enum Task {
     },
 }
 
+/// Exit code for a rig that could not run: 2 for bad arguments, else [`EXIT_RIG_FAILURE`].
+fn rig_error_exit(error: &RigError) -> u8 {
+    match error {
+        RigError::BadArgs(_) | RigError::BadTopology(_) => 2,
+        _ => EXIT_RIG_FAILURE as u8,
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ws = match Workspace::locate() {
@@ -170,7 +178,7 @@ fn main() -> ExitCode {
                 }
                 Err(error) => {
                     eprintln!("xtask: error: {error}");
-                    ExitCode::from(EXIT_RIG_FAILURE as u8)
+                    ExitCode::from(rig_error_exit(&error))
                 }
             }
         }
