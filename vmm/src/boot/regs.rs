@@ -74,8 +74,9 @@ const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
 const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
 const MISC_ENABLE_FAST_STRING: u64 = 1;
 
-/// Local APIC register offsets and delivery modes for LINT0 (ExtINT, the 8259 path) and LINT1
-/// (NMI), as a PC BIOS programs them.
+/// Local APIC register offsets and delivery modes for LINT0 and LINT1. LINT1 carries NMIs, as
+/// on a PC. LINT0 is the 8259 PIC's path (ExtINT); pvmm's platform has no PIC in use
+/// (hardware-reduced ACPI, GSIs routed to the IOAPIC only), so LINT0 is left masked.
 const APIC_LVT0: usize = 0x350;
 const APIC_LVT1: usize = 0x360;
 const APIC_MODE_NMI: u32 = 0x4;
@@ -262,11 +263,25 @@ pub fn setup_common_vcpu_state(vcpu: &VcpuFd) -> Result<(), RegsError> {
 
     let mut lapic = vcpu.get_lapic().map_err(kvm("local APIC"))?;
     set_lvt_mode(&mut lapic.regs, APIC_LVT0, APIC_MODE_EXTINT);
+    set_lvt_masked(&mut lapic.regs, APIC_LVT0);
     set_lvt_mode(&mut lapic.regs, APIC_LVT1, APIC_MODE_NMI);
     vcpu.set_lapic(&lapic).map_err(kvm("local APIC"))
 }
 
+/// LVT mask bit.
+const APIC_LVT_MASKED: u32 = 1 << 16;
+
+fn set_lvt_masked(regs: &mut [std::os::raw::c_char], offset: usize) {
+    update_lvt(regs, offset, |v| v | APIC_LVT_MASKED);
+}
+
 fn set_lvt_mode(regs: &mut [std::os::raw::c_char], offset: usize, mode: u32) {
+    update_lvt(regs, offset, |v| {
+        (v & !APIC_DELIVERY_MODE_MASK) | (mode << APIC_DELIVERY_MODE_SHIFT)
+    });
+}
+
+fn update_lvt(regs: &mut [std::os::raw::c_char], offset: usize, f: impl Fn(u32) -> u32) {
     let Some(bytes) = regs.get_mut(offset..offset + 4) else {
         return;
     };
@@ -274,8 +289,7 @@ fn set_lvt_mode(regs: &mut [std::os::raw::c_char], offset: usize, mode: u32) {
     for (r, b) in raw.iter_mut().zip(bytes.iter()) {
         *r = *b as u8;
     }
-    let value = u32::from_le_bytes(raw);
-    let value = (value & !APIC_DELIVERY_MODE_MASK) | (mode << APIC_DELIVERY_MODE_SHIFT);
+    let value = f(u32::from_le_bytes(raw));
     for (b, r) in bytes.iter_mut().zip(value.to_le_bytes()) {
         *b = r as std::os::raw::c_char;
     }
@@ -348,5 +362,8 @@ mod tests {
         assert_eq!(regs[APIC_LVT0] as u8, 0x30);
         assert_eq!(regs[APIC_LVT0 + 2], 1);
         set_lvt_mode(&mut regs, 1022, APIC_MODE_NMI); // out of range: ignored
+        set_lvt_masked(&mut regs, APIC_LVT0);
+        assert_eq!(regs[APIC_LVT0 + 2], 1);
+        assert_eq!(regs[APIC_LVT0 + 1] as u8, 0x7);
     }
 }

@@ -5,7 +5,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use kvm_bindings::{
-    kvm_pit_config, kvm_userspace_memory_region, KVM_API_VERSION, KVM_PIT_SPEAKER_DUMMY,
+    kvm_irq_routing_entry, kvm_irq_routing_irqchip, kvm_pit_config, kvm_userspace_memory_region,
+    KvmIrqRouting, KVM_API_VERSION, KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP,
+    KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -52,6 +54,37 @@ pub enum VmError {
         /// The error.
         source: kvm_ioctls::Error,
     },
+}
+
+/// Pins of KVM's in-kernel IOAPIC.
+const IOAPIC_PINS: u32 = 24;
+
+/// Routes every GSI to the IOAPIC pin of the same number, and none to the 8259 PIC.
+///
+/// KVM's default routing also wires GSIs 0-15 to its in-kernel PIC. pvmm describes a
+/// hardware-reduced ACPI platform, on which Linux never programs the PIC; an interrupt reaching
+/// the PIC in its reset state would be delivered through LINT0 with vector base 0, that is as
+/// a CPU exception (IRQ 5 arrived as #BR). Without PIC routes that cannot happen.
+fn route_gsis_to_ioapic_only(fd: &VmFd) -> Result<(), VmError> {
+    let entries: Vec<kvm_irq_routing_entry> = (0..IOAPIC_PINS)
+        .map(|pin| {
+            let mut e = kvm_irq_routing_entry {
+                gsi: pin,
+                type_: KVM_IRQ_ROUTING_IRQCHIP,
+                ..Default::default()
+            };
+            e.u.irqchip = kvm_irq_routing_irqchip {
+                irqchip: KVM_IRQCHIP_IOAPIC,
+                pin,
+            };
+            e
+        })
+        .collect();
+    let routing = KvmIrqRouting::from_entries(&entries).map_err(|_| VmError::Kvm {
+        what: "GSI routing table",
+        source: kvm_ioctls::Error::new(libc::E2BIG),
+    })?;
+    fd.set_gsi_routing(&routing).map_err(kvm_err("GSI routing"))
 }
 
 /// An open KVM device and a VM created from it.
@@ -102,6 +135,7 @@ impl Vm {
         fd.set_tss_address(KVM_TSS_ADDRESS as usize)
             .map_err(kvm_err("TSS address"))?;
         fd.create_irq_chip().map_err(kvm_err("irqchip creation"))?;
+        route_gsis_to_ioapic_only(&fd)?;
         let pit = kvm_pit_config {
             // The PC speaker port (0x61) is emulated in-kernel as a dummy, so guests that poke
             // it do not exit to pvmm.
