@@ -100,7 +100,6 @@ pub struct CppcVcpu {
 pub struct CppcShared {
     vcpus: Vec<CppcVcpu>,
     ignored: AtomicU64,
-    probed: std::sync::atomic::AtomicBool,
 }
 
 impl CppcShared {
@@ -115,16 +114,7 @@ impl CppcShared {
                 })
                 .collect(),
             ignored: AtomicU64::new(0),
-            probed: std::sync::atomic::AtomicBool::new(false),
         }
-    }
-
-    /// Whether the guest has read any CPPC register yet: before that its CPPC driver has not
-    /// probed, and it will read the current values when it does, so there is nothing to
-    /// notify (and an early interrupt could reach a guest whose interrupt controller is not
-    /// set up).
-    pub fn guest_probed(&self) -> bool {
-        self.probed.load(Ordering::Relaxed)
     }
 
     /// Publishes vCPU `vcpu`'s effective capacity (clamped to 1..=1024).
@@ -224,10 +214,7 @@ impl BusDevice for CppcDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         match self.decode(offset, data.len()) {
-            Some((vcpu, reg)) => {
-                self.shared.probed.store(true, Ordering::Relaxed);
-                data.copy_from_slice(&self.value(vcpu, reg).to_le_bytes())
-            }
+            Some((vcpu, reg)) => data.copy_from_slice(&self.value(vcpu, reg).to_le_bytes()),
             None => self.shared.ignore(),
         }
     }
@@ -273,9 +260,7 @@ mod tests {
     fn capacity_is_live() {
         let (mut d, s) = device(2);
         let hi = CppcRegister::Highest.address(0, 1);
-        assert!(!s.guest_probed());
         assert_eq!(read64(&mut d, hi), 1024);
-        assert!(s.guest_probed());
         s.set_capacity(1, 512);
         assert_eq!(read64(&mut d, hi), 512);
         assert_eq!(read64(&mut d, CppcRegister::Nominal.address(0, 1)), 512);

@@ -114,7 +114,7 @@ pub struct RunningVm {
     exits: Receiver<VmExit>,
     placement: PlacementReport,
     // Keep guest memory and KVM objects alive while vCPUs run.
-    _vm: Vm,
+    _vm: Arc<Vm>,
     _mem: crate::memory::GuestMemory,
 }
 
@@ -236,7 +236,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     let topology = resolve_topology(config)?;
     let stats_out = open_stats(&config.placement.stats)?;
 
-    let vm = Vm::new(&config.kvm_device, config.vcpus)?;
+    let vm = Arc::new(Vm::new(&config.kvm_device, config.vcpus)?);
     let mem = create_guest_memory(config.memory_bytes())?;
     vm.register_memory(&mem)?;
 
@@ -380,7 +380,10 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         live_vcpus,
         stats_out,
     )
-    .with_capacity_reporter(Box::new(CppcReporter::new(cppc, ged)));
+    .with_capacity_reporter(Box::new(CppcReporter::new(cppc, ged, {
+        let vm = vm.clone();
+        Box::new(move || vm.ioapic_pin_unmasked(GED_IRQ))
+    })));
     // vCPUs start where the policy wants them: place before releasing the gate.
     let placed = scheduler.tick();
     gate.wait();

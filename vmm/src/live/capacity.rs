@@ -34,10 +34,15 @@ pub fn significant_change(last: u32, new: u32) -> bool {
     diff * 100 >= u64::from(NOTIFY_THRESHOLD_PERCENT) * u64::from(last.max(1))
 }
 
+/// Tells whether the guest is ready for GED interrupts (its GED driver unmasked the line).
+pub type GuestReady = Box<dyn Fn() -> bool + Send>;
+
 /// The CPPC registers plus GED notifications, with the threshold and rate limit.
 pub struct CppcReporter {
     cppc: Arc<CppcShared>,
     ged: Arc<GedShared>,
+    ready: GuestReady,
+    ready_seen: bool,
     /// Per vCPU: the capacity the guest was last notified of, and when.
     notified: Vec<(u32, Option<Instant>)>,
     notifications: u64,
@@ -45,14 +50,19 @@ pub struct CppcReporter {
 
 impl CppcReporter {
     /// A reporter for every vCPU of `cppc`; the guest boots believing the initial registers,
-    /// so nothing needs notifying until they change.
-    pub fn new(cppc: Arc<CppcShared>, ged: Arc<GedShared>) -> Self {
+    /// so nothing needs notifying until they change. Notifications wait until `ready` says the
+    /// guest listens: an edge interrupt raised while its line is still masked is lost, and one
+    /// raised before the guest set up its interrupt controllers could even arrive as a CPU
+    /// exception.
+    pub fn new(cppc: Arc<CppcShared>, ged: Arc<GedShared>, ready: GuestReady) -> Self {
         let notified = (0..cppc.vcpus())
             .map(|i| (cppc.capacity(i).unwrap_or(0), None))
             .collect();
         Self {
             cppc,
             ged,
+            ready,
+            ready_seen: false,
             notified,
             notifications: 0,
         }
@@ -65,10 +75,13 @@ impl CapacityReporter for CppcReporter {
         let Some((last, when)) = self.notified.get_mut(vcpu as usize) else {
             return;
         };
-        if !self.cppc.guest_probed() {
-            // The guest will read this value when its CPPC driver probes.
-            *last = capacity;
-            return;
+        if !self.ready_seen {
+            if !(self.ready)() {
+                // Until the guest listens, `last` keeps the value it booted with, so the first
+                // notification after it is ready reports any change since.
+                return;
+            }
+            self.ready_seen = true;
         }
         let due = when.is_none_or(|t| now.duration_since(t) >= NOTIFY_MIN_INTERVAL);
         // A change held back by the rate limit stays pending: `last` is only updated when
@@ -101,10 +114,18 @@ mod tests {
     use super::*;
     use vmm_sys_util::eventfd::EventFd;
 
-    fn reporter(n: u32) -> (CppcReporter, Arc<CppcShared>, Arc<GedShared>) {
+    fn reporter_with(n: u32, ready: GuestReady) -> (CppcReporter, Arc<CppcShared>, Arc<GedShared>) {
         let cppc = Arc::new(CppcShared::new(n));
         let ged = Arc::new(GedShared::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
-        (CppcReporter::new(cppc.clone(), ged.clone()), cppc, ged)
+        (
+            CppcReporter::new(cppc.clone(), ged.clone(), ready),
+            cppc,
+            ged,
+        )
+    }
+
+    fn reporter(n: u32) -> (CppcReporter, Arc<CppcShared>, Arc<GedShared>) {
+        reporter_with(n, Box::new(|| true))
     }
 
     #[test]
@@ -115,38 +136,32 @@ mod tests {
         assert!(significant_change(0, 1));
     }
 
-    fn probe(cppc: &Arc<CppcShared>) {
-        use pvmm_devices::bus::BusDevice;
-        let mut dev = pvmm_devices::cppc::CppcDevice::new(
-            cppc.clone(),
-            Box::new(pvmm_devices::cppc::ProcSchedstat),
-        );
-        let mut b = [0u8; 8];
-        dev.read(0, &mut b);
-    }
-
     #[test]
-    fn nothing_is_notified_before_the_guest_probes_cppc() {
-        let (mut r, cppc, ged) = reporter(1);
+    fn nothing_is_notified_before_the_guest_listens() {
+        let listening = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let l = listening.clone();
+        let (mut r, cppc, ged) = reporter_with(
+            1,
+            Box::new(move || l.load(std::sync::atomic::Ordering::Relaxed)),
+        );
         let t0 = Instant::now();
         r.publish(0, 256, t0);
-        assert_eq!(cppc.capacity(0), Some(256));
+        assert_eq!(cppc.capacity(0), Some(256), "registers are live regardless");
         assert_eq!(ged.raised(), 0);
-        probe(&cppc);
+        listening.store(true, std::sync::atomic::Ordering::Relaxed);
         r.publish(0, 256, t0 + Duration::from_secs(2));
         assert_eq!(
             ged.raised(),
-            0,
-            "the guest read 256 at probe: no change to report"
+            1,
+            "the change since boot is reported once it listens"
         );
-        r.publish(0, 1024, t0 + Duration::from_secs(3));
+        r.publish(0, 256, t0 + Duration::from_secs(4));
         assert_eq!(ged.raised(), 1);
     }
 
     #[test]
     fn notifies_big_changes_at_most_once_a_second() {
         let (mut r, cppc, ged) = reporter(2);
-        probe(&cppc);
         let t0 = Instant::now();
         r.publish(0, 1010, t0);
         assert_eq!(cppc.capacity(0), Some(1010));

@@ -5,9 +5,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use kvm_bindings::{
-    kvm_irq_routing_entry, kvm_irq_routing_irqchip, kvm_pit_config, kvm_userspace_memory_region,
-    KvmIrqRouting, KVM_API_VERSION, KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP,
-    KVM_PIT_SPEAKER_DUMMY,
+    kvm_irq_routing_entry, kvm_irq_routing_irqchip, kvm_irqchip, kvm_pit_config,
+    kvm_userspace_memory_region, KvmIrqRouting, KVM_API_VERSION, KVM_IRQCHIP_IOAPIC,
+    KVM_IRQ_ROUTING_IRQCHIP, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -56,6 +56,8 @@ pub enum VmError {
     },
 }
 
+/// Mask bit of an IOAPIC redirection table entry (set at reset).
+const IOAPIC_REDIR_MASKED: u64 = 1 << 16;
 /// Pins of KVM's in-kernel IOAPIC.
 const IOAPIC_PINS: u32 = 24;
 
@@ -178,6 +180,25 @@ impl Vm {
                 .map_err(kvm_err("memory slot registration"))?;
         }
         Ok(())
+    }
+
+    /// Whether the guest has unmasked IOAPIC pin `pin` (its driver for that line is ready).
+    /// False when the state cannot be read.
+    pub fn ioapic_pin_unmasked(&self, pin: u32) -> bool {
+        let mut chip = kvm_irqchip {
+            chip_id: KVM_IRQCHIP_IOAPIC,
+            ..Default::default()
+        };
+        if self.fd.get_irqchip(&mut chip).is_err() {
+            return false;
+        }
+        // SAFETY: for chip_id KVM_IRQCHIP_IOAPIC, KVM_GET_IRQCHIP fills the `ioapic` member.
+        let ioapic = unsafe { chip.chip.ioapic };
+        ioapic
+            .redirtbl
+            .get(pin as usize)
+            // SAFETY: every bit pattern of the redirection entry is a valid u64.
+            .is_some_and(|e| unsafe { e.bits } & IOAPIC_REDIR_MASKED == 0)
     }
 
     /// Makes a signal on `evt` raise interrupt line `gsi`.
