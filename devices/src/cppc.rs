@@ -79,13 +79,19 @@ pub trait DemandCounters: Send + Sync {
 /// Demand counters from `/proc/self/task/<tid>/schedstat`: on-CPU time and run-queue wait.
 pub struct ProcSchedstat;
 
+/// Parses a schedstat line (`<ns on CPU> <ns waiting on a run queue> <timeslices>`) into
+/// (wanted, ran): how long the thread wanted to run (on CPU or waiting for one) and how long
+/// it ran.
+pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut f = text.split_whitespace();
+    let ran: u64 = f.next()?.parse().ok()?;
+    let waited: u64 = f.next()?.parse().ok()?;
+    Some((ran.saturating_add(waited), ran))
+}
+
 impl DemandCounters for ProcSchedstat {
     fn read(&self, tid: i32) -> Option<(u64, u64)> {
-        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-        let mut f = text.split_whitespace();
-        let ran: u64 = f.next()?.parse().ok()?;
-        let waited: u64 = f.next()?.parse().ok()?;
-        Some((ran.saturating_add(waited), ran))
+        parse_schedstat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
     }
 }
 
@@ -254,6 +260,17 @@ mod tests {
         let mut b = [0u8; 8];
         d.read(at, &mut b);
         u64::from_le_bytes(b)
+    }
+
+    #[test]
+    fn schedstat_parsing() {
+        assert_eq!(
+            parse_schedstat("123456 789 10\n"),
+            Some((123456 + 789, 123456))
+        );
+        assert_eq!(parse_schedstat(""), None);
+        assert_eq!(parse_schedstat("x 1 2"), None);
+        assert_eq!(parse_schedstat("5"), None);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::acpi::{build_tables, AcpiError};
-use crate::boot::{detect_kernel_format, load_kernel, BootError, BootSpec};
+use crate::boot::{detect_kernel_format, load_kernel, open_input_file, BootError, BootSpec};
 use crate::config::{ConfigError, StatsTarget, VmConfig};
 use crate::exit::{VmExit, EXIT_BAD_INPUT, EXIT_HOST_ERROR};
 use crate::layout::HIMEM_START;
@@ -211,19 +211,14 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
             path: initrd.clone(),
             source,
         };
-        let meta = std::fs::File::open(initrd)
-            .and_then(|f| f.metadata())
-            .map_err(read_err)?;
-        if meta.is_dir() {
-            return Err(read_err(std::io::Error::other("is a directory")).into());
-        }
+        let (_, size) = open_input_file(initrd).map_err(read_err)?;
         // The exact fit is checked when loading; an initrd larger than all RAM above 1 MiB
         // can be refused before opening KVM.
         let room = low_ram_end(config.memory_bytes()) - HIMEM_START;
-        if meta.len() >= room {
+        if size >= room {
             return Err(BootError::InitrdTooBig {
                 path: initrd.clone(),
-                size: meta.len(),
+                size,
                 limit: low_ram_end(config.memory_bytes()),
             }
             .into());

@@ -123,17 +123,23 @@ pub enum KernelFormat {
     ElfPvh,
 }
 
+/// Opens a file that must be a readable regular file (not a directory), with its size.
+pub fn open_input_file(path: &Path) -> std::io::Result<(File, u64)> {
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(std::io::Error::other("is a directory"));
+    }
+    Ok((file, meta.len()))
+}
+
 /// Looks at a kernel file's magic numbers without loading it.
 pub fn detect_kernel_format(path: &Path) -> Result<KernelFormat, BootError> {
     let read_err = |source| BootError::KernelRead {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(read_err)?;
-    let meta = file.metadata().map_err(read_err)?;
-    if meta.is_dir() {
-        return Err(read_err(std::io::Error::other("is a directory")));
-    }
+    let (mut file, _) = open_input_file(path).map_err(read_err)?;
     let mut magic = [0u8; 4];
     if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
         return Ok(KernelFormat::ElfPvh);
@@ -308,12 +314,7 @@ fn load_initrd(
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(read_err)?;
-    let meta = file.metadata().map_err(read_err)?;
-    if meta.is_dir() {
-        return Err(read_err(std::io::Error::other("is a directory")));
-    }
-    let size = meta.len();
+    let (mut file, size) = open_input_file(path).map_err(read_err)?;
     let limit = low_ram_end(spec.mem_size).min(initrd_addr_max.saturating_add(1));
     let addr = place_initrd(size, kernel.kernel_end, limit).ok_or(BootError::InitrdTooBig {
         path: path.to_path_buf(),

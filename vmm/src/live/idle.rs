@@ -3,6 +3,8 @@
 
 use pvmm_scheduler::IdleSample;
 
+use pvmm_devices::cppc::{DemandCounters, ProcSchedstat};
+
 use super::kvm_stats::VcpuHaltStats;
 
 /// Errors reading an idle signal.
@@ -103,7 +105,7 @@ impl IdleSource for KvmHaltIdle {
 /// runnable but waiting for one (fields 1 and 2, ns). It cannot see halt polling (the thread
 /// spins on a CPU while the guest is idle), so it is only the fallback.
 pub struct ThreadRunTime {
-    path: String,
+    tid: i32,
     acc: IdleAccumulator,
 }
 
@@ -111,32 +113,21 @@ impl ThreadRunTime {
     /// For thread `tid` of this process.
     pub fn new(tid: i32) -> Self {
         Self {
-            path: format!("/proc/self/task/{tid}/schedstat"),
+            tid,
             acc: IdleAccumulator::default(),
         }
     }
 
     /// Time the thread was blocked (neither running nor runnable) out of `elapsed_ns`.
     fn blocked_ns(&self, elapsed_ns: u64) -> Result<u64, IdleError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|e| IdleError::Proc {
-            path: self.path.clone(),
-            why: e.to_string(),
-        })?;
-        let wanted = parse_schedstat(&text).ok_or_else(|| IdleError::Proc {
-            path: self.path.clone(),
-            why: "unexpected format".into(),
-        })?;
+        let (wanted, _ran) = ProcSchedstat
+            .read(self.tid)
+            .ok_or_else(|| IdleError::Proc {
+                path: format!("/proc/self/task/{}/schedstat", self.tid),
+                why: "unreadable or in an unexpected format".into(),
+            })?;
         Ok(elapsed_ns.saturating_sub(wanted))
     }
-}
-
-/// Parses a schedstat line into its first two fields: time on CPU and time waiting on a run
-/// queue (ns); their sum is how long the thread wanted to run.
-pub fn parse_schedstat(text: &str) -> Option<u64> {
-    let mut f = text.split_whitespace();
-    let on_cpu: u64 = f.next()?.parse().ok()?;
-    let waiting: u64 = f.next()?.parse().ok()?;
-    Some(on_cpu.saturating_add(waiting))
 }
 
 impl IdleSource for ThreadRunTime {
@@ -152,14 +143,6 @@ impl IdleSource for ThreadRunTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn schedstat_parsing() {
-        assert_eq!(parse_schedstat("123456 789 10\n"), Some(123456 + 789));
-        assert_eq!(parse_schedstat("5"), None);
-        assert_eq!(parse_schedstat(""), None);
-        assert_eq!(parse_schedstat("x 1 2"), None);
-    }
 
     #[test]
     fn own_thread_run_time_is_readable() {
