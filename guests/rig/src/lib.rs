@@ -6,12 +6,17 @@
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
 //!   (or QEMU with KVM) inside it on the guest images, and classifies the console output.
 //! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
+//! - [`placement_bench`]: the kernbench-like placement benchmark (`cargo xtask bench-placement`).
+//! - [`sequence`]: several pvmm runs (policies, loads) in one L1 boot.
 //! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
 
 pub mod bench;
 pub mod cpio;
 pub mod images;
+pub mod placement_bench;
 pub mod rig;
 pub mod scripts;
+pub mod sequence;
 
-pub use rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, Topology};
+pub use rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, RunLines, Topology};
+pub use sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};

@@ -378,9 +378,61 @@ pub struct RigOutcome {
     pub elapsed: Duration,
     /// The timeout the run had.
     pub timeout: Duration,
+    /// Where each inner VMM run (`vmm-start` event) began in the line vectors, in order.
+    pub run_starts: Vec<RunStart>,
+}
+
+/// Where one inner VMM run of an L1 boot begins in [`RigOutcome`]'s line vectors: every line
+/// after its `vmm-start` event (and before the next run's) belongs to it, since L1 reports on
+/// one console in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunStart {
+    /// The run's label (`rig_run LABEL ...`).
+    pub label: String,
+    /// Index of its first line in `guest_lines`.
+    pub guest: usize,
+    /// Index of its first line in `vmm_lines`.
+    pub vmm: usize,
+    /// Index of its first line in `probe_lines`.
+    pub probe: usize,
+}
+
+/// The lines and exit status of one inner VMM run of an L1 boot ([`RigOutcome::run`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RunLines<'a> {
+    /// The guest's console.
+    pub guest: &'a [String],
+    /// The inner VMM's stderr.
+    pub vmm: &'a [String],
+    /// The probe's output.
+    pub probe: &'a [String],
+    /// The VMM's exit status, if L1 reported it.
+    pub status: Option<i32>,
 }
 
 impl RigOutcome {
+    /// The lines of the run labelled `label` (the first with that label), if it started.
+    pub fn run(&self, label: &str) -> Option<RunLines<'_>> {
+        let index = self.run_starts.iter().position(|r| r.label == label)?;
+        let start = &self.run_starts[index];
+        let next = self.run_starts.get(index + 1);
+        let guest =
+            &self.guest_lines[start.guest..next.map_or(self.guest_lines.len(), |n| n.guest)];
+        let vmm = &self.vmm_lines[start.vmm..next.map_or(self.vmm_lines.len(), |n| n.vmm)];
+        let probe =
+            &self.probe_lines[start.probe..next.map_or(self.probe_lines.len(), |n| n.probe)];
+        let status = self
+            .events_of("vmm-exit")
+            .find(|e| e.label == label)
+            .and_then(|e| e.value.trim().parse().ok());
+        Some(RunLines {
+            guest,
+            vmm,
+            probe,
+            status,
+        })
+    }
+
     /// The exit code for the xtask: the inner VMM's status, [`EXIT_TIMEOUT`] on timeout,
     /// [`EXIT_RIG_FAILURE`] when L1 ended without reporting a status.
     pub fn exit_code(&self) -> i32 {
@@ -783,6 +835,7 @@ pub fn run_l1(
         events: Vec::new(),
         elapsed: Duration::ZERO,
         timeout: options.timeout,
+        run_starts: Vec::new(),
     };
     let deadline = start + options.timeout;
     let mut poweroff_deadline: Option<Instant> = None;
@@ -834,6 +887,14 @@ pub fn run_l1(
                         label: parts.next().unwrap_or_default().to_string(),
                         value: parts.next().unwrap_or_default().to_string(),
                     };
+                    if event.kind == "vmm-start" {
+                        outcome.run_starts.push(RunStart {
+                            label: event.label.clone(),
+                            guest: outcome.guest_lines.len(),
+                            vmm: outcome.vmm_lines.len(),
+                            probe: outcome.probe_lines.len(),
+                        });
+                    }
                     if event.kind == "vmm-exit" {
                         outcome.vmm_status = event.value.trim().parse().ok();
                     }
@@ -968,6 +1029,7 @@ mod tests {
             ],
             elapsed: Duration::from_secs(1),
             timeout: Duration::from_secs(2),
+            run_starts: vec![],
         };
         assert_eq!(outcome.guest_command_output(), ["4"]);
         assert_eq!(outcome.guest_command_status(), Some(0));

@@ -6,6 +6,9 @@
 //!   with pvmm's exit status, 124 on timeout, 125 when L1 ended without reporting a status.
 //! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--qemu-only]`: boot time to
 //!   guest init, pvmm vs QEMU, in one L1 boot.
+//! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
+//!   [--policies LIST]`: the seeds' kernbench-like scenario under every placement policy and
+//!   `none`, one table per thread count (package idle, work, migrations, modelled energy).
 //!
 //! Exit codes of the xtask itself: 2 bad flags, 1 build failure.
 
@@ -16,6 +19,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
 use pvmm_rig::images::{self, L1Needs, Workspace};
+use pvmm_rig::placement_bench::{
+    format_bench_table, run_placement_bench, PlacementBenchOptions, BENCH_POLICIES,
+    KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS,
+};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::{InnerVmm, Rig, RigError, Topology};
 
@@ -92,6 +99,35 @@ enum Task {
         /// Leave `quiet` off the guest command line (measures the serial console too).
         #[arg(long)]
         boot_log: bool,
+    },
+    /// Placement benchmark: the seeds' kernbench-like load (N busy guest threads with a
+    /// kernbench duty cycle) under every policy and `none`, in one L1 boot; one table per N
+    /// with package idle, work done, migrations and modelled energy (performance = 1.00).
+    BenchPlacement {
+        /// Busy guest thread counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        threads: Vec<u32>,
+        /// Guest vCPUs.
+        #[arg(long, default_value_t = 4)]
+        vcpus: u32,
+        /// Seconds of load per case.
+        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=3600))]
+        seconds: u32,
+        /// pvmm-load duty cycle in percent (default: the seeds' kernbench busy fraction, 29 %).
+        #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
+        duty: u32,
+        /// pvmm-load period in ms (default 70: 20 ms bursts at 29 %, as the seeds' scenario).
+        #[arg(long, default_value_t = KERNBENCH_PERIOD_MS, value_parser = clap::value_parser!(u32).range(1..=60000))]
+        period_ms: u32,
+        /// Policies, comma-separated (pvmm --policy values; `none` = no pinning).
+        #[arg(long, value_delimiter = ',', default_values_t = BENCH_POLICIES.map(String::from))]
+        policies: Vec<String>,
+        /// L1 CPU topology.
+        #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+        topology: Topology,
+        /// Print every rig line.
+        #[arg(long)]
+        verbose: bool,
     },
 }
 
@@ -226,6 +262,75 @@ fn main() -> ExitCode {
                 Err(error) => {
                     eprintln!("xtask: error: {error}");
                     ExitCode::from(EXIT_RIG_FAILURE as u8)
+                }
+            }
+        }
+        Task::BenchPlacement {
+            threads,
+            vcpus,
+            seconds,
+            duty,
+            period_ms,
+            policies,
+            topology,
+            verbose,
+        } => {
+            if let Some(bad) = threads.iter().find(|&&n| n == 0 || n > 1024) {
+                eprintln!("xtask: error: invalid --threads value {bad}: expected 1-1024");
+                return ExitCode::from(2);
+            }
+            let images = match images::build_l1(
+                &ws,
+                L1Needs {
+                    pvmm: true,
+                    qemu: false,
+                },
+            ) {
+                Ok(images) => images,
+                Err(error) => {
+                    eprintln!("xtask: error: {error}");
+                    return ExitCode::from(EXIT_BUILD_FAILURE);
+                }
+            };
+            let options = PlacementBenchOptions {
+                threads,
+                vcpus,
+                seconds,
+                duty_percent: duty,
+                period_ms,
+                policies,
+                topology,
+                echo: verbose,
+            };
+            match run_placement_bench(&ws, &images, &options) {
+                Ok((results, failures, outcome)) => {
+                    for &n in &options.threads {
+                        let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
+                        let title = format!(
+                            "N = {n}: pvmm-load --threads {n} --duty {duty} --period-ms {period_ms} --seconds {seconds}, {vcpus} vCPUs, L1 {topology}",
+                        );
+                        println!("{}", format_bench_table(&title, &rows));
+                    }
+                    for failure in &failures {
+                        eprintln!(
+                            "xtask: {} with N = {} not measured: {}",
+                            failure.policy, failure.threads, failure.reason
+                        );
+                    }
+                    eprintln!(
+                        "xtask: {} (bench took {:.0} s)",
+                        outcome.summary("last pvmm"),
+                        started.elapsed().as_secs_f64()
+                    );
+                    if failures.is_empty() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(EXIT_RIG_FAILURE as u8)
+                    }
+                }
+                Err(error) => {
+                    eprintln!("xtask: error: {error}");
+                    ExitCode::from(rig_error_exit(&error))
                 }
             }
         }

@@ -1,0 +1,527 @@
+//! `cargo xtask bench-placement`: the seeds' kernbench-like scenario in the rig, for every
+//! placement policy and for `--policy none` (issue 4, point 6).
+//!
+//! One L1 boot (2 packages x 2 cores by default) runs a 4-vCPU guest under pvmm once per
+//! (thread count N, policy). The guest runs `pvmm-load --threads N` with a kernbench-like
+//! duty cycle between two `pvmm-mark:` lines, which L1 timestamps ([`crate::scripts`]). A probe
+//! pinned to L1 CPU 0 samples L1's `/proc/stat` per CPU; everything is measured over the load
+//! window only:
+//!
+//! - **Package Idle(%)**: per package, the share of the window in which none of its CPUs was
+//!   busy, per sample interval `1 - max(busy share of its CPUs)` (the CPUs' busy time is
+//!   assumed to overlap, the same assumption as the simulator's `thread_overlap`);
+//! - **Work**: pvmm-load's total iterations;
+//! - **Migrations**: pvmm's `migrations_total` (stats) over the window;
+//! - **Energy**: the measured per-CPU activity fed, interval by interval, into the
+//!   simulator's power model ([`PowerModel`], default constants: Len Brown's SNB-EP
+//!   figures), so `Energy` = modelled joules per unit of work relative to `performance`.
+//!
+//! The probe's own sampling (a few shell builtins every 0.2 s) lands on package 0 under every
+//! policy alike.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use pvmm_scheduler::sim::power::thread_overlap;
+use pvmm_scheduler::sim::PowerModel;
+
+use crate::images::{L1Images, Workspace};
+use crate::rig::{RigError, RigOutcome, Topology};
+use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
+
+/// The seeds' kernbench thread busy fraction, 1 - sqrt(0.5086) = 0.287 (scheduler's
+/// `kernbench_busy_fraction`), as a pvmm-load duty in percent.
+pub const KERNBENCH_DUTY_PERCENT: u32 = 29;
+
+/// pvmm-load period (ms) giving the seeds' scenario's 20 ms mean bursts at 29 % duty
+/// (scheduler's `KERNBENCH_BURST_MS`): 20 / 0.287 = 70 ms.
+pub const KERNBENCH_PERIOD_MS: u32 = 70;
+
+/// Policies compared, `performance` first (the reference), then `none` (no pinning).
+pub const BENCH_POLICIES: [&str; 5] = [
+    "performance",
+    "balance",
+    "powersaving",
+    "powersaving:2",
+    "none",
+];
+
+/// Where pvmm writes its stats in L1.
+const STATS_PATH: &str = "/tmp/pvmm-bench-stats.jsonl";
+
+/// Probe sampling interval (s): fine enough for the package-overlap estimate, cheap for L1.
+const SAMPLE_INTERVAL: &str = "0.2";
+
+/// L1's USER_HZ (`/proc/stat` ticks per second).
+const USER_HZ: f64 = 100.0;
+
+/// L1 time allowed per run besides the load: guest boot (about 12 s on an idle machine),
+/// times 10 for shared machines.
+const RUN_OVERHEAD_SECS: u64 = 120;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct PlacementBenchOptions {
+    /// Busy guest thread counts (N).
+    pub threads: Vec<u32>,
+    /// Guest vCPUs.
+    pub vcpus: u32,
+    /// Load duration per run (s).
+    pub seconds: u32,
+    /// pvmm-load duty cycle (%).
+    pub duty_percent: u32,
+    /// pvmm-load period (ms).
+    pub period_ms: u32,
+    /// pvmm policies (`none` included).
+    pub policies: Vec<String>,
+    /// L1 topology.
+    pub topology: Topology,
+    /// Print every rig line.
+    pub echo: bool,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseResult {
+    /// pvmm's `--policy`.
+    pub policy: String,
+    /// Busy guest threads.
+    pub threads: u32,
+    /// The load window (s, L1 clock).
+    pub window_s: f64,
+    /// pvmm-load's total iterations.
+    pub work: u64,
+    /// Per package (by id), share of the window it was idle.
+    pub package_idle: Vec<f64>,
+    /// Modelled energy over the window (J).
+    pub energy_j: f64,
+    /// pvmm's migrations during the window.
+    pub migrations: u64,
+}
+
+impl CaseResult {
+    /// Average modelled power (W).
+    pub fn power_w(&self) -> f64 {
+        if self.window_s > 0.0 {
+            self.energy_j / self.window_s
+        } else {
+            0.0
+        }
+    }
+
+    /// Modelled energy per iteration (J).
+    pub fn energy_per_work(&self) -> f64 {
+        if self.work > 0 {
+            self.energy_j / self.work as f64
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// A case that produced no measurement, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseFailure {
+    /// pvmm's `--policy`.
+    pub policy: String,
+    /// Busy guest threads.
+    pub threads: u32,
+    /// Why.
+    pub reason: String,
+}
+
+/// The L1 probe: pins itself to CPU 0, prints the CPU topology, then samples `/proc/stat`
+/// until pvmm exits; prints the samples, the guest's marks and pvmm's migration counts.
+pub fn bench_probe() -> String {
+    format!(
+        r#"taskset -p 1 $$ >/dev/null 2>&1
+for c in /sys/devices/system/cpu/cpu[0-9]*; do
+  read -r pkg < $c/topology/physical_package_id
+  read -r core < $c/topology/core_id
+  echo "PKG ${{c##*cpu}} $pkg $core"
+done
+read -r up rest < /proc/uptime
+echo "START $up"
+out=/tmp/bench-samples
+: > $out
+while kill -0 $PVMM_PID 2>/dev/null; do
+  read -r up rest < /proc/uptime
+  echo "T $up" >> $out
+  while read -r cpu rest; do case $cpu in cpu[0-9]*) echo "C $cpu $rest" >> $out;; esac; done < /proc/stat
+  sleep {SAMPLE_INTERVAL}
+done
+cat $out
+sleep 1
+[ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
+rm -f /tmp/rig-marks
+sed -n 's/.*"t_ms":\([0-9]*\),.*"migrations_total":\([0-9]*\).*/S \1 \2/p' {STATS_PATH}
+rm -f {STATS_PATH}
+"#
+    )
+}
+
+fn label(policy: &str, threads: u32) -> String {
+    format!("{policy}-n{threads}")
+}
+
+/// The guest command of one case.
+pub fn guest_command(options: &PlacementBenchOptions, threads: u32) -> String {
+    format!(
+        "echo pvmm-mark: load-begin\npvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}\necho pvmm-mark: load-end\n",
+        options.duty_percent, options.period_ms, options.seconds
+    )
+}
+
+/// Runs every case in one L1 boot; returns the measured cases, the failed ones and the rig's
+/// outcome.
+pub fn run_placement_bench(
+    ws: &Workspace,
+    images: &L1Images,
+    options: &PlacementBenchOptions,
+) -> Result<(Vec<CaseResult>, Vec<CaseFailure>, RigOutcome), RigError> {
+    let mut runs = Vec::new();
+    for &threads in &options.threads {
+        for policy in &options.policies {
+            runs.push(PvmmRun {
+                label: label(policy, threads),
+                pvmm_args: [
+                    "--vcpus",
+                    &options.vcpus.to_string(),
+                    "--policy",
+                    policy,
+                    "--stats",
+                    STATS_PATH,
+                ]
+                .map(String::from)
+                .to_vec(),
+                guest_command: guest_command(options, threads),
+            });
+        }
+    }
+    let per_run = RUN_OVERHEAD_SECS + 10 * u64::from(options.seconds);
+    let sequence = SequenceOptions {
+        topology: options.topology,
+        timeout: Duration::from_secs(60 + per_run * runs.len() as u64),
+        run_limit_secs: per_run,
+        echo: options.echo,
+        probe: Some(bench_probe()),
+    };
+    let outcome = run_pvmm_sequence(ws, images, &sequence, &runs)?;
+    let model = PowerModel::default();
+    let mut results = Vec::new();
+    let mut failures = Vec::new();
+    for &threads in &options.threads {
+        for policy in &options.policies {
+            let label = label(policy, threads);
+            match measure_case(&outcome, &label, &model) {
+                Ok((window_s, work, package_idle, energy_j, migrations)) => {
+                    results.push(CaseResult {
+                        policy: policy.clone(),
+                        threads,
+                        window_s,
+                        work,
+                        package_idle,
+                        energy_j,
+                        migrations,
+                    })
+                }
+                Err(reason) => failures.push(CaseFailure {
+                    policy: policy.clone(),
+                    threads,
+                    reason,
+                }),
+            }
+        }
+    }
+    Ok((results, failures, outcome))
+}
+
+type Measured = (f64, u64, Vec<f64>, f64, u64);
+
+/// One sample: L1 uptime and per-CPU (idle, total) ticks.
+struct Sample {
+    t: f64,
+    cpus: BTreeMap<u32, (u64, u64)>,
+}
+
+fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result<Measured, String> {
+    let run = outcome
+        .run(label)
+        .ok_or_else(|| "the run never started".to_string())?;
+    if run.status != Some(0) {
+        return Err(format!("pvmm exit status {:?}", run.status));
+    }
+    let work: u64 = run
+        .guest
+        .iter()
+        .find_map(|l| l.strip_prefix("pvmm-load: total iterations "))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| "no 'pvmm-load: total iterations' line from the guest".to_string())?;
+    let mut start = None;
+    let mut cores: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut marks: BTreeMap<String, f64> = BTreeMap::new();
+    let mut stats: Vec<(u64, u64)> = Vec::new();
+    for line in run.probe {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["START", up] => start = up.parse::<f64>().ok(),
+            ["PKG", cpu, pkg, core] => {
+                if let (Ok(c), Ok(p), Ok(k)) = (cpu.parse(), pkg.parse(), core.parse()) {
+                    cores.insert(c, (p, k));
+                }
+            }
+            ["T", up] => {
+                if let Ok(t) = up.parse() {
+                    samples.push(Sample {
+                        t,
+                        cpus: BTreeMap::new(),
+                    });
+                }
+            }
+            ["C", cpu, counters @ ..] if counters.len() >= 8 => {
+                let (Some(cpu), Some(sample)) = (
+                    cpu.strip_prefix("cpu").and_then(|c| c.parse().ok()),
+                    samples.last_mut(),
+                ) else {
+                    continue;
+                };
+                let n: Vec<u64> = counters.iter().filter_map(|c| c.parse().ok()).collect();
+                if n.len() >= 8 {
+                    sample
+                        .cpus
+                        .insert(cpu, (n[3] + n[4], n.iter().take(8).sum::<u64>()));
+                }
+            }
+            ["M", up, text] => {
+                if let Ok(t) = up.parse() {
+                    marks.insert(text.to_string(), t);
+                }
+            }
+            ["S", t_ms, total] => {
+                if let (Ok(t), Ok(m)) = (t_ms.parse(), total.parse()) {
+                    stats.push((t, m));
+                }
+            }
+            _ => {}
+        }
+    }
+    let start = start.ok_or("the probe did not start")?;
+    let (Some(&begin), Some(&end)) = (marks.get("load-begin"), marks.get("load-end")) else {
+        return Err(format!("missing load marks (got {marks:?})"));
+    };
+    let inside: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.t >= begin && s.t <= end && s.cpus.len() == cores.len())
+        .collect();
+    if inside.len() < 3 {
+        return Err(format!("only {} samples in the load window", inside.len()));
+    }
+    let packages: Vec<u32> = {
+        let mut p: Vec<u32> = cores.values().map(|&(p, _)| p).collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    };
+    let mut idle_time = vec![0.0; packages.len()];
+    let mut energy = 0.0;
+    let mut total = 0.0;
+    let mut levels = Vec::new();
+    for pair in inside.windows(2) {
+        let dt = pair[1].t - pair[0].t;
+        if dt <= 0.0 {
+            continue;
+        }
+        // Busy share of each CPU in this interval.
+        let busy: BTreeMap<u32, f64> = pair[1]
+            .cpus
+            .iter()
+            .filter_map(|(&cpu, &(idle1, total1))| {
+                let &(idle0, total0) = pair[0].cpus.get(&cpu)?;
+                let ticks = total1.saturating_sub(total0) as f64;
+                let idle = idle1.saturating_sub(idle0) as f64;
+                Some((
+                    cpu,
+                    if ticks > 0.0 {
+                        (1.0 - idle / ticks).clamp(0.0, 1.0)
+                    } else {
+                        0.0
+                    },
+                ))
+            })
+            .collect();
+        let mut power = model.platform_w;
+        for (slot, &pkg) in packages.iter().enumerate() {
+            let mut core_busy: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+            for (&cpu, &(p, core)) in &cores {
+                if p == pkg {
+                    core_busy
+                        .entry(core)
+                        .or_default()
+                        .push(busy.get(&cpu).copied().unwrap_or(0.0));
+                }
+            }
+            let awake = core_busy
+                .values()
+                .flatten()
+                .copied()
+                .fold(0.0_f64, f64::max);
+            idle_time[slot] += (1.0 - awake) * dt;
+            let mut core_levels: Vec<Vec<f64>> = Vec::new();
+            for threads in core_busy.values() {
+                thread_overlap(threads, &mut levels);
+                core_levels.push(levels.clone());
+            }
+            power += model.package_power(awake, core_levels.iter().map(Vec::as_slice));
+        }
+        energy += power * dt;
+        total += dt;
+    }
+    let _ = USER_HZ;
+    let at = |t: f64| {
+        let ms = (t - start) * 1000.0;
+        stats
+            .iter()
+            .filter(|&&(t_ms, _)| (t_ms as f64) <= ms)
+            .map(|&(_, m)| m)
+            .next_back()
+            .unwrap_or(0)
+    };
+    let migrations = at(end).saturating_sub(at(begin));
+    let package_idle = idle_time.iter().map(|t| t / total).collect();
+    Ok((total, work, package_idle, energy, migrations))
+}
+
+/// The results for `threads` busy threads as a table in the seeds' format (pvmm-sim's
+/// `format_table` layout): `performance` = 1.00 for Energy (per unit of work) and Power.
+pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
+    let mut out = format!("{title}\n");
+    let Some(reference) = results
+        .iter()
+        .find(|r| r.policy == "performance")
+        .or(results.first())
+    else {
+        out.push_str("(no runs)\n");
+        return out;
+    };
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 && a.is_finite() && b.is_finite() {
+            format!("{:.2}", a / b)
+        } else {
+            "-".to_string()
+        }
+    };
+    let headers = [
+        "Policy",
+        "Work(iter)",
+        "Package Idle(%)",
+        "Energy",
+        "Power",
+        "Energy(J)",
+        "Power(W)",
+        "Migrations",
+        "Work/J",
+    ]
+    .map(String::from);
+    let rows: Vec<[String; 9]> = results
+        .iter()
+        .map(|r| {
+            [
+                r.policy.clone(),
+                r.work.to_string(),
+                r.package_idle
+                    .iter()
+                    .map(|f| format!("{:6.2}", f * 100.0))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                ratio(r.energy_per_work(), reference.energy_per_work()),
+                ratio(r.power_w(), reference.power_w()),
+                format!("{:.1}", r.energy_j),
+                format!("{:.2}", r.power_w()),
+                r.migrations.to_string(),
+                format!("{:.0}", r.work as f64 / r.energy_j.max(f64::MIN_POSITIVE)),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for cells in std::iter::once(&headers).chain(&rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            if i == 0 {
+                let _ = write!(line, "{cell:<w$}");
+            } else {
+                let _ = write!(line, "{cell:>w$}");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "(Energy, Power: relative to {} = 1.00; Energy is modelled joules per iteration)",
+        reference.policy
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(policy: &str, work: u64, energy: f64) -> CaseResult {
+        CaseResult {
+            policy: policy.into(),
+            threads: 2,
+            window_s: 10.0,
+            work,
+            package_idle: vec![0.5, 0.9],
+            energy_j: energy,
+            migrations: 3,
+        }
+    }
+
+    #[test]
+    fn table_is_relative_to_performance() {
+        let perf = case("performance", 1000, 2000.0);
+        let ps = case("powersaving", 1000, 1500.0);
+        let table = format_bench_table("N = 2", &[&perf, &ps]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "N = 2");
+        assert!(lines[1].starts_with("Policy"));
+        let perf_cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(perf_cells[0], "performance");
+        assert_eq!(perf_cells[4], "1.00");
+        let ps_cells: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(ps_cells[4], "0.75");
+        assert_eq!(ps_cells[5], "0.75");
+        assert!(lines[4].contains("relative to performance"));
+    }
+
+    #[test]
+    fn probe_and_command_mention_what_the_parser_reads() {
+        let probe = bench_probe();
+        assert!(probe.contains("migrations_total") && probe.contains("rig-marks"));
+        let options = PlacementBenchOptions {
+            threads: vec![2],
+            vcpus: 4,
+            seconds: 10,
+            duty_percent: 29,
+            period_ms: 70,
+            policies: vec!["none".into()],
+            topology: Topology::default(),
+            echo: false,
+        };
+        let command = guest_command(&options, 2);
+        assert!(command.contains("pvmm-mark: load-begin"));
+        assert!(command.contains("--threads 2 --duty 29 --period-ms 70 --seconds 10"));
+    }
+}

@@ -1,0 +1,244 @@
+//! What the guest kernel sees through ACPI CPPC (issue 5, point 5), end to end in the rig:
+//! L1 = 2 packages x 2 cores, a 4-vCPU guest under pvmm, read through the guest's own
+//! `/sys/devices/system/cpu/cpuN/acpi_cppc/` and `/proc/interrupts`, compared with pvmm's
+//! `--stats` capacities and with the vCPU threads' placement seen from L1
+//! (`Cpus_allowed_list`). Both runs share one L1 boot. The guest prints a `pvmm-mark:` line
+//! before each read; L1 timestamps it, which places the read among pvmm's ticks (an idle
+//! guest's capacities are not constant: idle vCPUs sharing a CPU get capacities that follow
+//! their neighbours' small, noisy utilization).
+
+use std::sync::OnceLock;
+
+use pvmm_rig::RigOutcome;
+use pvmm_tests::{cppc_reads, run_placement_sequence, run_trace, CppcRead, GUEST_HELPERS};
+
+/// Ticks after the guest's mark (printed just before it reads sysfs) in which its read may
+/// have happened: four sysfs reads take well under a tick; 2 ticks is generous.
+const READ_TICKS_AFTER: usize = 2;
+
+/// Ticks before the mark's L1 timestamp in which the read may have happened: the mark reaches
+/// L1 through the guest's serial console, pvmm and a busybox `read` loop in L1 that reads a
+/// byte per system call under TCG; measured delays were 0.3-0.5 s, so 2 s (20 ticks).
+const READ_TICKS_BEFORE: usize = 20;
+
+/// Share of the sampled placement in which a vCPU must share (or not share) a CPU to be
+/// classified as sharing (or sole) for the feedback-counter comparison: pvmm may briefly move
+/// vCPUs, but the classification must describe most of the measured window.
+const CLASSIFY_MIN_SHARE: f64 = 0.8;
+
+/// Live capacities: packed idle, vCPUs 2 and 3 busy (reads while busy), all four busy, then
+/// 8 s idle (longer than the 5 s ramp-down) before the final read.
+fn live_command() -> String {
+    format!(
+        "{GUEST_HELPERS}r boot\nl 2 5; l 3 5; sleep 3; r two; wait\nfor c in 0 1 2 3; do l $c 4; done; sleep 2; r four; wait\nsleep 8\nr end\n"
+    )
+}
+
+/// Four busy vCPUs on three host CPUs: two must share. Reads feedback_ctrs 2 s and 6 s into
+/// the load.
+fn shared_command() -> String {
+    format!(
+        "{GUEST_HELPERS}f(){{ echo pvmm-mark: fb-$1; for c in 0 1 2 3; do read x < /sys/devices/system/cpu/cpu$c/acpi_cppc/feedback_ctrs; echo \"FB $1 $c $x\"; done; }}\nfor c in 0 1 2 3; do l $c 8; done; sleep 2; f a; sleep 4; f b; wait\n"
+    )
+}
+
+fn outcome() -> Option<&'static RigOutcome> {
+    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
+    OUTCOME
+        .get_or_init(|| {
+            run_placement_sequence(
+                "rig_cppc",
+                &[
+                    (
+                        "live",
+                        vec!["--vcpus", "4", "--policy", "powersaving"],
+                        live_command(),
+                    ),
+                    (
+                        "shared",
+                        vec!["--vcpus", "4", "--policy", "performance", "--cpus", "0-2"],
+                        shared_command(),
+                    ),
+                ],
+            )
+        })
+        .as_ref()
+}
+
+fn reads(outcome: &RigOutcome) -> (Vec<CppcRead>, pvmm_tests::PlacementTrace) {
+    let (run, trace) = run_trace(outcome, "live");
+    let reads = cppc_reads(run.guest);
+    let labels: Vec<&str> = reads.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["boot", "two", "four", "end"],
+        "the guest's CPPC reads; its console:\n{}",
+        run.guest.join("\n")
+    );
+    for read in &reads {
+        assert_eq!(read.highest_perf.len(), 4, "{read:?}");
+    }
+    (reads, trace)
+}
+
+/// 5.5 a: at the end of a long idle phase, every guest CPU's `highest_perf` equals the
+/// capacity pvmm published for vCPU N when the guest read it (the stats lines around the
+/// read's L1-timestamped mark).
+#[test]
+fn guest_highest_perf_equals_pvmm_capacity() {
+    let Some(outcome) = outcome() else { return };
+    let (reads, trace) = reads(outcome);
+    let end = &reads[3];
+    let published = published_when_read(&trace, end);
+    let value_matches: Vec<bool> = (0..4)
+        .map(|v| published.iter().any(|c| c[v] == end.highest_perf[v]))
+        .collect();
+    eprintln!(
+        "guest highest_perf {:?} at the end of the idle phase; pvmm's capacities around the read: {published:?}",
+        end.highest_perf
+    );
+    assert!(
+        value_matches.iter().all(|&m| m),
+        "guest highest_perf {:?} (cpu0..3) differs from pvmm's stats capacity (vcpu0..3) at the time of the read: {published:?}",
+        end.highest_perf
+    );
+}
+
+/// pvmm's capacity vectors from [`READ_TICKS_BEFORE`] ticks before the guest's mark passed
+/// L1's console to [`READ_TICKS_AFTER`] ticks after it.
+fn published_when_read(trace: &pvmm_tests::PlacementTrace, read: &CppcRead) -> Vec<Vec<u64>> {
+    let at = trace
+        .mark(&format!("cppc-{}", read.label))
+        .unwrap_or_else(|| panic!("no mark for read '{}': {:?}", read.label, trace.marks));
+    trace.capacities_around(at, READ_TICKS_BEFORE, READ_TICKS_AFTER)
+}
+
+/// 5.5 b: when the load (and so the placement) changes, the guest reads the new capacities
+/// (each read is a capacity vector pvmm published) and the GED interrupt count grew.
+#[test]
+fn guest_sees_new_capacities_and_the_ged_interrupt_after_placement_changes() {
+    let Some(outcome) = outcome() else { return };
+    let (reads, trace) = reads(outcome);
+    for read in &reads {
+        let published = published_when_read(&trace, read);
+        assert!(
+            (0..4).all(|v| published.iter().any(|c| c[v] == read.highest_perf[v])),
+            "the guest read {:?} at '{}', not what pvmm published then: {published:?}",
+            read.highest_perf,
+            read.label
+        );
+    }
+    let mut changes = 0;
+    for pair in reads.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        eprintln!(
+            "{} -> {}: highest_perf {:?} -> {:?}, GED {} -> {}",
+            a.label, b.label, a.highest_perf, b.highest_perf, a.ged, b.ged
+        );
+        if a.highest_perf != b.highest_perf {
+            changes += 1;
+            assert!(
+                b.ged > a.ged,
+                "capacities changed between '{}' and '{}' but the GED interrupt count did not grow ({} -> {})",
+                a.label,
+                b.label,
+                a.ged,
+                b.ged
+            );
+        }
+    }
+    assert!(
+        changes > 0,
+        "the guest's capacities never changed across load changes: {reads:?}"
+    );
+    let notifications = trace.ticks.last().map_or(0, |k| k.capacity_notifications);
+    assert!(notifications > 0, "pvmm reports no capacity notifications");
+}
+
+/// 5.5 c: feedback counters advance, and delivered/reference is lower for vCPUs that share
+/// a host CPU than for vCPUs with a CPU of their own (4 busy vCPUs on `--cpus 0-2`).
+#[test]
+fn feedback_counters_show_sharing() {
+    let Some(outcome) = outcome() else { return };
+    let (run, trace) = run_trace(outcome, "shared");
+    // FB <a|b> <cpu> ref:N del:M
+    let mut counters = std::collections::BTreeMap::new();
+    for line in run.guest {
+        let Some(rest) = line.strip_prefix("FB ") else {
+            continue;
+        };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        let field = |prefix: &str| {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix(prefix))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("bad feedback_ctrs line {line:?}"))
+        };
+        let cpu: u32 = words[1].parse().expect("cpu number");
+        counters.insert((words[0].to_string(), cpu), (field("ref:"), field("del:")));
+    }
+    assert_eq!(
+        counters.len(),
+        8,
+        "feedback_ctrs reads; guest console:\n{}",
+        run.guest.join("\n")
+    );
+    // The placement between the two reads, from L1 (the guest's marks are timestamped by L1
+    // as they pass its console).
+    let (Some(t0), Some(t1)) = (trace.mark("fb-a"), trace.mark("fb-b")) else {
+        panic!(
+            "the guest's fb-a / fb-b marks are missing: {:?}",
+            trace.marks
+        );
+    };
+    let window: Vec<usize> = (0..trace.samples.len())
+        .filter(|&i| (t0..=t1).contains(&trace.samples[i].t))
+        .collect();
+    assert!(window.len() >= 5, "too few samples in the load window");
+    let mut sharing = Vec::new();
+    let mut sole = Vec::new();
+    for vcpu in 0..4u32 {
+        let own = window
+            .iter()
+            .filter(|&&i| trace.has_own_cpu(i, vcpu))
+            .count() as f64
+            / window.len() as f64;
+        if own >= CLASSIFY_MIN_SHARE {
+            sole.push(vcpu);
+        } else if own <= 1.0 - CLASSIFY_MIN_SHARE {
+            sharing.push(vcpu);
+        } else {
+            panic!(
+                "vCPU {vcpu} had a CPU of its own in {:.0} % of the window: placement not stable enough to compare:\n{}",
+                own * 100.0,
+                trace.describe(window[0], window[window.len() - 1])
+            );
+        }
+    }
+    assert!(
+        !sharing.is_empty() && !sole.is_empty(),
+        "expected both sharing and sole vCPUs on 3 CPUs: sharing {sharing:?}, sole {sole:?}"
+    );
+    let ratio = |cpu: u32| {
+        let (ra, da) = counters[&("a".to_string(), cpu)];
+        let (rb, db) = counters[&("b".to_string(), cpu)];
+        assert!(
+            rb > ra && db > da,
+            "vCPU {cpu}: feedback_ctrs did not advance: ref {ra} -> {rb}, del {da} -> {db}"
+        );
+        (db - da) as f64 / (rb - ra) as f64
+    };
+    let sharing_ratios: Vec<(u32, f64)> = sharing.iter().map(|&c| (c, ratio(c))).collect();
+    let sole_ratios: Vec<(u32, f64)> = sole.iter().map(|&c| (c, ratio(c))).collect();
+    eprintln!("delivered/reference: sharing {sharing_ratios:?}, sole {sole_ratios:?}");
+    let max_sharing = sharing_ratios.iter().map(|r| r.1).fold(0.0, f64::max);
+    let min_sole = sole_ratios
+        .iter()
+        .map(|r| r.1)
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        max_sharing < min_sole,
+        "delivered/reference of sharing vCPUs {sharing_ratios:?} is not below that of sole ones {sole_ratios:?}"
+    );
+}
