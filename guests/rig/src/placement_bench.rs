@@ -56,9 +56,13 @@ const SAMPLE_INTERVAL: &str = "0.2";
 /// L1's USER_HZ (`/proc/stat` ticks per second).
 const USER_HZ: f64 = 100.0;
 
-/// L1 time allowed per run besides the load: guest boot (about 12 s on an idle machine),
-/// times 10 for shared machines.
-const RUN_OVERHEAD_SECS: u64 = 120;
+/// L1 time allowed per run besides the load: guest boot and power-off (about 12 s on an
+/// idle machine), times 5 for shared machines. A run past it is killed (and reported): one
+/// hung run must not stall the whole benchmark.
+const RUN_OVERHEAD_SECS: u64 = 60;
+
+/// Per-run limit: the load's own time times this, plus [`RUN_OVERHEAD_SECS`].
+const LOAD_TIME_FACTOR: u64 = 3;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -155,7 +159,7 @@ cat $out
 sleep 1
 [ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
 rm -f /tmp/rig-marks
-sed -n 's/.*"t_ms":\([0-9]*\),.*"migrations_total":\([0-9]*\).*/S \1 \2/p' {STATS_PATH}
+sed -n -e 's/.*"t_ms":\([0-9]*\).*"migrations_total":\([0-9]*\).*/S \1 \2/p' -e 's/.*"migrations_total":\([0-9]*\).*"t_ms":\([0-9]*\).*/S \2 \1/p' {STATS_PATH}
 rm -f {STATS_PATH}
 "#
     )
@@ -199,7 +203,7 @@ pub fn run_placement_bench(
             });
         }
     }
-    let per_run = RUN_OVERHEAD_SECS + 10 * u64::from(options.seconds);
+    let per_run = RUN_OVERHEAD_SECS + LOAD_TIME_FACTOR * u64::from(options.seconds);
     let sequence = SequenceOptions {
         topology: options.topology,
         timeout: Duration::from_secs(60 + per_run * runs.len() as u64),
@@ -510,6 +514,28 @@ mod tests {
     fn probe_and_command_mention_what_the_parser_reads() {
         let probe = bench_probe();
         assert!(probe.contains("migrations_total") && probe.contains("rig-marks"));
+        // pvmm's stats keys come in either order (serde_json sorts them); the sed script
+        // handles both.
+        let script = probe
+            .lines()
+            .find(|l| l.starts_with("sed -n"))
+            .expect("the stats extraction");
+        let sh = |line: &str| {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "printf '%s\\n' '{line}' > /tmp/pvmm-bench-sed-test; {}",
+                    script.replace(STATS_PATH, "/tmp/pvmm-bench-sed-test")
+                ))
+                .output()
+                .expect("sh runs");
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        assert_eq!(sh(r#"{"migrations_total":24,"t_ms":18330}"#), "S 18330 24");
+        assert_eq!(
+            sh(r#"{"t_ms":18330,"migrations":1,"migrations_total":24}"#),
+            "S 18330 24"
+        );
         let options = PlacementBenchOptions {
             threads: vec![2],
             vcpus: 4,

@@ -304,6 +304,25 @@ fn main() -> ExitCode {
             };
             match run_placement_bench(&ws, &images, &options) {
                 Ok((results, failures, outcome)) => {
+                    if let Some(path) = std::env::var_os("PVMM_RIG_DUMP") {
+                        // Debugging aid: every classified line, for a failed case's post-mortem.
+                        let mut text = String::new();
+                        for (tag, lines) in [
+                            ("guest", &outcome.guest_lines),
+                            ("pvmm", &outcome.vmm_lines),
+                            ("probe", &outcome.probe_lines),
+                        ] {
+                            for line in lines {
+                                text.push_str(&format!("[{tag}] {line}\n"));
+                            }
+                        }
+                        if let Err(error) = std::fs::write(&path, text) {
+                            eprintln!(
+                                "xtask: cannot write {}: {error}",
+                                PathBuf::from(&path).display()
+                            );
+                        }
+                    }
                     for &n in &options.threads {
                         let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
                         let title = format!(
