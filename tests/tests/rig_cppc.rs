@@ -21,10 +21,12 @@ const READ_TICKS_AFTER: usize = 2;
 /// byte per system call under TCG; measured delays were 0.3-0.5 s, so 2 s (20 ticks).
 const READ_TICKS_BEFORE: usize = 20;
 
-/// Share of the sampled placement in which a vCPU must share (or not share) a CPU to be
-/// classified as sharing (or sole) for the feedback-counter comparison: pvmm may briefly move
-/// vCPUs, but the classification must describe most of the measured window.
-const CLASSIFY_MIN_SHARE: f64 = 0.8;
+/// Difference in the average share of a CPU (from L1's placement samples) above which one
+/// vCPU clearly got less CPU than another, so its delivered/reference must be lower: a
+/// quarter of a CPU, half the gap between sharing a CPU with one other busy vCPU (0.5) and
+/// having it alone (1.0); smaller differences drown in the samples' timing noise (the marks
+/// that bound the window reach L1 0.3-0.5 s late, both by about as much).
+const CLEARLY_LESS_SHARE: f64 = 0.25;
 
 /// Live capacities: packed idle, vCPUs 2 and 3 busy (reads while busy), all four busy, then
 /// 8 s idle (longer than the 5 s ramp-down) before the final read.
@@ -196,30 +198,29 @@ fn feedback_counters_show_sharing() {
         .filter(|&i| (t0..=t1).contains(&trace.samples[i].t))
         .collect();
     assert!(window.len() >= 5, "too few samples in the load window");
-    let mut sharing = Vec::new();
-    let mut sole = Vec::new();
-    for vcpu in 0..4u32 {
-        let own = window
-            .iter()
-            .filter(|&&i| trace.has_own_cpu(i, vcpu))
-            .count() as f64
-            / window.len() as f64;
-        if own >= CLASSIFY_MIN_SHARE {
-            sole.push(vcpu);
-        } else if own <= 1.0 - CLASSIFY_MIN_SHARE {
-            sharing.push(vcpu);
-        } else {
-            panic!(
-                "vCPU {vcpu} had a CPU of its own in {:.0} % of the window: placement not stable enough to compare:\n{}",
-                own * 100.0,
-                trace.describe(window[0], window[window.len() - 1])
-            );
-        }
-    }
-    assert!(
-        !sharing.is_empty() && !sole.is_empty(),
-        "expected both sharing and sole vCPUs on 3 CPUs: sharing {sharing:?}, sole {sole:?}"
-    );
+    // Each vCPU's expected share of a CPU over the window, from L1's view of the placement:
+    // per sample, 1 / (vCPU threads allowed on its CPU) when it may run on one CPU only.
+    // pvmm may rotate which vCPUs share, so this is an average, not a class.
+    let expected: Vec<f64> = (0..4u32)
+        .map(|vcpu| {
+            window
+                .iter()
+                .map(|&i| {
+                    let threads = &trace.samples[i].threads;
+                    let mine = &threads[vcpu as usize].allowed;
+                    if mine.len() != 1 {
+                        return 1.0;
+                    }
+                    let sharers = threads
+                        .iter()
+                        .filter(|t| t.allowed.contains(&mine[0]))
+                        .count();
+                    1.0 / sharers.max(1) as f64
+                })
+                .sum::<f64>()
+                / window.len() as f64
+        })
+        .collect();
     let ratio = |cpu: u32| {
         let (ra, da) = counters[&("a".to_string(), cpu)];
         let (rb, db) = counters[&("b".to_string(), cpu)];
@@ -229,16 +230,27 @@ fn feedback_counters_show_sharing() {
         );
         (db - da) as f64 / (rb - ra) as f64
     };
-    let sharing_ratios: Vec<(u32, f64)> = sharing.iter().map(|&c| (c, ratio(c))).collect();
-    let sole_ratios: Vec<(u32, f64)> = sole.iter().map(|&c| (c, ratio(c))).collect();
-    eprintln!("delivered/reference: sharing {sharing_ratios:?}, sole {sole_ratios:?}");
-    let max_sharing = sharing_ratios.iter().map(|r| r.1).fold(0.0, f64::max);
-    let min_sole = sole_ratios
-        .iter()
-        .map(|r| r.1)
-        .fold(f64::INFINITY, f64::min);
+    let ratios: Vec<f64> = (0..4).map(ratio).collect();
+    eprintln!("expected CPU share {expected:.2?}, delivered/reference {ratios:.2?}");
+    let mut compared = 0;
+    for a in 0..4 {
+        for b in 0..4 {
+            if expected[b] - expected[a] >= CLEARLY_LESS_SHARE {
+                compared += 1;
+                assert!(
+                    ratios[a] < ratios[b],
+                    "vCPU {a} had less of a CPU than vCPU {b} ({:.2} vs {:.2}) but its delivered/reference is not lower ({:.2} vs {:.2})",
+                    expected[a],
+                    expected[b],
+                    ratios[a],
+                    ratios[b]
+                );
+            }
+        }
+    }
     assert!(
-        max_sharing < min_sole,
-        "delivered/reference of sharing vCPUs {sharing_ratios:?} is not below that of sole ones {sole_ratios:?}"
+        compared > 0,
+        "no vCPU had clearly less of a CPU than another (4 busy vCPUs on 3 CPUs): {expected:.2?}\n{}",
+        trace.describe(window[0], window[window.len() - 1])
     );
 }
