@@ -476,6 +476,8 @@ struct Scratch {
     buckets: Vec<u32>,
     new_cpu: Vec<u32>,
     forced: Vec<bool>,
+    /// Spread mode: vCPUs that keep their previous CPU this decision.
+    spread_stay: Vec<bool>,
     cpu_load: Vec<u64>,
     cpu_fit: Vec<u64>,
     cpu_count: Vec<u32>,
@@ -719,32 +721,44 @@ impl Engine {
 
     /// Spread mode (see the module documentation).
     fn place_spread(&mut self, loads: &[VcpuLoad]) {
-        let total_weight: u64 = self.scratch.weight.iter().sum();
-        let total_cap = self.layout.spread_total_cap.max(1);
-        // Midpoint rule: (2 load + w) / 2 <= total_weight x cap / total_cap.
-        let within = |load: u64, w: u64, cap: u64| {
-            u128::from(2 * load + w) * u128::from(total_cap)
-                <= 2 * u128::from(total_weight) * u128::from(cap)
-        };
-        for k in 0..self.scratch.order.len() {
+        // Stay-put test, against the loads of the previous placement (every
+        // placed vCPU on its previous CPU, current weights): a vCPU keeps its
+        // CPU unless, with its own weight removed, the least loaded CPU is
+        // clearly (CAPACITY_GREATER_MARGIN) better at package, core or CPU
+        // level. Testing each vCPU one by one against a half-built placement
+        // made two vCPUs swap whenever their utils changed order (issue 3.5);
+        // a fair-share test failed whenever one vCPU exceeded its share of a
+        // core. A busy vCPU sharing a core while another core is idle still
+        // moves: load + w against w is clearly greater.
+        let n = self.scratch.order.len();
+        reset(&mut self.scratch.spread_stay, self.vcpus.len(), false);
+        for k in 0..n {
+            let i = self.scratch.order[k] as usize;
+            let prev = self.vcpus[i].cpu;
+            if prev != NO_CPU {
+                self.assign(i, prev, loads[i].busy);
+            }
+        }
+        for k in 0..n {
             let i = self.scratch.order[k] as usize;
             let prev = self.vcpus[i].cpu;
             if prev == NO_CPU {
                 continue;
             }
-            let forced = self.scratch.forced[i];
-            let pu = prev as usize;
-            let l = &self.layout;
-            let s = &self.scratch;
-            let w = s.weight[i];
-            let p = l.cpu_pkg[pu] as usize;
-            let core = l.cpu_core[pu] as usize;
-            let stays = forced
-                || (within(s.pkg_load[p], w, l.spread_pkg_cap[p])
-                    && within(s.core_load[core], w, l.spread_core_cap[core])
-                    && within(s.cpu_load[pu], w, l.spread_cpu_cap[pu]));
-            if stays {
+            let stays = self.scratch.forced[i] || {
+                self.unassign(i);
+                let w = self.scratch.weight[i];
+                let best = self.least_loaded_cpu(w);
+                let keep = !self.clearly_better(prev as usize, best as usize, w);
                 self.assign(i, prev, loads[i].busy);
+                keep
+            };
+            self.scratch.spread_stay[i] = stays;
+        }
+        for k in 0..n {
+            let i = self.scratch.order[k] as usize;
+            if self.vcpus[i].cpu != NO_CPU && !self.scratch.spread_stay[i] {
+                self.unassign(i);
             }
         }
         for k in 0..self.scratch.order.len() {
@@ -752,9 +766,57 @@ impl Engine {
             if self.scratch.new_cpu[i] != NO_CPU {
                 continue;
             }
-            let c = self.least_loaded_cpu(self.scratch.weight[i]);
+            let w = self.scratch.weight[i];
+            let best = self.least_loaded_cpu(w);
+            let prev = self.vcpus[i].cpu;
+            // Hysteresis: the midpoint test above fails whenever one vCPU is
+            // bigger than its fair share of a core (few vCPUs on many cores),
+            // so without this two vCPUs swap packages every time their utils
+            // change order. Keep the previous CPU unless the least loaded one
+            // is clearly (CAPACITY_GREATER_MARGIN) better at package, core
+            // or CPU level; a busy vCPU sharing a core while another core is
+            // idle still moves (load + w vs w is clearly greater).
+            let c = if prev != NO_CPU && !self.clearly_better(prev as usize, best as usize, w) {
+                prev
+            } else {
+                best
+            };
             self.assign(i, c, loads[i].busy);
         }
+    }
+
+    /// Whether `best` is clearly less loaded than `prev` (relative to
+    /// capacity, after adding `w`) at package, core or CPU level.
+    fn clearly_better(&self, prev: usize, best: usize, w: u64) -> bool {
+        if prev == best {
+            return false;
+        }
+        let l = &self.layout;
+        let s = &self.scratch;
+        let worse = |lp: u64, cp: u64, lb: u64, cb: u64| {
+            // (lp + w) / cp clearly greater than (lb + w) / cb.
+            let a = u128::from(lp + w) * u128::from(cb.max(1));
+            let b = u128::from(lb + w) * u128::from(cp.max(1));
+            a * u128::from(CAPACITY_SCALE) > b * u128::from(CAPACITY_GREATER_MARGIN)
+        };
+        let (pp, pb) = (l.cpu_pkg[prev] as usize, l.cpu_pkg[best] as usize);
+        let (kp, kb) = (l.cpu_core[prev] as usize, l.cpu_core[best] as usize);
+        worse(
+            s.pkg_load[pp],
+            l.spread_pkg_cap[pp],
+            s.pkg_load[pb],
+            l.spread_pkg_cap[pb],
+        ) || worse(
+            s.core_load[kp],
+            l.spread_core_cap[kp],
+            s.core_load[kb],
+            l.spread_core_cap[kb],
+        ) || worse(
+            s.cpu_load[prev],
+            l.spread_cpu_cap[prev],
+            s.cpu_load[best],
+            l.spread_cpu_cap[best],
+        )
     }
 
     /// Least loaded package, then core in it, then thread in that (weights

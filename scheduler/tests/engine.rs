@@ -769,3 +769,64 @@ fn fragmented_loads_do_not_retry_consolidation() {
         assert_eq!(d.moves(), 0);
     }
 }
+
+/// Regression (issue 3.5): two vCPUs whose utils change order every second
+/// used to swap packages at every decision under `performance`.
+#[test]
+fn performance_does_not_swap_when_utils_reorder() {
+    let topo = HostTopology::from_spec("2x4x1").unwrap();
+    let mut engine = Engine::new(topo, Policy::Performance, EngineConfig::default());
+    let load = |vcpu, util| VcpuLoad {
+        id: VcpuId { vm: 0, vcpu },
+        util,
+        busy: false,
+    };
+    let first = engine.place(0, &[load(0, 300), load(1, 280)]).unwrap();
+    assert_ne!(first.assignments[0].package, first.assignments[1].package);
+    for s in 1..20u64 {
+        let (a, b) = if s % 2 == 1 { (280, 300) } else { (300, 280) };
+        let d = engine.place(s * 1000, &[load(0, a), load(1, b)]).unwrap();
+        assert_eq!(d.moves(), 0, "second {s}: {:?}", d.migrations);
+    }
+}
+
+proptest! {
+    /// On a converged placement, utils permuted among vCPUs but within 5 %
+    /// of each other make no `performance` moves.
+    #[test]
+    fn performance_stable_under_similar_permuted_utils(
+        n in 2u32..24,
+        base in 100u32..900,
+        perms in proptest::collection::vec(Just(()).prop_perturb(|_, mut rng| rng.next_u64()), 5),
+    ) {
+        let topo = HostTopology::from_spec("2x4x2").unwrap();
+        let mut engine = Engine::new(topo, Policy::Performance, EngineConfig::default());
+        // Utils spread within 5 % of `base` (step base/20/n keeps the range under 5 %).
+        let utils: Vec<u32> = (0..n).map(|i| base + base * i / (20 * n)).collect();
+        let mk = |u: &[u32]| -> Vec<VcpuLoad> {
+            u.iter().enumerate().map(|(i, &util)| VcpuLoad {
+                id: VcpuId { vm: i as u32 % 3, vcpu: i as u32 },
+                util,
+                busy: util >= 512,
+            }).collect()
+        };
+        let mut now = 0;
+        for _ in 0..5 {
+            engine.place(now, &mk(&utils)).unwrap();
+            now += 1000;
+        }
+        for seed in perms {
+            let mut u = utils.clone();
+            // Fisher-Yates with a simple LCG from the seed.
+            let mut x = seed | 1;
+            for i in (1..u.len()).rev() {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let j = (x >> 33) as usize % (i + 1);
+                u.swap(i, j);
+            }
+            let d = engine.place(now, &mk(&u)).unwrap();
+            prop_assert_eq!(d.moves(), 0, "utils {:?}: {:?}", u, d.migrations);
+            now += 1000;
+        }
+    }
+}
