@@ -258,9 +258,12 @@ mod tests {
         f
     }
 
+    /// An open, already unlinked file holding `bytes`. Each call gets its own
+    /// name: tests run in parallel threads of one process.
     fn file_with(bytes: &[u8]) -> File {
-        let path =
-            std::env::temp_dir().join(format!("pvmm-stats-{}-{}", std::process::id(), bytes.len()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("pvmm-stats-{}-{n}", std::process::id()));
         std::fs::write(&path, bytes).unwrap();
         let f = File::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
