@@ -22,8 +22,8 @@
 //! core, 1178 / 2). A package fits a set of vCPUs while the sum of their fit
 //! demands is at most the sum of its slots. The engine computes how many
 //! packages the total needs, applies thrash control (up at once, down along a
-//! quadratic ramp), ranks packages by load (the fullest first, lower ids on
-//! ties, as sched_mc's group_leader) and uses the first `k`. Then:
+//! quadratic ramp), ranks packages by load in quarter-CPU steps (the fullest
+//! first, lower ids on ties, as sched_mc's group_leader) and uses the first `k`. Then:
 //!
 //! 1. *Stay*: a vCPU keeps its CPU while its package is in use and still has
 //!    room (vCPUs at their VM's home package are counted first; one away from
@@ -79,6 +79,14 @@ pub const MIN_VCPU_WEIGHT: u32 = 16;
 /// A CPU counts as busy, for its SMT siblings' capacity, when the vCPUs on it
 /// have this much utilization in total (half a CPU) or any of them is busy now.
 pub const BUSY_CPU_UTIL: u64 = 512;
+
+/// Packages are ranked by their load in steps of this much (a quarter of a
+/// CPU): below one busy vCPU (at least [`BUSY_CPU_UTIL`]), above the timer
+/// and interrupt noise of a handful of idle vCPUs ([`MIN_VCPU_WEIGHT`] each).
+/// So a package holding real load ranks by it, while packages holding only
+/// idle vCPUs tie and the lower id wins: an idle host consolidates onto
+/// package 0 whichever package happened to see the last timer tick.
+pub const PACKAGE_RANK_STEP: u64 = 256;
 
 /// Token cost of one migration in the bucket's fixed-point units.
 const TOKEN: u64 = 1000;
@@ -890,8 +898,9 @@ impl Engine {
             s.rank.clear();
             s.rank.extend(0..num_pkgs as u32);
             let prev = &self.prev_pkg_weight;
+            let step = |p: u32| prev[p as usize] / PACKAGE_RANK_STEP;
             s.rank
-                .sort_by(|a, b| prev[*b as usize].cmp(&prev[*a as usize]).then(a.cmp(b)));
+                .sort_by(|a, b| step(*b).cmp(&step(*a)).then(a.cmp(b)));
         }
         let mut needed = 0usize;
         let mut cap = 0u64;
@@ -916,6 +925,10 @@ impl Engine {
         let ramp_target = self
             .ramp
             .step(now_ms, needed.max(1), self.config.ramp_down_window_ms);
+        // While the ramp holds more packages than the load needs, vCPUs on
+        // those packages stay put: moving a VM's vCPUs home would consolidate
+        // before the window has passed, which is what the ramp exists to stop.
+        let ramp_holding = ramp_target > needed.max(1);
         let mut active_k = ramp_target;
         {
             let s = &mut self.scratch;
@@ -1000,6 +1013,7 @@ impl Engine {
                 // home's total alone is not enough, or two vCPUs of one VM could
                 // keep trading places between an overfull CPU and elsewhere.
                 if second
+                    && !ramp_holding
                     && self.pkg_fits(home as usize, w)
                     && self.first_fit_cpu(home as usize, w).is_some()
                 {

@@ -830,3 +830,58 @@ proptest! {
         }
     }
 }
+
+/// Issue 4.5d: when one VM's load falls from 4 busy vCPUs to idle on a 2x2
+/// host, powersaving keeps using both packages until the ramp-down window has
+/// passed; the idle vCPUs fitting at their VM's home package must not bypass
+/// the ramp.
+#[test]
+fn falling_load_of_one_vm_consolidates_after_the_ramp_not_before() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    for (policy, reversed) in [
+        (Policy::Balance, false),
+        (Policy::Powersaving { level: 1 }, false),
+        (Policy::Powersaving { level: 1 }, true),
+    ] {
+        let mut engine = Engine::new(
+            topology.clone(),
+            policy,
+            EngineConfig {
+                ramp_down_window_ms: 5000,
+                max_migrations_per_vcpu_per_s: 100,
+            },
+        );
+        let d = run_steady(&mut engine, 0, 10, &busy_vcpus(4));
+        assert_eq!(d.used_packages().len(), 2, "{policy}");
+        let idle: Vec<VcpuLoad> = busy_vcpus(4)
+            .into_iter()
+            .map(|l| VcpuLoad {
+                // Timer noise, uneven so that one package holds a little more.
+                util: 5 + 40 * if reversed { 3 - l.id.vcpu } else { l.id.vcpu },
+                busy: false,
+                ..l
+            })
+            .collect();
+        let fall = 1000;
+        let mut consolidated_at = None;
+        let mut now = fall;
+        while now < fall + 8000 {
+            let d = engine.place(now, &idle).unwrap();
+            check_decision(&topology, &idle, &d);
+            if d.used_packages().len() == 1 {
+                consolidated_at.get_or_insert(now);
+            } else {
+                assert!(consolidated_at.is_none(), "{policy}: back up while idle");
+            }
+            now += TICK_MS;
+        }
+        let at = consolidated_at.unwrap_or_else(|| panic!("{policy}: never consolidated"));
+        // Idle loads tie, whatever their noise: the lower package wins.
+        let d = engine.place(now, &idle).unwrap();
+        assert_eq!(d.used_packages(), vec![0], "{policy}");
+        assert!(
+            at >= fall + 5000 && at <= fall + 5000 + TICK_MS,
+            "{policy}: consolidated at {at} ms, load fell at {fall} ms"
+        );
+    }
+}
