@@ -26,8 +26,11 @@
 //! first, lower ids on ties, as sched_mc's group_leader) and uses the first `k`. Then:
 //!
 //! 1. *Stay*: a vCPU keeps its CPU while its package is in use and still has
-//!    room (vCPUs at their VM's home package are counted first; one away from
-//!    home leaves when home has a CPU it fits on).
+//!    room (vCPUs at their VM's home package, the one holding most of the VM's
+//!    weight, are counted first; one away from home leaves when home has a CPU
+//!    it fits on, except while the ramp holds surplus packages). Busy vCPUs
+//!    claim room first: one away from home, or whose CPU is taken, moves to a
+//!    CPU of home / its package that fits it before lighter vCPUs stay there.
 //! 2. *Relieve*: on a CPU that is too full, the smallest vCPUs move to a CPU
 //!    of the same package where they fit (each such move lowers the total
 //!    overflow, so this cannot cycle).
@@ -499,7 +502,7 @@ struct Scratch {
     active: Vec<bool>,
     vm_home: Vec<u32>,
     vm_remaining: Vec<u64>,
-    vm_pkg_count: Vec<u32>,
+    vm_pkg_weight: Vec<u64>,
     vm_order: Vec<u32>,
     vm_offset: Vec<u32>,
     pass2: Vec<u32>,
@@ -947,11 +950,12 @@ impl Engine {
             None
         };
 
-        // Each VM's home: the active package holding most of its vCPUs now.
+        // Each VM's home: the active package holding most of its vCPUs' weight now
+        // (busy vCPUs count for more than idle ones, so home is where the work is).
         let num_vms = self.num_vms;
         {
             let s = &mut self.scratch;
-            reset(&mut s.vm_pkg_count, num_vms * num_pkgs, 0);
+            reset(&mut s.vm_pkg_weight, num_vms * num_pkgs, 0);
             reset(&mut s.vm_home, num_vms, NO_PKG);
             reset(&mut s.vm_remaining, num_vms, 0);
             for (i, v) in self.vcpus.iter().enumerate() {
@@ -959,19 +963,19 @@ impl Engine {
                 if v.cpu != NO_CPU {
                     let p = self.layout.cpu_pkg[v.cpu as usize] as usize;
                     if s.active[p] {
-                        s.vm_pkg_count[v.vm as usize * num_pkgs + p] += 1;
+                        s.vm_pkg_weight[v.vm as usize * num_pkgs + p] += s.weight[i];
                     }
                 }
             }
             for vm in 0..num_vms {
-                let counts = &s.vm_pkg_count[vm * num_pkgs..(vm + 1) * num_pkgs];
+                let counts = &s.vm_pkg_weight[vm * num_pkgs..(vm + 1) * num_pkgs];
                 let mut best = NO_PKG;
-                let mut best_count = 0;
+                let mut best_weight = 0;
                 for r in 0..num_pkgs {
                     let p = s.rank[r] as usize;
-                    if counts[p] > best_count {
+                    if counts[p] > best_weight {
                         best = p as u32;
-                        best_count = counts[p];
+                        best_weight = counts[p];
                     }
                 }
                 s.vm_home[vm] = best;
@@ -1000,6 +1004,27 @@ impl Engine {
                         self.assign_pack(i, prev, loads[i].busy);
                     }
                     continue;
+                }
+                // Busy vCPUs claim room first, before lighter vCPUs stay on it
+                // (the order is by weight): a busy vCPU away from its VM's home
+                // moves home, and one whose CPU is taken moves to another CPU of
+                // its package, when a CPU there fits it. Otherwise an idle vCPU
+                // staying on the last free CPU of a package pushes a busy one
+                // out to another package (busy vCPUs end up spread over
+                // packages by the history of where idle ones sat) or onto an
+                // already busy CPU.
+                if !second && loads[i].busy {
+                    let target = if at_home { p } else { home };
+                    let stays_here = at_home && self.stay_fits(i, prev) && self.cpu_fits(prev, i);
+                    if !stays_here && self.scratch.active[target as usize] {
+                        let w = self.scratch.weight[i];
+                        if self.pkg_fits(target as usize, w) {
+                            if let Some(c) = self.first_fit_cpu(target as usize, w) {
+                                self.assign_pack(i, c, true);
+                                continue;
+                            }
+                        }
+                    }
                 }
                 if at_home == second {
                     away_from_home += usize::from(!at_home);
@@ -1226,6 +1251,13 @@ impl Engine {
         let p = l.cpu_pkg[cu] as usize;
         let w = s.weight[i];
         s.active[p] && l.slot[cu] > 0 && self.pkg_fits(p, w)
+    }
+
+    /// Whether vCPU `i` fits on CPU `c` as it is filled so far.
+    fn cpu_fits(&self, c: u32, i: usize) -> bool {
+        let cu = c as usize;
+        let slot = self.layout.slot[cu];
+        slot > 0 && self.scratch.cpu_fit[cu] + fit_demand(self.scratch.weight[i], slot) <= slot
     }
 
     fn pkg_fits(&self, p: usize, w: u64) -> bool {

@@ -885,3 +885,81 @@ fn falling_load_of_one_vm_consolidates_after_the_ramp_not_before() {
         );
     }
 }
+
+/// Issue 4.5b: two busy vCPUs share one package (on different CPUs) under the
+/// packing policies, whichever packages idle vCPUs happened to sit on. Here
+/// vCPU 2 turns busy on package 1 while vCPU 0 is busy on package 0 and the
+/// ramp still holds both packages: vCPU 2 joins vCPU 0, the idle vCPU on
+/// package 0 makes room.
+#[test]
+fn busy_vcpus_gather_in_one_package_whatever_idle_ones_hold() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    for policy in [Policy::Balance, Policy::Powersaving { level: 1 }] {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let with_busy = |busy: &[u32]| -> Vec<VcpuLoad> {
+            (0..4u32)
+                .map(|v| {
+                    let b = busy.contains(&v);
+                    VcpuLoad {
+                        id: VcpuId { vm: 0, vcpu: v },
+                        util: if b { 1024 } else { 20 },
+                        busy: b,
+                    }
+                })
+                .collect()
+        };
+        let d = run_steady(&mut engine, 0, 10, &with_busy(&[0, 1, 2, 3]));
+        assert_eq!(d.used_packages().len(), 2, "{policy}");
+        let d = run_steady(&mut engine, 1000, 10, &with_busy(&[0]));
+        let pkg_of = |d: &Decision, v: usize| d.assignments[v].package;
+        let zero = pkg_of(&d, 0);
+        assert_eq!(d.used_packages().len(), 2, "{policy}: the ramp holds");
+        let other = d
+            .assignments
+            .iter()
+            .position(|a| a.package != zero)
+            .expect("an idle vCPU on the other package") as u32;
+        let d = run_steady(&mut engine, 2000, 2, &with_busy(&[0, other]));
+        check_decision(&topology, &with_busy(&[0, other]), &d);
+        let (a, b) = (&d.assignments[0], &d.assignments[other as usize]);
+        assert_eq!(a.package, b.package, "{policy}: busy vCPUs on one package");
+        assert_ne!(a.cpus, b.cpus, "{policy}: busy vCPUs share a CPU");
+    }
+}
+
+/// Two busy vCPUs that sat idle on one CPU get a CPU each in their package,
+/// even though an idle vCPU holds the package's other CPU.
+#[test]
+fn busy_vcpus_sharing_a_cpu_split_within_their_package() {
+    let topology = HostTopology::from_spec("1x2x1").unwrap();
+    let mut engine = Engine::new(
+        topology.clone(),
+        Policy::Powersaving { level: 1 },
+        EngineConfig::default(),
+    );
+    let loads = |busy: &[u32]| -> Vec<VcpuLoad> {
+        (0..3u32)
+            .map(|v| {
+                let b = busy.contains(&v);
+                VcpuLoad {
+                    id: VcpuId { vm: 0, vcpu: v },
+                    util: if b { 1024 } else { 20 },
+                    busy: b,
+                }
+            })
+            .collect()
+    };
+    let d = run_steady(&mut engine, 0, 10, &loads(&[]));
+    // Two idle vCPUs sharing a CPU; make exactly those busy.
+    let shared = (0..3usize)
+        .flat_map(|a| (a + 1..3).map(move |b| (a, b)))
+        .find(|&(a, b)| d.assignments[a].cpus == d.assignments[b].cpus)
+        .expect("3 idle vCPUs on 2 CPUs: two share");
+    let busy = [shared.0 as u32, shared.1 as u32];
+    let d = run_steady(&mut engine, 1000, 2, &loads(&busy));
+    assert_ne!(
+        d.assignments[shared.0].cpus, d.assignments[shared.1].cpus,
+        "{:?}",
+        d.assignments
+    );
+}

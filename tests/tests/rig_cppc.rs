@@ -28,8 +28,16 @@ const READ_TICKS_BEFORE: usize = 20;
 /// that bound the window reach L1 0.3-0.5 s late, both by about as much).
 const CLEARLY_LESS_SHARE: f64 = 0.25;
 
-/// Live capacities: packed idle, vCPUs 2 and 3 busy (reads while busy), all four busy, then
-/// 8 s idle (longer than the 5 s ramp-down) before the final read.
+/// A capacity change this large (relative to the larger value) cannot be noise nor a change
+/// under the 5 % notification threshold: it comes from a placement change (a busy vCPU now
+/// shares its CPU, or stops sharing it). Idle vCPUs packed together get capacities that follow
+/// their neighbours' noisy utilization; reads have shown such swings of up to about 20 %.
+const PLACEMENT_CHANGE: f64 = 0.25;
+
+/// Live capacities on 3 host CPUs (`--cpus 0-2`): packed idle, vCPUs 2 and 3 busy (reads
+/// while busy), all four busy (two must share a CPU, so their capacity halves), then 8 s idle
+/// (longer than the 5 s ramp-down) before the final read. Each read comes at least 2 s after
+/// its load change: more than the 1 s per-vCPU notification limit plus a tick.
 fn live_command() -> String {
     format!(
         "{GUEST_HELPERS}r boot\nl 2 5; l 3 5; sleep 3; r two; wait\nfor c in 0 1 2 3; do l $c 4; done; sleep 2; r four; wait\nsleep 8\nr end\n"
@@ -53,7 +61,7 @@ fn outcome() -> Option<&'static RigOutcome> {
                 &[
                     (
                         "live",
-                        vec!["--vcpus", "4", "--policy", "powersaving"],
+                        vec!["--vcpus", "4", "--policy", "powersaving", "--cpus", "0-2"],
                         live_command(),
                     ),
                     (
@@ -117,6 +125,10 @@ fn published_when_read(trace: &pvmm_tests::PlacementTrace, read: &CppcRead) -> V
 
 /// 5.5 b: when the load (and so the placement) changes, the guest reads the new capacities
 /// (each read is a capacity vector pvmm published) and the GED interrupt count grew.
+///
+/// Only changes of [`PLACEMENT_CHANGE`] or more must come with an interrupt: the registers
+/// are live, so a read may catch a small transient value that reverted before pvmm's
+/// 1 s-per-vCPU limit let it be notified, and then nothing is owed.
 #[test]
 fn guest_sees_new_capacities_and_the_ged_interrupt_after_placement_changes() {
     let Some(outcome) = outcome() else { return };
@@ -137,7 +149,12 @@ fn guest_sees_new_capacities_and_the_ged_interrupt_after_placement_changes() {
             "{} -> {}: highest_perf {:?} -> {:?}, GED {} -> {}",
             a.label, b.label, a.highest_perf, b.highest_perf, a.ged, b.ged
         );
-        if a.highest_perf != b.highest_perf {
+        let placement_changed = a
+            .highest_perf
+            .iter()
+            .zip(&b.highest_perf)
+            .any(|(&x, &y)| x.abs_diff(y) as f64 >= PLACEMENT_CHANGE * x.max(y) as f64);
+        if placement_changed {
             changes += 1;
             assert!(
                 b.ged > a.ged,
@@ -151,7 +168,7 @@ fn guest_sees_new_capacities_and_the_ged_interrupt_after_placement_changes() {
     }
     assert!(
         changes > 0,
-        "the guest's capacities never changed across load changes: {reads:?}"
+        "the guest's capacities never changed by {PLACEMENT_CHANGE} or more across load changes: {reads:?}"
     );
     let notifications = trace.ticks.last().map_or(0, |k| k.capacity_notifications);
     assert!(notifications > 0, "pvmm reports no capacity notifications");

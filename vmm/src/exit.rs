@@ -34,6 +34,9 @@ pub enum VmExit {
     TripleFault {
         /// Which vCPU.
         vcpu: u32,
+        /// Its registers when KVM reported the shutdown (`rip`, control registers, IDT),
+        /// for the bug report; empty when they could not be read.
+        state: String,
     },
     /// KVM refused or failed to run the guest.
     KvmError(String),
@@ -58,7 +61,12 @@ impl VmExit {
         match self {
             VmExit::PowerOff => "guest powered off".into(),
             VmExit::Reset => "guest requested a reboot; pvmm does not restart guests".into(),
-            VmExit::TripleFault { vcpu } => format!("guest triple fault on vCPU {vcpu}"),
+            VmExit::TripleFault { vcpu, state } if state.is_empty() => {
+                format!("guest triple fault on vCPU {vcpu}")
+            }
+            VmExit::TripleFault { vcpu, state } => {
+                format!("guest triple fault on vCPU {vcpu} ({state})")
+            }
             VmExit::KvmError(s) => s.clone(),
             VmExit::HostError(s) => s.clone(),
         }
@@ -74,7 +82,10 @@ mod tests {
         let all = [
             VmExit::PowerOff,
             VmExit::Reset,
-            VmExit::TripleFault { vcpu: 0 },
+            VmExit::TripleFault {
+                vcpu: 0,
+                state: String::new(),
+            },
             VmExit::KvmError(String::new()),
             VmExit::HostError(String::new()),
         ];

@@ -195,7 +195,12 @@ impl Vcpu {
                 }
                 // With the in-kernel LAPIC a halt stays in KVM; these are harmless if seen.
                 VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr => {}
-                VcpuExit::Shutdown => return VmExit::TripleFault { vcpu: self.index },
+                VcpuExit::Shutdown => {
+                    return VmExit::TripleFault {
+                        vcpu: self.index,
+                        state: self.fault_state(),
+                    }
+                }
                 VcpuExit::SystemEvent(kind, _) => match kind {
                     KVM_SYSTEM_EVENT_SHUTDOWN => return VmExit::PowerOff,
                     KVM_SYSTEM_EVENT_RESET => return VmExit::Reset,
@@ -230,6 +235,24 @@ impl Vcpu {
                 }
             }
         }
+    }
+
+    /// A one-line summary of the registers that tell where and how a guest died.
+    fn fault_state(&self) -> String {
+        let (Ok(regs), Ok(sregs)) = (self.fd.get_regs(), self.fd.get_sregs()) else {
+            return String::new();
+        };
+        format!(
+            "rip {:#x} rsp {:#x} cr0 {:#x} cr3 {:#x} cr4 {:#x} efer {:#x} idt {:#x}/{:#x}",
+            regs.rip,
+            regs.rsp,
+            sregs.cr0,
+            sregs.cr3,
+            sregs.cr4,
+            sregs.efer,
+            sregs.idt.base,
+            sregs.idt.limit
+        )
     }
 
     fn internal_suberror(&mut self) -> u32 {
