@@ -982,69 +982,64 @@ impl Engine {
             }
         }
 
-        // Pass 1: stays. First vCPUs at their VM's home (or forced), then the
-        // others, which move home instead when home has room.
-        let mut away_from_home = 0usize;
-        for second in [false, true] {
-            if second && away_from_home == 0 {
-                break;
-            }
-            for k in 0..self.scratch.order.len() {
-                let i = self.scratch.order[k] as usize;
-                let prev = self.vcpus[i].cpu;
-                if prev == NO_CPU || self.scratch.new_cpu[i] != NO_CPU {
-                    continue;
+        // Pass 1: stays, busy vCPUs before the others: an idle vCPU staying on
+        // the last free CPU of a package would push a vCPU that just turned
+        // busy out to another package (busy vCPUs would end up spread by the
+        // history of where idle ones sat) or onto an already busy CPU. In each
+        // group, vCPUs at their VM's home (or forced) first, then the others,
+        // which move home instead when home has a CPU they fit on.
+        for busy_group in [true, false] {
+            let mut away_from_home = 0usize;
+            for second in [false, true] {
+                if second && away_from_home == 0 {
+                    break;
                 }
-                let vm = self.vcpus[i].vm as usize;
-                let p = self.layout.cpu_pkg[prev as usize];
-                let home = self.scratch.vm_home[vm];
-                let at_home = home == NO_PKG || home == p;
-                if self.scratch.forced[i] {
-                    if !second {
-                        self.assign_pack(i, prev, loads[i].busy);
+                for k in 0..self.scratch.order.len() {
+                    let i = self.scratch.order[k] as usize;
+                    let prev = self.vcpus[i].cpu;
+                    if prev == NO_CPU
+                        || self.scratch.new_cpu[i] != NO_CPU
+                        || loads[i].busy != busy_group
+                    {
+                        continue;
                     }
-                    continue;
-                }
-                // Busy vCPUs claim room first, before lighter vCPUs stay on it
-                // (the order is by weight): a busy vCPU away from its VM's home
-                // moves home, and one whose CPU is taken moves to another CPU of
-                // its package, when a CPU there fits it. Otherwise an idle vCPU
-                // staying on the last free CPU of a package pushes a busy one
-                // out to another package (busy vCPUs end up spread over
-                // packages by the history of where idle ones sat) or onto an
-                // already busy CPU.
-                if !second && loads[i].busy {
-                    let target = if at_home { p } else { home };
-                    let stays_here = at_home && self.stay_fits(i, prev) && self.cpu_fits(prev, i);
-                    if !stays_here && self.scratch.active[target as usize] {
-                        let w = self.scratch.weight[i];
-                        if self.pkg_fits(target as usize, w) {
-                            if let Some(c) = self.first_fit_cpu(target as usize, w) {
-                                self.assign_pack(i, c, true);
-                                continue;
-                            }
+                    let vm = self.vcpus[i].vm as usize;
+                    let p = self.layout.cpu_pkg[prev as usize];
+                    let home = self.scratch.vm_home[vm];
+                    let at_home = home == NO_PKG || home == p;
+                    if self.scratch.forced[i] {
+                        if !second {
+                            self.assign_pack(i, prev, loads[i].busy);
                         }
+                        continue;
                     }
+                    if at_home == second {
+                        away_from_home += usize::from(!at_home);
+                        continue;
+                    }
+                    // A busy vCPU also needs its CPU to itself: two busy vCPUs
+                    // on one CPU would both "fit" their package.
+                    if !self.stay_fits(i, prev) || (busy_group && !self.cpu_fits(prev, i)) {
+                        continue;
+                    }
+                    let w = self.scratch.weight[i];
+                    // Moves home in pass 2 when home has a CPU it fits on; room in
+                    // home's total alone is not enough, or two vCPUs of one VM could
+                    // keep trading places between an overfull CPU and elsewhere.
+                    // While the ramp holds surplus packages only busy vCPUs go
+                    // home: idle ones moving home would consolidate early.
+                    if second
+                        && (busy_group || !ramp_holding)
+                        && self.pkg_fits(home as usize, w)
+                        && self.first_fit_cpu(home as usize, w).is_some()
+                    {
+                        continue;
+                    }
+                    self.assign_pack(i, prev, loads[i].busy);
                 }
-                if at_home == second {
-                    away_from_home += usize::from(!at_home);
-                    continue;
-                }
-                if !self.stay_fits(i, prev) {
-                    continue;
-                }
-                let w = self.scratch.weight[i];
-                // Moves home in pass 2 when home has a CPU it fits on; room in
-                // home's total alone is not enough, or two vCPUs of one VM could
-                // keep trading places between an overfull CPU and elsewhere.
-                if second
-                    && !ramp_holding
-                    && self.pkg_fits(home as usize, w)
-                    && self.first_fit_cpu(home as usize, w).is_some()
-                {
-                    continue;
-                }
-                self.assign_pack(i, prev, loads[i].busy);
+            }
+            if busy_group {
+                self.place_displaced_busy(loads);
             }
         }
 
@@ -1251,6 +1246,41 @@ impl Engine {
         let p = l.cpu_pkg[cu] as usize;
         let w = s.weight[i];
         s.active[p] && l.slot[cu] > 0 && self.pkg_fits(p, w)
+    }
+
+    /// Pass 1, busy vCPUs that did not stay (their CPU is taken by another
+    /// busy vCPU, or they go home): a CPU of their VM's home, else of their
+    /// own package, that fits them, while only busy vCPUs are placed. With no
+    /// such CPU a vCPU stays where it was if its package has room (the relieve
+    /// step then evens out its CPU), else pass 2 places it.
+    fn place_displaced_busy(&mut self, loads: &[VcpuLoad]) {
+        for k in 0..self.scratch.order.len() {
+            let i = self.scratch.order[k] as usize;
+            let prev = self.vcpus[i].cpu;
+            if prev == NO_CPU
+                || self.scratch.new_cpu[i] != NO_CPU
+                || !loads[i].busy
+                || self.scratch.forced[i]
+            {
+                continue;
+            }
+            let p = self.layout.cpu_pkg[prev as usize] as usize;
+            let home = self.scratch.vm_home[self.vcpus[i].vm as usize];
+            let home = if home == NO_PKG { p } else { home as usize };
+            let w = self.scratch.weight[i];
+            let target = [home, p].into_iter().find_map(|pkg| {
+                if self.scratch.active[pkg] && self.pkg_fits(pkg, w) {
+                    self.first_fit_cpu(pkg, w)
+                } else {
+                    None
+                }
+            });
+            match target {
+                Some(c) => self.assign_pack(i, c, true),
+                None if self.stay_fits(i, prev) => self.assign_pack(i, prev, true),
+                None => {}
+            }
+        }
     }
 
     /// Whether vCPU `i` fits on CPU `c` as it is filled so far.

@@ -963,3 +963,44 @@ fn busy_vcpus_sharing_a_cpu_split_within_their_package() {
         d.assignments
     );
 }
+
+/// Issue 4.5c under noise: four busy vCPUs with a CPU each stay put while
+/// their utilizations wander (600..1024, as measured in the rig where L1's own
+/// work steals time), whichever package holds more of the VM's weight.
+#[test]
+fn busy_vcpus_with_a_cpu_each_stay_put_under_noisy_utils() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    for policy in Policy::ALL {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let mut x: u64 = 12345;
+        let mut moves = 0;
+        for tick in 0..300u64 {
+            let loads: Vec<VcpuLoad> = (0..4u32)
+                .map(|v| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    VcpuLoad {
+                        id: VcpuId { vm: 0, vcpu: v },
+                        util: 600 + ((x >> 33) % 425) as u32,
+                        busy: true,
+                    }
+                })
+                .collect();
+            let d = engine.place(tick * TICK_MS, &loads).unwrap();
+            if tick > 5 {
+                moves += d.moves();
+                let mut cpus: Vec<_> = d.assignments.iter().map(|a| a.cpus.clone()).collect();
+                cpus.sort_by_key(|c| c.to_string());
+                cpus.dedup();
+                assert_eq!(
+                    cpus.len(),
+                    4,
+                    "{policy} at tick {tick}: {:?}",
+                    d.assignments
+                );
+            }
+        }
+        assert_eq!(moves, 0, "{policy}");
+    }
+}
