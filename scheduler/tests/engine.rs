@@ -35,6 +35,21 @@ fn busy_vcpus(n: u32) -> Vec<VcpuLoad> {
         .collect()
 }
 
+/// One VM of `n` vCPUs: those in `busy` always busy, the others idle (20 of
+/// 1024: timer noise).
+fn one_vm_with_busy(n: u32, busy: &[u32]) -> Vec<VcpuLoad> {
+    (0..n)
+        .map(|v| {
+            let b = busy.contains(&v);
+            VcpuLoad {
+                id: VcpuId { vm: 0, vcpu: v },
+                util: if b { 1024 } else { 20 },
+                busy: b,
+            }
+        })
+        .collect()
+}
+
 /// Runs `ticks` decisions with the same loads; returns the last one.
 fn run_steady(engine: &mut Engine, start_ms: u64, ticks: u64, loads: &[VcpuLoad]) -> Decision {
     let mut last = Decision::default();
@@ -896,18 +911,7 @@ fn busy_vcpus_gather_in_one_package_whatever_idle_ones_hold() {
     let topology = HostTopology::from_spec("2x2x1").unwrap();
     for policy in [Policy::Balance, Policy::Powersaving { level: 1 }] {
         let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
-        let with_busy = |busy: &[u32]| -> Vec<VcpuLoad> {
-            (0..4u32)
-                .map(|v| {
-                    let b = busy.contains(&v);
-                    VcpuLoad {
-                        id: VcpuId { vm: 0, vcpu: v },
-                        util: if b { 1024 } else { 20 },
-                        busy: b,
-                    }
-                })
-                .collect()
-        };
+        let with_busy = |busy: &[u32]| one_vm_with_busy(4, busy);
         let d = run_steady(&mut engine, 0, 10, &with_busy(&[0, 1, 2, 3]));
         assert_eq!(d.used_packages().len(), 2, "{policy}");
         let d = run_steady(&mut engine, 1000, 10, &with_busy(&[0]));
@@ -937,18 +941,7 @@ fn busy_vcpus_sharing_a_cpu_split_within_their_package() {
         Policy::Powersaving { level: 1 },
         EngineConfig::default(),
     );
-    let loads = |busy: &[u32]| -> Vec<VcpuLoad> {
-        (0..3u32)
-            .map(|v| {
-                let b = busy.contains(&v);
-                VcpuLoad {
-                    id: VcpuId { vm: 0, vcpu: v },
-                    util: if b { 1024 } else { 20 },
-                    busy: b,
-                }
-            })
-            .collect()
-    };
+    let loads = |busy: &[u32]| one_vm_with_busy(3, busy);
     let d = run_steady(&mut engine, 0, 10, &loads(&[]));
     // Two idle vCPUs sharing a CPU; make exactly those busy.
     let shared = (0..3usize)

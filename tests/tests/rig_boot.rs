@@ -10,7 +10,10 @@ use std::time::Duration;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology};
-use pvmm_tests::{prepare_rig, rig_lock};
+use pvmm_tests::{prepare_rig, rig_crash_retry, rig_lock, PVMM_EXIT_TRIPLE_FAULT, RIG_ATTEMPTS};
+
+/// How the guest's CPU report line starts.
+const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
 
 /// Guest command: report the online CPUs two ways.
 const CPU_REPORT: &str =
@@ -49,9 +52,33 @@ fn boot(
     if let Some(probe) = probe {
         rig = rig.l1_probe(probe);
     }
-    let outcome = rig.run(&ws, &images).expect("the rig runs");
-    eprintln!("{test}: {}", outcome.summary(vmm.name()));
-    Some(outcome)
+    let mut attempt = 1;
+    loop {
+        let outcome = rig.run(&ws, &images).expect("the rig runs");
+        eprintln!("{test}: {}", outcome.summary(vmm.name()));
+        let reported = outcome
+            .guest_lines
+            .iter()
+            .any(|l| l.starts_with(CPU_REPORT_PREFIX));
+        // pvmm reports a triple fault as such; QEMU under -no-reboot exits 0 on the reset
+        // that follows one, before the guest could report.
+        let crashed = match vmm {
+            InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
+            InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
+        };
+        if !crashed || attempt == RIG_ATTEMPTS {
+            return Some(outcome);
+        }
+        rig_crash_retry(
+            test,
+            attempt,
+            &format!(
+                "the guest crashed before its CPU report ({})",
+                outcome.summary(vmm.name())
+            ),
+        );
+        attempt += 1;
+    }
 }
 
 /// Checks that the guest saw `vcpus` online CPUs and the VMM exited 0 after the guest's
@@ -66,7 +93,7 @@ fn assert_booted_with(outcome: &RigOutcome, vmm: InnerVmm, vcpus: u32) {
     let report = outcome
         .guest_lines
         .iter()
-        .find_map(|l| l.strip_prefix("pvmm-rig-test: "))
+        .find_map(|l| l.strip_prefix(CPU_REPORT_PREFIX))
         .unwrap_or_else(|| {
             panic!(
                 "the guest never printed its CPU report; {}",
