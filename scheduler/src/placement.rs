@@ -760,7 +760,7 @@ impl Engine {
                 self.unassign(i);
                 let w = self.scratch.weight[i];
                 let best = self.least_loaded_cpu(w);
-                let keep = !self.clearly_better(prev as usize, best as usize, w);
+                let keep = !self.clearly_better(prev as usize, best as usize, w, loads[i].busy);
                 self.assign(i, prev, loads[i].busy);
                 keep
             };
@@ -787,7 +787,9 @@ impl Engine {
             // is clearly (CAPACITY_GREATER_MARGIN) better at package, core
             // or CPU level; a busy vCPU sharing a core while another core is
             // idle still moves (load + w vs w is clearly greater).
-            let c = if prev != NO_CPU && !self.clearly_better(prev as usize, best as usize, w) {
+            let c = if prev != NO_CPU
+                && !self.clearly_better(prev as usize, best as usize, w, loads[i].busy)
+            {
                 prev
             } else {
                 best
@@ -797,8 +799,13 @@ impl Engine {
     }
 
     /// Whether `best` is clearly less loaded than `prev` (relative to
-    /// capacity, after adding `w`) at package, core or CPU level.
-    fn clearly_better(&self, prev: usize, best: usize, w: u64) -> bool {
+    /// capacity, after adding `w`) at package, core or CPU level. The package
+    /// level counts only for a vCPU that is `busy` now: a less loaded package
+    /// (its cache, memory bandwidth, turbo headroom) helps a vCPU that runs,
+    /// while an idle vCPU with a core of its own gains nothing by moving. Under
+    /// bursty loads (a kernel build) idle vCPUs otherwise left a package every
+    /// time a sibling burst, several times a second.
+    fn clearly_better(&self, prev: usize, best: usize, w: u64, busy: bool) -> bool {
         if prev == best {
             return false;
         }
@@ -812,22 +819,25 @@ impl Engine {
         };
         let (pp, pb) = (l.cpu_pkg[prev] as usize, l.cpu_pkg[best] as usize);
         let (kp, kb) = (l.cpu_core[prev] as usize, l.cpu_core[best] as usize);
-        worse(
-            s.pkg_load[pp],
-            l.spread_pkg_cap[pp],
-            s.pkg_load[pb],
-            l.spread_pkg_cap[pb],
-        ) || worse(
-            s.core_load[kp],
-            l.spread_core_cap[kp],
-            s.core_load[kb],
-            l.spread_core_cap[kb],
-        ) || worse(
-            s.cpu_load[prev],
-            l.spread_cpu_cap[prev],
-            s.cpu_load[best],
-            l.spread_cpu_cap[best],
-        )
+        (busy
+            && worse(
+                s.pkg_load[pp],
+                l.spread_pkg_cap[pp],
+                s.pkg_load[pb],
+                l.spread_pkg_cap[pb],
+            ))
+            || worse(
+                s.core_load[kp],
+                l.spread_core_cap[kp],
+                s.core_load[kb],
+                l.spread_core_cap[kb],
+            )
+            || worse(
+                s.cpu_load[prev],
+                l.spread_cpu_cap[prev],
+                s.cpu_load[best],
+                l.spread_cpu_cap[best],
+            )
     }
 
     /// Least loaded package, then core in it, then thread in that (weights
@@ -999,7 +1009,7 @@ impl Engine {
                     let prev = self.vcpus[i].cpu;
                     if prev == NO_CPU
                         || self.scratch.new_cpu[i] != NO_CPU
-                        || loads[i].busy != busy_group
+                        || self.claims_first(i, loads) != busy_group
                     {
                         continue;
                     }
@@ -1259,7 +1269,7 @@ impl Engine {
             let prev = self.vcpus[i].cpu;
             if prev == NO_CPU
                 || self.scratch.new_cpu[i] != NO_CPU
-                || !loads[i].busy
+                || !self.claims_first(i, loads)
                 || self.scratch.forced[i]
             {
                 continue;
@@ -1281,6 +1291,13 @@ impl Engine {
                 None => {}
             }
         }
+    }
+
+    /// Whether vCPU `i` is placed with the busy group of pass 1: busy now and
+    /// with at least half a CPU of decayed utilization ([`BUSY_CPU_UTIL`]), so
+    /// a short burst of a mostly idle vCPU does not shuffle its neighbours.
+    fn claims_first(&self, i: usize, loads: &[VcpuLoad]) -> bool {
+        loads[i].busy && self.scratch.weight[i] >= BUSY_CPU_UTIL
     }
 
     /// Whether vCPU `i` fits on CPU `c` as it is filled so far.
