@@ -64,6 +64,20 @@ const RUN_OVERHEAD_SECS: u64 = 60;
 /// Per-run limit: the load's own time times this, plus [`RUN_OVERHEAD_SECS`].
 const LOAD_TIME_FACTOR: u64 = 3;
 
+/// The whole L1 boot may take this many per-run limits per run, plus [`L1_BOOT_SECS`]: the
+/// per-run limit is counted on L1's clock from pvmm's start, but each run also pays for L1
+/// starting pvmm and the probe, and on a shared 2-CPU host 15 runs of 10 s took 1410 s
+/// against 1350 s of per-run limits (N = 4 went unmeasured). A hung run is still cut off by
+/// its own limit.
+const SEQUENCE_SLACK_FACTOR: u64 = 2;
+
+/// A run's time besides its load on a quiet host (guest boot to init about 16 s, power-off,
+/// pvmm and probe start; measured: 3 runs of 10 s in 100 s), for the progress estimate.
+const PER_RUN_QUIET_OVERHEAD_SECS: u64 = 25;
+
+/// Host seconds for L1 to boot before the first run.
+const L1_BOOT_SECS: u64 = 120;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct PlacementBenchOptions {
@@ -169,10 +183,15 @@ fn label(policy: &str, threads: u32) -> String {
     format!("{policy}-n{threads}")
 }
 
+/// Seconds the guest stays idle after init before its load starts: longer than pvmm's 5 s
+/// consolidation ramp-down (scheduler's `DEFAULT_RAMP_DOWN_WINDOW_MS`), so every policy starts
+/// from its steady idle placement rather than from the spread the guest's own boot caused.
+pub const SETTLE_SECS: u32 = 6;
+
 /// The guest command of one case.
 pub fn guest_command(options: &PlacementBenchOptions, threads: u32) -> String {
     format!(
-        "echo pvmm-mark: load-begin\npvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}\necho pvmm-mark: load-end\n",
+        "sleep {SETTLE_SECS}\necho pvmm-mark: load-begin\npvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}\necho pvmm-mark: load-end\n",
         options.duty_percent, options.period_ms, options.seconds
     )
 }
@@ -203,14 +222,24 @@ pub fn run_placement_bench(
             });
         }
     }
-    let per_run = RUN_OVERHEAD_SECS + LOAD_TIME_FACTOR * u64::from(options.seconds);
+    let per_run =
+        RUN_OVERHEAD_SECS + u64::from(SETTLE_SECS) + LOAD_TIME_FACTOR * u64::from(options.seconds);
     let sequence = SequenceOptions {
         topology: options.topology,
-        timeout: Duration::from_secs(60 + per_run * runs.len() as u64),
+        timeout: Duration::from_secs(
+            L1_BOOT_SECS + SEQUENCE_SLACK_FACTOR * per_run * runs.len() as u64,
+        ),
         run_limit_secs: per_run,
         echo: options.echo,
         probe: Some(bench_probe()),
     };
+    crate::images::progress(&format!(
+        "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",
+        runs.len(),
+        options.seconds,
+        (runs.len() as u64 * (u64::from(options.seconds + SETTLE_SECS) + PER_RUN_QUIET_OVERHEAD_SECS)).div_ceil(60),
+        sequence.timeout.as_secs().div_ceil(60)
+    ));
     let outcome = run_pvmm_sequence(ws, images, &sequence, &runs)?;
     let model = PowerModel::default();
     let mut results = Vec::new();

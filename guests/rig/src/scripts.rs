@@ -105,10 +105,14 @@ rig_run() {
     shift 2
     rm -f /tmp/rig-out /tmp/rig-err
     mkfifo /tmp/rig-out /tmp/rig-err
+    # The tagging loops run on CPU 0 (package 0), as the probes do: the rig's own plumbing
+    # must not wake the packages whose idleness is measured.
     rig_tag guest < /tmp/rig-out &
     rig_tag_out=$!
+    taskset -p 1 $rig_tag_out > /dev/null 2>&1
     rig_tag vmm < /tmp/rig-err &
     rig_tag_err=$!
+    taskset -p 1 $rig_tag_err > /dev/null 2>&1
     read -r up idle < /proc/uptime
     echo "@@rig@@ vmm-start $RIG_LABEL $up"
     # busybox timeout execs the command in its own process, so $! is the VMM's pid.
