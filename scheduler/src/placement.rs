@@ -979,11 +979,21 @@ impl Engine {
             }
             for vm in 0..num_vms {
                 let counts = &s.vm_pkg_weight[vm * num_pkgs..(vm + 1) * num_pkgs];
+                // In rank order (lower ids first when loads tie), a package
+                // takes over only when heavier by more than PACKAGE_RANK_STEP:
+                // two busy vCPUs that sit on different packages gather on
+                // package 0 rather than wherever one of them happened to burn
+                // a little more.
                 let mut best = NO_PKG;
                 let mut best_weight = 0;
                 for r in 0..num_pkgs {
                     let p = s.rank[r] as usize;
-                    if counts[p] > best_weight {
+                    let heavier = if best == NO_PKG {
+                        counts[p] > 0
+                    } else {
+                        counts[p] > best_weight + PACKAGE_RANK_STEP
+                    };
+                    if heavier {
                         best = p as u32;
                         best_weight = counts[p];
                     }

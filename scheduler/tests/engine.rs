@@ -931,6 +931,42 @@ fn busy_vcpus_gather_in_one_package_whatever_idle_ones_hold() {
     }
 }
 
+/// Issue 4.5b as the rig saw it: the ramp holds both packages with idle
+/// vCPUs on each, then two vCPUs on different packages turn busy at once with
+/// (nearly) equal loads, the one on package 1 a little heavier. They gather on
+/// package 0: load differences below a quarter CPU do not pick the package.
+#[test]
+fn two_vcpus_turning_busy_on_different_packages_gather_on_package_0() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    for policy in [Policy::Balance, Policy::Powersaving { level: 1 }] {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let d = run_steady(&mut engine, 0, 10, &one_vm_with_busy(4, &[0, 1, 2, 3]));
+        let idle = one_vm_with_busy(4, &[]);
+        let d2 = run_steady(&mut engine, 1000, 5, &idle);
+        assert_eq!(d2.used_packages().len(), 2, "{policy}: the ramp holds");
+        // One vCPU on each package.
+        let on = |pkg: u32| {
+            d.assignments
+                .iter()
+                .position(|a| a.package == pkg)
+                .expect("a vCPU on each package") as u32
+        };
+        let (x, y) = (on(0), on(1));
+        let mut loads = one_vm_with_busy(4, &[x, y]);
+        loads[x as usize].util = 1000;
+        loads[y as usize].util = 1024;
+        let d = run_steady(&mut engine, 2000, 3, &loads);
+        let (a, b) = (&d.assignments[x as usize], &d.assignments[y as usize]);
+        assert_eq!(
+            (a.package, b.package),
+            (0, 0),
+            "{policy}: {:?}",
+            d.assignments
+        );
+        assert_ne!(a.cpus, b.cpus, "{policy}");
+    }
+}
+
 /// Two busy vCPUs that sat idle on one CPU get a CPU each in their package,
 /// even though an idle vCPU holds the package's other CPU.
 #[test]

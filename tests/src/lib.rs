@@ -632,6 +632,9 @@ pub fn run_placement_sequence(
     Some(outcome)
 }
 
+/// Guest console lines shown when a run fails: enough to see where a guest stopped.
+const GUEST_TAIL_LINES: usize = 25;
+
 /// pvmm's exit status for a guest triple fault (`pvmm::exit::EXIT_TRIPLE_FAULT`).
 pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
 
@@ -663,8 +666,9 @@ pub fn run_trace<'a>(
     assert_eq!(
         run.status,
         Some(0),
-        "run {label}: pvmm did not exit 0; its stderr:\n{}",
-        run.vmm.join("\n")
+        "run {label}: pvmm did not exit 0 (137: killed at the run's time limit); its stderr:\n{}\nthe guest's last console lines:\n{}",
+        run.vmm.join("\n"),
+        run.guest[run.guest.len().saturating_sub(GUEST_TAIL_LINES)..].join("\n")
     );
     let trace = PlacementTrace::parse(run.probe);
     assert!(
