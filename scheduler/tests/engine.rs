@@ -50,6 +50,15 @@ fn one_vm_with_busy(n: u32, busy: &[u32]) -> Vec<VcpuLoad> {
         .collect()
 }
 
+/// Knuth's MMIX linear congruential step; returns the state's high bits
+/// (deterministic noise for the tests, no dependency).
+fn lcg_next(x: &mut u64) -> u64 {
+    *x = x
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *x >> 33
+}
+
 /// Runs `ticks` decisions with the same loads; returns the last one.
 fn run_steady(engine: &mut Engine, start_ms: u64, ticks: u64, loads: &[VcpuLoad]) -> Decision {
     let mut last = Decision::default();
@@ -1005,15 +1014,10 @@ fn busy_vcpus_with_a_cpu_each_stay_put_under_noisy_utils() {
         let mut moves = 0;
         for tick in 0..300u64 {
             let loads: Vec<VcpuLoad> = (0..4u32)
-                .map(|v| {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    VcpuLoad {
-                        id: VcpuId { vm: 0, vcpu: v },
-                        util: 600 + ((x >> 33) % 425) as u32,
-                        busy: true,
-                    }
+                .map(|v| VcpuLoad {
+                    id: VcpuId { vm: 0, vcpu: v },
+                    util: 600 + (lcg_next(&mut x) % 425) as u32,
+                    busy: true,
                 })
                 .collect();
             let d = engine.place(tick * TICK_MS, &loads).unwrap();
@@ -1048,10 +1052,7 @@ fn performance_moves_no_idle_vcpu_for_a_bursty_package_imbalance() {
     for tick in 0..600u64 {
         let loads: Vec<VcpuLoad> = (0..4u32)
             .map(|v| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let busy = (x >> 33) % 100 < 30;
+                let busy = lcg_next(&mut x) % 100 < 30;
                 VcpuLoad {
                     id: VcpuId { vm: 0, vcpu: v },
                     util: if busy { 900 } else { 40 },
