@@ -22,12 +22,12 @@
 //! core, 1178 / 2). A package fits a set of vCPUs while the sum of their fit
 //! demands is at most the sum of its slots. The engine computes how many
 //! packages the total needs, applies thrash control (up at once, down along a
-//! quadratic ramp), ranks packages by load in quarter-CPU steps (the fullest
-//! first, lower ids on ties, as sched_mc's group_leader) and uses the first `k`. Then:
+//! quadratic ramp) and uses the `k` lowest numbered packages (so a consolidating
+//! host always empties its high packages, whatever a tick's noise says). Then:
 //!
 //! 1. *Stay*: a vCPU keeps its CPU while its package is in use and still has
-//!    room (vCPUs at their VM's home package, the one holding most of the VM's
-//!    weight, are counted first; one away from home leaves when home has a CPU
+//!    room (vCPUs at their VM's home package, the lowest numbered package in use
+//!    that holds any of the VM's vCPUs, are counted first; one away from home leaves when home has a CPU
 //!    it fits on, except while the ramp holds surplus packages). Busy vCPUs
 //!    claim room first: one away from home, or whose CPU is taken, moves to a
 //!    CPU of home / its package that fits it before lighter vCPUs stay there.
@@ -82,14 +82,6 @@ pub const MIN_VCPU_WEIGHT: u32 = 16;
 /// A CPU counts as busy, for its SMT siblings' capacity, when the vCPUs on it
 /// have this much utilization in total (half a CPU) or any of them is busy now.
 pub const BUSY_CPU_UTIL: u64 = 512;
-
-/// Packages are ranked by their load in steps of this much (a quarter of a
-/// CPU): below one busy vCPU (at least [`BUSY_CPU_UTIL`]), above the timer
-/// and interrupt noise of a handful of idle vCPUs ([`MIN_VCPU_WEIGHT`] each).
-/// So a package holding real load ranks by it, while packages holding only
-/// idle vCPUs tie and the lower id wins: an idle host consolidates onto
-/// package 0 whichever package happened to see the last timer tick.
-pub const PACKAGE_RANK_STEP: u64 = 256;
 
 /// Token cost of one migration in the bucket's fixed-point units.
 const TOKEN: u64 = 1000;
@@ -471,8 +463,6 @@ pub struct Engine {
     vcpus: Vec<VcpuState>,
     num_vms: usize,
     ramp: Ramp,
-    /// Weight per package at the previous decision (for ranking).
-    prev_pkg_weight: Vec<u64>,
     /// (total fit demand, packages) of the last decision that had to open
     /// more packages than the total needed.
     fragmentation: Option<(u64, usize)>,
@@ -517,7 +507,6 @@ impl Engine {
     /// An engine with no vCPU history.
     pub fn new(topology: HostTopology, policy: Policy, config: EngineConfig) -> Self {
         let layout = Layout::new(&topology, policy);
-        let prev_pkg_weight = vec![0; layout.num_pkgs()];
         Engine {
             topology,
             policy,
@@ -526,7 +515,6 @@ impl Engine {
             vcpus: Vec::new(),
             num_vms: 0,
             ramp: Ramp::default(),
-            prev_pkg_weight,
             fragmentation: None,
             scratch: Scratch::default(),
         }
@@ -978,16 +966,16 @@ impl Engine {
         total_fit: u64,
     ) -> (usize, Option<u32>) {
         let num_pkgs = self.layout.num_pkgs();
-        // Rank packages: the most loaded first (sched_mc's group leader), lower
-        // index on ties, so load stays where it is and low packages fill first.
+        // Rank packages by id: the packages in use are always the lowest
+        // numbered ones, so a consolidating host empties its high packages and
+        // busy vCPUs gather on package 0 whichever of them turned busy first.
+        // (Ranking by load kept load where it was, but then which package
+        // survived depended on a tick's noise: an idle vCPU's timer burst or
+        // which of two vCPUs started a job 100 ms earlier.)
         {
             let s = &mut self.scratch;
             s.rank.clear();
             s.rank.extend(0..num_pkgs as u32);
-            let prev = &self.prev_pkg_weight;
-            let step = |p: u32| prev[p as usize] / PACKAGE_RANK_STEP;
-            s.rank
-                .sort_by(|a, b| step(*b).cmp(&step(*a)).then(a.cmp(b)));
         }
         let mut needed = 0usize;
         let mut cap = 0u64;
@@ -1034,8 +1022,8 @@ impl Engine {
             None
         };
 
-        // Each VM's home: the active package holding most of its vCPUs' weight now
-        // (busy vCPUs count for more than idle ones, so home is where the work is).
+        // Each VM's home: the lowest numbered active package holding any of its
+        // vCPUs now.
         let num_vms = self.num_vms;
         {
             let s = &mut self.scratch;
@@ -1053,25 +1041,12 @@ impl Engine {
             }
             for vm in 0..num_vms {
                 let counts = &s.vm_pkg_weight[vm * num_pkgs..(vm + 1) * num_pkgs];
-                // In rank order (lower ids first when loads tie), a package
-                // takes over only when heavier by more than PACKAGE_RANK_STEP:
-                // two busy vCPUs that sit on different packages gather on
-                // package 0 rather than wherever one of them happened to burn
-                // a little more.
-                let mut best = NO_PKG;
-                let mut best_weight = 0;
-                for r in 0..num_pkgs {
-                    let p = s.rank[r] as usize;
-                    let heavier = if best == NO_PKG {
-                        counts[p] > 0
-                    } else {
-                        counts[p] > best_weight + PACKAGE_RANK_STEP
-                    };
-                    if heavier {
-                        best = p as u32;
-                        best_weight = counts[p];
-                    }
-                }
+                // The lowest numbered package in use that holds any of the
+                // VM's vCPUs: the rest of the VM gathers there when it fits.
+                let best = (0..num_pkgs)
+                    .map(|r| s.rank[r] as usize)
+                    .find(|&p| counts[p] > 0)
+                    .map_or(NO_PKG, |p| p as u32);
                 s.vm_home[vm] = best;
             }
         }
@@ -1592,8 +1567,6 @@ impl Engine {
                 ),
             });
         }
-        self.prev_pkg_weight.clear();
-        self.prev_pkg_weight.extend_from_slice(&s.pkg_load);
     }
 }
 
