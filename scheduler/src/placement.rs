@@ -26,9 +26,10 @@
 //! host always empties its high packages, whatever a tick's noise says). Then:
 //!
 //! 1. *Stay*: a vCPU keeps its CPU while its package is in use and still has
-//!    room (vCPUs at their VM's home package, the lowest numbered package in use
-//!    that holds any of the VM's vCPUs, are counted first; one away from home leaves when home has a CPU
-//!    it fits on, except while the ramp holds surplus packages). Busy vCPUs
+//!    room (vCPUs at their VM's home package, the lowest numbered package in
+//!    use that holds any of the VM's vCPUs, are counted first; one away from
+//!    home leaves when home has a CPU it fits on, except while the ramp holds
+//!    surplus packages). Busy vCPUs
 //!    claim room first: one away from home, or whose CPU is taken, moves to a
 //!    CPU of home / its package that fits it before lighter vCPUs stay there.
 //! 2. *Relieve*: on a CPU that is too full, the smallest vCPUs move to a CPU
