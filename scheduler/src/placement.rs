@@ -39,7 +39,7 @@
 //!    fits, else the first package that fits the whole VM, else the first that
 //!    fits the vCPU, else one more package at once; first fit over CPUs in
 //!    packing order, the least loaded slot when no slot has room.
-//! 4. `powersaving:2` only: the preferred (first-ranked) package pulls every
+//! 4. `powersaving:2` only: the preferred package (package 0) pulls every
 //!    VM with a busy vCPU that it can take whole, at once.
 //!
 //! When whole vCPUs and VMs need more packages than the total suggested, that
@@ -387,6 +387,12 @@ fn fit_demand(w: u64, slot: u64) -> u64 {
     (w * FIT_MARGIN).min(slot)
 }
 
+/// Whether weight `w` fits a CPU slot of `slot` fit units already filled to
+/// `filled` (a slot of 0 takes nothing).
+fn slot_fits(filled: u64, w: u64, slot: u64) -> bool {
+    slot > 0 && filled + fit_demand(w, slot) <= slot
+}
+
 /// `a_num / a_den < b_num / b_den` for non-negative values, dens > 0.
 fn ratio_less(a_num: u64, a_den: u64, b_num: u64, b_den: u64) -> bool {
     match (a_num.checked_mul(b_den), b_num.checked_mul(a_den)) {
@@ -491,11 +497,9 @@ struct Scratch {
     pkg_cursor: Vec<u32>,
     /// Least loaded core of each package during the spread stay test.
     pkg_min_core: Vec<u32>,
-    rank: Vec<u32>,
     active: Vec<bool>,
     vm_home: Vec<u32>,
     vm_remaining: Vec<u64>,
-    vm_pkg_weight: Vec<u64>,
     vm_order: Vec<u32>,
     vm_offset: Vec<u32>,
     pass2: Vec<u32>,
@@ -967,24 +971,19 @@ impl Engine {
         total_fit: u64,
     ) -> (usize, Option<u32>) {
         let num_pkgs = self.layout.num_pkgs();
-        // Rank packages by id: the packages in use are always the lowest
-        // numbered ones, so a consolidating host empties its high packages and
-        // busy vCPUs gather on package 0 whichever of them turned busy first.
-        // (Ranking by load kept load where it was, but then which package
-        // survived depended on a tick's noise: an idle vCPU's timer burst or
-        // which of two vCPUs started a job 100 ms earlier.)
-        {
-            let s = &mut self.scratch;
-            s.rank.clear();
-            s.rank.extend(0..num_pkgs as u32);
-        }
+        // Packages are used in id order: the packages in use are always the
+        // lowest numbered ones, so a consolidating host empties its high
+        // packages and busy vCPUs gather on package 0 whichever of them turned
+        // busy first. (Ranking by load kept load where it was, but then which
+        // package survived depended on a tick's noise: an idle vCPU's timer
+        // burst or which of two vCPUs started a job 100 ms earlier.)
         let mut needed = 0usize;
         let mut cap = 0u64;
-        for r in 0..num_pkgs {
+        for p in 0..num_pkgs {
             if needed > 0 && cap >= total_fit {
                 break;
             }
-            cap += self.layout.pkg_fit_cap[self.scratch.rank[r] as usize];
+            cap += self.layout.pkg_fit_cap[p];
             needed += 1;
         }
         // Packing whole vCPUs (and whole VMs) can need more packages than the
@@ -1009,16 +1008,14 @@ impl Engine {
         {
             let s = &mut self.scratch;
             reset(&mut s.active, num_pkgs, false);
-            for r in 0..active_k {
-                s.active[s.rank[r] as usize] = true;
-            }
+            s.active[..active_k].fill(true);
             reset(&mut s.pkg_cursor, num_pkgs, 0);
             for p in 0..num_pkgs {
                 s.pkg_cursor[p] = self.layout.pkg_cpu_start[p];
             }
         }
         let preferred = if self.policy.prefers_package() {
-            Some(self.scratch.rank[0])
+            Some(0)
         } else {
             None
         };
@@ -1028,27 +1025,18 @@ impl Engine {
         let num_vms = self.num_vms;
         {
             let s = &mut self.scratch;
-            reset(&mut s.vm_pkg_weight, num_vms * num_pkgs, 0);
             reset(&mut s.vm_home, num_vms, NO_PKG);
             reset(&mut s.vm_remaining, num_vms, 0);
             for (i, v) in self.vcpus.iter().enumerate() {
                 s.vm_remaining[v.vm as usize] += fit_demand(s.weight[i], self.layout.host_slot_max);
                 if v.cpu != NO_CPU {
-                    let p = self.layout.cpu_pkg[v.cpu as usize] as usize;
-                    if s.active[p] {
-                        s.vm_pkg_weight[v.vm as usize * num_pkgs + p] += s.weight[i];
+                    let p = self.layout.cpu_pkg[v.cpu as usize];
+                    // NO_PKG is u32::MAX, so min keeps the lowest package.
+                    if s.active[p as usize] {
+                        let home = &mut s.vm_home[v.vm as usize];
+                        *home = (*home).min(p);
                     }
                 }
-            }
-            for vm in 0..num_vms {
-                let counts = &s.vm_pkg_weight[vm * num_pkgs..(vm + 1) * num_pkgs];
-                // The lowest numbered package in use that holds any of the
-                // VM's vCPUs: the rest of the VM gathers there when it fits.
-                let best = (0..num_pkgs)
-                    .map(|r| s.rank[r] as usize)
-                    .find(|&p| counts[p] > 0)
-                    .map_or(NO_PKG, |p| p as u32);
-                s.vm_home[vm] = best;
             }
         }
 
@@ -1363,8 +1351,11 @@ impl Engine {
     /// Whether vCPU `i` fits on CPU `c` as it is filled so far.
     fn cpu_fits(&self, c: u32, i: usize) -> bool {
         let cu = c as usize;
-        let slot = self.layout.slot[cu];
-        slot > 0 && self.scratch.cpu_fit[cu] + fit_demand(self.scratch.weight[i], slot) <= slot
+        slot_fits(
+            self.scratch.cpu_fit[cu],
+            self.scratch.weight[i],
+            self.layout.slot[cu],
+        )
     }
 
     fn pkg_fits(&self, p: usize, w: u64) -> bool {
@@ -1388,10 +1379,7 @@ impl Engine {
         }
         (s.pkg_cursor[p]..end)
             .map(|pos| l.pack_order[pos as usize])
-            .find(|c| {
-                let slot = l.slot[*c as usize];
-                slot > 0 && s.cpu_fit[*c as usize] + fit_demand(w, slot) <= slot
-            })
+            .find(|c| slot_fits(s.cpu_fit[*c as usize], w, l.slot[*c as usize]))
     }
 
     /// Picks the CPU for a vCPU that is not staying, in pack mode.
@@ -1418,18 +1406,16 @@ impl Engine {
         if home == NO_PKG {
             // A VM not placed yet: the first package where all of it fits.
             let whole = self.scratch.vm_remaining[vm];
-            for r in 0..*active_k {
-                let p = self.scratch.rank[r] as usize;
+            for p in 0..*active_k {
                 if self.scratch.pkg_fit[p] + whole <= self.layout.pkg_fit_cap[p] {
                     return self.cpu_in_package(p, i);
                 }
             }
         }
-        for r in 0..num_pkgs {
-            let p = self.scratch.rank[r] as usize;
-            if r >= *active_k {
+        for p in 0..num_pkgs {
+            if p >= *active_k {
                 // Nothing active fits: use one more package at once.
-                *active_k = r + 1;
+                *active_k = p + 1;
                 self.scratch.active[p] = true;
             }
             if self.pkg_fits(p, w) {
