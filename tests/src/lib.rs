@@ -584,30 +584,24 @@ pub fn run_placement_sequence(
         probe: Some(placement_probe(PROBE_INTERVAL)),
     };
     let started = std::time::Instant::now();
-    let mut attempt = 1;
-    let outcome = loop {
-        let outcome =
-            pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs");
-        let crashed: Vec<&str> = outcome
-            .run_starts
-            .iter()
-            .filter(|r| {
-                outcome
-                    .run(&r.label)
-                    .is_some_and(|run| run.status == Some(PVMM_EXIT_TRIPLE_FAULT))
-            })
-            .map(|r| r.label.as_str())
-            .collect();
-        if crashed.is_empty() || attempt == RIG_ATTEMPTS {
-            break outcome;
-        }
-        rig_crash_retry(
-            test,
-            attempt,
-            &format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"),
-        );
-        attempt += 1;
-    };
+    let outcome = retry_rig_crash(
+        test,
+        || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs"),
+        |outcome| {
+            let crashed: Vec<&str> = outcome
+                .run_starts
+                .iter()
+                .filter(|r| {
+                    outcome
+                        .run(&r.label)
+                        .is_some_and(|run| run.status == Some(PVMM_EXIT_TRIPLE_FAULT))
+                })
+                .map(|r| r.label.as_str())
+                .collect();
+            (!crashed.is_empty())
+                .then(|| format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"))
+        },
+    );
     if let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") {
         // Debugging aid: every classified line of the boot, for a failure's post-mortem.
         let path = std::path::Path::new(&dir).join(format!("{test}.log"));
@@ -645,13 +639,28 @@ pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
 /// message; a second crash fails the test like any other failure.
 pub const RIG_ATTEMPTS: u32 = 2;
 
-/// Says loudly that a rig outcome is being run again because the guest crashed.
-pub fn rig_crash_retry(test: &str, attempt: u32, what: &str) {
-    eprintln!(
-        "!!! {test}: {what}; the nested rig crashes guests of pvmm and QEMU alike now and then \
-         (README, Known limitations): running it again (attempt {} of {RIG_ATTEMPTS})",
-        attempt + 1
-    );
+/// Runs `boot` up to [`RIG_ATTEMPTS`] times while `crash` says the guest crashed (its
+/// answer: what happened, for the loud `!!!` line); returns the last outcome, crashed or not.
+pub fn retry_rig_crash<T>(
+    test: &str,
+    mut boot: impl FnMut() -> T,
+    crash: impl Fn(&T) -> Option<String>,
+) -> T {
+    let mut attempt = 1;
+    loop {
+        let outcome = boot();
+        match crash(&outcome) {
+            Some(what) if attempt < RIG_ATTEMPTS => {
+                attempt += 1;
+                eprintln!(
+                    "!!! {test}: {what}; the nested rig crashes guests of pvmm and QEMU alike \
+                     now and then (README, Known limitations): running it again (attempt \
+                     {attempt} of {RIG_ATTEMPTS})"
+                );
+            }
+            _ => return outcome,
+        }
+    }
 }
 
 /// The lines and parsed probe trace of run `label`; panics (with pvmm's stderr) when the run
@@ -716,4 +725,36 @@ pub fn cppc_reads(guest: &[String]) -> Vec<CppcRead> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_is_run_again_once_and_a_clean_outcome_is_kept() {
+        let mut boots = 0;
+        let last = retry_rig_crash(
+            "t",
+            || {
+                boots += 1;
+                boots
+            },
+            |_| Some("crash".into()),
+        );
+        assert_eq!((boots, last), (RIG_ATTEMPTS, RIG_ATTEMPTS));
+        let mut boots = 0;
+        let last = retry_rig_crash(
+            "t",
+            || {
+                boots += 1;
+                boots
+            },
+            |&b| (b == 1).then(String::new),
+        );
+        assert_eq!((boots, last), (2, 2));
+        let mut boots = 0;
+        retry_rig_crash("t", || boots += 1, |_| None);
+        assert_eq!(boots, 1);
+    }
 }

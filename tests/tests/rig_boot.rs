@@ -10,7 +10,7 @@ use std::time::Duration;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology};
-use pvmm_tests::{prepare_rig, rig_crash_retry, rig_lock, PVMM_EXIT_TRIPLE_FAULT, RIG_ATTEMPTS};
+use pvmm_tests::{prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT};
 
 /// How the guest's CPU report line starts.
 const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
@@ -52,33 +52,33 @@ fn boot(
     if let Some(probe) = probe {
         rig = rig.l1_probe(probe);
     }
-    let mut attempt = 1;
-    loop {
-        let outcome = rig.run(&ws, &images).expect("the rig runs");
-        eprintln!("{test}: {}", outcome.summary(vmm.name()));
-        let reported = outcome
-            .guest_lines
-            .iter()
-            .any(|l| l.starts_with(CPU_REPORT_PREFIX));
-        // pvmm reports a triple fault as such; QEMU under -no-reboot exits 0 on the reset
-        // that follows one, before the guest could report.
-        let crashed = match vmm {
-            InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
-            InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
-        };
-        if !crashed || attempt == RIG_ATTEMPTS {
-            return Some(outcome);
-        }
-        rig_crash_retry(
-            test,
-            attempt,
-            &format!(
-                "the guest crashed before its CPU report ({})",
-                outcome.summary(vmm.name())
-            ),
-        );
-        attempt += 1;
-    }
+    let outcome = retry_rig_crash(
+        test,
+        || {
+            let outcome = rig.run(&ws, &images).expect("the rig runs");
+            eprintln!("{test}: {}", outcome.summary(vmm.name()));
+            outcome
+        },
+        |outcome| {
+            let reported = outcome
+                .guest_lines
+                .iter()
+                .any(|l| l.starts_with(CPU_REPORT_PREFIX));
+            // pvmm reports a triple fault as such; QEMU under -no-reboot exits 0 on the reset
+            // that follows one, before the guest could report.
+            let crashed = match vmm {
+                InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
+                InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
+            };
+            crashed.then(|| {
+                format!(
+                    "the guest crashed before its CPU report ({})",
+                    outcome.summary(vmm.name())
+                )
+            })
+        },
+    );
+    Some(outcome)
 }
 
 /// Checks that the guest saw `vcpus` online CPUs and the VMM exited 0 after the guest's
