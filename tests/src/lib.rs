@@ -635,7 +635,7 @@ pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
 /// Rig boots a rig test may use for one outcome. The nested rig itself (QEMU TCG emulating
 /// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
 /// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
-/// the guest's boot, in roughly one boot in ten. Such an outcome is run once more, with a loud
+/// the guest's boot (6 of 40 pvmm boots when counted). Such an outcome is run once more, with a loud
 /// message; a second crash fails the test like any other failure.
 pub const RIG_ATTEMPTS: u32 = 2;
 
