@@ -598,8 +598,12 @@ pub fn run_placement_sequence(
                 })
                 .map(|r| r.label.as_str())
                 .collect();
-            (!crashed.is_empty())
-                .then(|| format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"))
+            if l1_reports_vcpu_lockup(outcome) {
+                Some("L1 reports its CPUs stuck in vCPU threads (soft lockup)".to_string())
+            } else {
+                (!crashed.is_empty())
+                    .then(|| format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"))
+            }
         },
     );
     if let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") {
@@ -638,6 +642,18 @@ pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
 /// the guest's boot (6 of 40 pvmm boots when counted). Such an outcome is run once more, with a loud
 /// message; a second crash fails the test like any other failure.
 pub const RIG_ATTEMPTS: u32 = 2;
+
+/// The rig's other failure: L1's own kernel reports soft lockups of pvmm's vCPU threads (`BUG: soft lockup - CPU#n stuck for 130s! [vcpu3:120]`) because TCG's emulated SVM
+/// stopped returning from guest mode on every L1 CPU, and the run hits its time limit. Seen
+/// once at the same point of the guest's boot as the crashes; no user-space VMM can hold a CPU
+/// in guest mode through L1's timer interrupts.
+pub fn l1_reports_vcpu_lockup(outcome: &pvmm_rig::RigOutcome) -> bool {
+    outcome.end == pvmm_rig::RigEnd::TimedOut
+        && outcome
+            .l1_lines
+            .iter()
+            .any(|l| l.contains("soft lockup") && l.contains("[vcpu"))
+}
 
 /// Runs `boot` up to [`RIG_ATTEMPTS`] times while `crash` says the guest crashed (its
 /// answer: what happened, for the loud `!!!` line); returns the last outcome, crashed or not.

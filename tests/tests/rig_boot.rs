@@ -10,7 +10,9 @@ use std::time::Duration;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology};
-use pvmm_tests::{prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT};
+use pvmm_tests::{
+    l1_reports_vcpu_lockup, prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT,
+};
 
 /// How the guest's CPU report line starts.
 const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
@@ -66,10 +68,11 @@ fn boot(
                 .any(|l| l.starts_with(CPU_REPORT_PREFIX));
             // pvmm reports a triple fault as such; QEMU under -no-reboot exits 0 on the reset
             // that follows one, before the guest could report.
-            let crashed = match vmm {
-                InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
-                InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
-            };
+            let crashed = l1_reports_vcpu_lockup(outcome)
+                || match vmm {
+                    InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
+                    InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
+                };
             crashed.then(|| {
                 format!(
                     "the guest crashed before its CPU report ({})",
