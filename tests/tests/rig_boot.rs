@@ -10,9 +10,7 @@ use std::time::Duration;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology};
-use pvmm_tests::{
-    l1_reports_vcpu_lockup, prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT,
-};
+use pvmm_tests::{l1_locked_up, prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT};
 
 /// How the guest's CPU report line starts.
 const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
@@ -68,7 +66,7 @@ fn boot(
                 .any(|l| l.starts_with(CPU_REPORT_PREFIX));
             // pvmm reports a triple fault as such; QEMU under -no-reboot exits 0 on the reset
             // that follows one, before the guest could report.
-            let crashed = l1_reports_vcpu_lockup(outcome)
+            let crashed = l1_locked_up(outcome)
                 || match vmm {
                     InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
                     InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
@@ -195,5 +193,38 @@ fn rig_timeout_kills_qemu_and_reports_it() {
     assert_eq!(outcome.exit_code(), EXIT_TIMEOUT);
     assert!(outcome.summary("qemu-kvm").starts_with("TIMEOUT"));
     assert_eq!(outcome.vmm_status, None);
+    assert!(outcome.qemu_status.is_none(), "QEMU was killed, not exited");
+}
+
+/// The rig ends a run as soon as L1's kernel reports a CPU stuck for
+/// [`pvmm_rig::rig::L1_LOCKUP_LIMIT`] or longer, instead of waiting for its time limit. The
+/// report is written to L1's kernel log from the probe at an emergency level, so it reaches L1's
+/// console like the watchdog's own; the guest would sleep far past the time limit.
+#[test]
+fn rig_ends_a_run_when_l1_reports_a_soft_lockup() {
+    let _lock = rig_lock();
+    let Some((ws, images)) = prepare_rig("rig_l1_lockup", needs(InnerVmm::Pvmm)) else {
+        return;
+    };
+    let stuck = pvmm_rig::rig::L1_LOCKUP_LIMIT.as_secs() + 3;
+    let probe = format!(
+        "sleep 1\n\
+         echo '<2>watchdog: BUG: soft lockup - CPU#1 stuck for {stuck}s! [vcpu0:1]' > /dev/kmsg\n\
+         sleep 1000\n"
+    );
+    let outcome = Rig::new(InnerVmm::Pvmm)
+        .timeout(RIG_TIMEOUT)
+        .guest_command("sleep 1000")
+        .l1_probe(&probe)
+        .run(&ws, &images)
+        .expect("the rig runs");
+    assert_eq!(outcome.end, RigEnd::L1Lockup, "{}", outcome.summary("pvmm"));
+    assert_eq!(outcome.exit_code(), pvmm_rig::rig::EXIT_RIG_FAILURE);
+    let summary = outcome.summary("pvmm");
+    assert!(
+        summary.starts_with("L1 LOCKUP") && summary.contains(&format!("stuck for {stuck}s")),
+        "{summary}"
+    );
+    assert!(l1_locked_up(&outcome));
     assert!(outcome.qemu_status.is_none(), "QEMU was killed, not exited");
 }

@@ -52,9 +52,17 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Exit code the xtask uses when the rig timed out (like timeout(1)).
 pub const EXIT_TIMEOUT: i32 = 124;
-/// Exit code the xtask uses when L1 ended without reporting the inner VMM's status, or the rig
-/// could not start.
+/// Exit code the xtask uses when L1 ended without reporting the inner VMM's status, when L1's
+/// kernel locked up ([`RigEnd::L1Lockup`]), or when the rig could not start.
 pub const EXIT_RIG_FAILURE: i32 = 125;
+
+/// A run ends as [`RigEnd::L1Lockup`] once L1's kernel reports one of its CPUs stuck for this
+/// long (`watchdog: BUG: soft lockup - CPU#0 stuck for 52s!`). Linux first reports a soft
+/// lockup after 2 x watchdog_thresh = 20 s and then every ~25 s with the time so far; in the
+/// lockups seen in CI (TCG's emulated SVM never leaving guest mode) the count only grew, to
+/// 365 s, until the hard timeout killed the run. 45 s waits for the second report, so one
+/// stall that L1 survives does not end a run, and gives up minutes before the timeout would.
+pub const L1_LOCKUP_LIMIT: Duration = Duration::from_secs(45);
 
 /// Warnings QEMU prints for every CPUID feature TCG lacks; the rig counts them instead of
 /// printing hundreds of lines.
@@ -351,6 +359,9 @@ pub enum RigEnd {
     /// The inner VMM's status arrived but L1 did not power off within [`POWEROFF_GRACE`];
     /// QEMU was killed.
     HungAtPowerOff,
+    /// L1's kernel reported a CPU stuck for [`L1_LOCKUP_LIMIT`] or longer (a soft lockup:
+    /// the emulated machine, not the inner VMM, stopped making progress); QEMU was killed.
+    L1Lockup,
 }
 
 /// Everything a rig run produced.
@@ -434,10 +445,11 @@ impl RigOutcome {
     }
 
     /// The exit code for the xtask: the inner VMM's status, [`EXIT_TIMEOUT`] on timeout,
-    /// [`EXIT_RIG_FAILURE`] when L1 ended without reporting a status.
+    /// [`EXIT_RIG_FAILURE`] when L1 locked up or ended without reporting a status.
     pub fn exit_code(&self) -> i32 {
         match (self.end, self.vmm_status) {
             (RigEnd::TimedOut, _) => EXIT_TIMEOUT,
+            (RigEnd::L1Lockup, _) => EXIT_RIG_FAILURE,
             (_, Some(status)) => status,
             (_, None) => EXIT_RIG_FAILURE,
         }
@@ -450,6 +462,15 @@ impl RigOutcome {
             (RigEnd::TimedOut, _) => format!(
                 "TIMEOUT: killed QEMU after {secs:.1} s (limit {} s) before L1 reported {vmm_name}'s exit status; exit {EXIT_TIMEOUT}",
                 self.timeout.as_secs()
+            ),
+            (RigEnd::L1Lockup, _) => format!(
+                "L1 LOCKUP: L1's kernel reports a CPU stuck for {} s or more ({}); killed QEMU after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                L1_LOCKUP_LIMIT.as_secs(),
+                self.l1_lines
+                    .iter()
+                    .rev()
+                    .find(|l| soft_lockup_seconds(l).is_some())
+                    .map_or("no line kept", |l| l.trim())
             ),
             (RigEnd::HungAtPowerOff, Some(status)) => format!(
                 "{vmm_name} exited with status {status}, but L1 hung at power-off ({} s grace); killed QEMU after {secs:.1} s",
@@ -904,6 +925,9 @@ pub fn run_l1(
                     outcome.events.push(event);
                     Some(format!("[rig] {rest}"))
                 } else {
+                    if soft_lockup_seconds(&line).is_some_and(|s| s >= L1_LOCKUP_LIMIT.as_secs()) {
+                        outcome.end = RigEnd::L1Lockup;
+                    }
                     outcome.l1_lines.push(line.clone());
                     Some(format!("[L1] {line}"))
                 }
@@ -913,6 +937,9 @@ pub fn run_l1(
             if let Some(shown) = shown {
                 println!("{shown}");
             }
+        }
+        if outcome.end == RigEnd::L1Lockup {
+            break;
         }
     }
     if outcome.end == RigEnd::Completed {
@@ -931,9 +958,40 @@ pub fn run_l1(
     Ok(outcome)
 }
 
+/// The seconds in an L1 kernel soft-lockup report (`watchdog: BUG: soft lockup - CPU#2 stuck
+/// for 130s! [vcpu3:120]`), or None for any other line.
+pub fn soft_lockup_seconds(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once("soft lockup - CPU#")?;
+    let (_, rest) = rest.split_once(" stuck for ")?;
+    let digits = rest.split_once("s!")?.0;
+    digits.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn soft_lockup_lines_are_recognised() {
+        assert_eq!(
+            soft_lockup_seconds(
+                "[  365.1] watchdog: BUG: soft lockup - CPU#3 stuck for 130s! [vcpu3:120]"
+            ),
+            Some(130)
+        );
+        assert_eq!(
+            soft_lockup_seconds("watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [CPU 0/KVM:99]"),
+            Some(22)
+        );
+        for other in [
+            "rcu: INFO: rcu_sched self-detected stall on CPU",
+            "soft lockup - CPU#0 stuck for lots! [x:1]",
+            "watchdog: BUG: soft lockup - CPU#1 stuck for",
+            "",
+        ] {
+            assert_eq!(soft_lockup_seconds(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn topology_parses_and_rejects() {
@@ -1038,6 +1096,11 @@ mod tests {
         assert_eq!(outcome.exit_code(), 0);
         outcome.end = RigEnd::TimedOut;
         assert_eq!(outcome.exit_code(), EXIT_TIMEOUT);
+        outcome.end = RigEnd::L1Lockup;
+        outcome.l1_lines =
+            vec!["watchdog: BUG: soft lockup - CPU#1 stuck for 48s! [vcpu1:7]".into()];
+        assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
+        assert!(outcome.summary("pvmm").contains("CPU#1 stuck for 48s"));
         outcome.end = RigEnd::Completed;
         outcome.vmm_status = None;
         assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
