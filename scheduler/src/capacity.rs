@@ -70,10 +70,37 @@ pub fn effective_capacity(
     vcpus_on_cpu: u32,
     others_util: u64,
 ) -> u32 {
-    let share = thread_share(thread_capacity, threads, busy_threads);
-    let fair = share / vcpus_on_cpu.max(1);
-    let left = u64::from(share).saturating_sub(others_util) as u32;
-    fair.max(left).max(1)
+    CpuOffer::new(thread_capacity, threads, busy_threads, vcpus_on_cpu).for_vcpu(others_util)
+}
+
+/// The part of [`effective_capacity`] that depends on the host CPU only, so
+/// that a placement computes it once per CPU rather than once per vCPU (two
+/// integer divisions each, 7 % of a 10,000-vCPU decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuOffer {
+    /// The CPU's [`thread_share`].
+    share: u32,
+    /// An equal share of it among the vCPUs on it.
+    fair: u32,
+}
+
+impl CpuOffer {
+    /// What a CPU of `thread_capacity`, on a core of `threads` threads of
+    /// which `busy_threads` are busy, offers the `vcpus_on_cpu` vCPUs on it.
+    pub fn new(thread_capacity: u32, threads: u32, busy_threads: u32, vcpus_on_cpu: u32) -> Self {
+        let share = thread_share(thread_capacity, threads, busy_threads);
+        CpuOffer {
+            share,
+            fair: share / vcpus_on_cpu.max(1),
+        }
+    }
+
+    /// [`effective_capacity`] of one of its vCPUs when the others use
+    /// `others_util`.
+    pub fn for_vcpu(&self, others_util: u64) -> u32 {
+        let left = u64::from(self.share).saturating_sub(others_util) as u32;
+        self.fair.max(left).max(1)
+    }
 }
 
 /// Capacity of a group of CPUs (a package, a die, an allowed set).

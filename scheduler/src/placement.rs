@@ -7,12 +7,13 @@
 //! [`MIN_VCPU_WEIGHT`]. The engine then works in one of two modes.
 //!
 //! **Spread** (policy `performance`, or any policy while the host is
-//! overutilized): each vCPU goes to the least loaded package, then the least
-//! loaded core in it, then the least loaded thread, loads being weights
-//! relative to capacity. A vCPU keeps its current CPU when doing so keeps the
-//! middle of its weight within the capacity-proportional fair share of its
-//! package, core and CPU (so two busy vCPUs never stay on one core while
-//! another core is idle, but small imbalances do not move anything).
+//! overutilized; module `spread`): each vCPU goes to the least loaded package,
+//! then the least loaded core in it, then the least loaded thread, loads being
+//! weights relative to capacity. A vCPU keeps its current CPU unless, with its
+//! own weight taken off, the least loaded CPU is clearly (about 5 %) less
+//! loaded at package (busy vCPUs only), core or CPU level (so two busy vCPUs
+//! never stay on one core while another core is idle, but small imbalances do
+//! not move anything).
 //!
 //! **Pack** (`balance`, `powersaving`): every vCPU has a *fit demand*
 //! `min(weight x 1280, slot)`: its weight plus the 20 % headroom of the fit
@@ -56,12 +57,14 @@ use std::hash::{BuildHasherDefault, Hasher};
 use thiserror::Error;
 
 use crate::capacity::{
-    capacity_greater, core_capacity, effective_capacity, thread_share, CAPACITY_GREATER_MARGIN,
+    capacity_greater, core_capacity, thread_share, CpuOffer, CAPACITY_GREATER_MARGIN,
     CAPACITY_SCALE, FIT_MARGIN,
 };
 use crate::cpuset::CpuSet;
 use crate::policy::Policy;
 use crate::topology::HostTopology;
+
+mod spread;
 
 /// Default consolidation ramp: 5 s, as powernv's global pstate ramp-down
 /// (5120 ms there). Long enough that a load dipping between bursts of a
@@ -89,6 +92,10 @@ const TOKEN: u64 = 1000;
 
 /// Marks "no CPU" in dense CPU index arrays.
 const NO_CPU: u32 = u32::MAX;
+
+/// vCPU numbers below this are checked for duplicates in a bitmap per VM
+/// (pvmm's limit is 255 vCPUs); larger ones, in a map.
+const SEEN_BITS_PER_VM: u32 = 256;
 
 /// Marks "no package" in dense package index arrays.
 const NO_PKG: u32 = u32::MAX;
@@ -277,6 +284,13 @@ struct Layout {
     pkg_slot_max: Vec<u64>,
     /// Whether all cores of a package have the same spread capacity.
     pkg_uniform_cores: Vec<bool>,
+    /// Whether all threads of a core have the same spread capacity.
+    core_uniform_threads: Vec<bool>,
+    /// Whether all packages have the same spread capacity.
+    uniform_pkgs: bool,
+    /// All of the above: comparing loads relative to capacity is comparing
+    /// loads at every level (spread mode's constant-time stay test).
+    spread_uniform: bool,
     host_slot_max: u64,
     total_fit_cap: u64,
     /// Dense CPUs in packing order; package p's are at its `pkg_cpu_start` range.
@@ -352,6 +366,17 @@ impl Layout {
         l.pkg_cpu_start.push(l.cpu_id.len() as u32);
         l.pkg_core_start.push(l.core_cpu_start.len() as u32);
         l.core_cpu_start.push(l.cpu_id.len() as u32);
+        l.core_uniform_threads = (0..l.num_cores())
+            .map(|k| {
+                let caps = &l.spread_cpu_cap
+                    [l.core_cpu_start[k] as usize..l.core_cpu_start[k + 1] as usize];
+                caps.iter().all(|c| *c == caps[0])
+            })
+            .collect();
+        l.uniform_pkgs = l.spread_pkg_cap.iter().all(|c| *c == l.spread_pkg_cap[0]);
+        l.spread_uniform = l.uniform_pkgs
+            && l.pkg_uniform_cores.iter().all(|u| *u)
+            && l.core_uniform_threads.iter().all(|u| *u);
         l
     }
 
@@ -497,6 +522,14 @@ struct Scratch {
     pkg_cursor: Vec<u32>,
     /// Least loaded core of each package during the spread stay test.
     pkg_min_core: Vec<u32>,
+    /// What each CPU offers its vCPUs, in `finish`.
+    cpu_offer: Vec<CpuOffer>,
+    /// Duplicate check of `sync_state`: bit `v` of VM `m`'s
+    /// [`SEEN_BITS_PER_VM`] bits is vCPU `v` of the VM with dense index `m`.
+    seen_bits: Vec<u64>,
+    /// Least and second least loaded package during the spread stay test
+    /// ([`NO_PKG`] when the host has fewer).
+    spread_min_pkg: [u32; 2],
     active: Vec<bool>,
     vm_home: Vec<u32>,
     vm_remaining: Vec<u64>,
@@ -645,7 +678,12 @@ impl Engine {
         for (index, v) in self.vcpus.iter().enumerate() {
             old.insert(id_key(v.id), index as u32);
         }
-        let mut seen: IdMap<()> = IdMap::with_capacity_and_hasher(loads.len(), Default::default());
+        // Duplicates: a bitmap of vCPU numbers per VM (vCPU numbers are small:
+        // at most 255 under pvmm), a map only for larger ones. Hashing every
+        // vCPU cost a cold 10,000-vCPU decision more than its whole stay test.
+        let seen_bits = &mut self.scratch.seen_bits;
+        seen_bits.clear();
+        let mut seen_large: IdMap<()> = IdMap::default();
         let mut vm_index: IdMap<u32> = IdMap::default();
         let full = u64::from(self.config.max_migrations_per_vcpu_per_s) * TOKEN;
         let mut vcpus = Vec::with_capacity(loads.len());
@@ -653,9 +691,6 @@ impl Engine {
         // together, so most lookups are skipped.
         let mut last_vm: Option<(u32, u32)> = None;
         for l in loads {
-            if seen.insert(id_key(l.id), ()).is_some() {
-                return Err(PlaceError::DuplicateVcpu(l.id));
-            }
             let vm = match last_vm {
                 Some((id, index)) if id == l.id.vm => index,
                 _ => {
@@ -664,6 +699,21 @@ impl Engine {
                 }
             };
             last_vm = Some((l.id.vm, vm));
+            let duplicate = if l.id.vcpu < SEEN_BITS_PER_VM {
+                let bit = vm as usize * SEEN_BITS_PER_VM as usize + l.id.vcpu as usize;
+                if seen_bits.len() <= bit / 64 {
+                    seen_bits.resize(bit / 64 + 1, 0);
+                }
+                let mask = 1u64 << (bit % 64);
+                let duplicate = seen_bits[bit / 64] & mask != 0;
+                seen_bits[bit / 64] |= mask;
+                duplicate
+            } else {
+                seen_large.insert(id_key(l.id), ()).is_some()
+            };
+            if duplicate {
+                return Err(PlaceError::DuplicateVcpu(l.id));
+            }
             let previous = if old.is_empty() {
                 None
             } else {
@@ -687,20 +737,49 @@ impl Engine {
         Ok(())
     }
 
-    /// Records vCPU `i` (weight `w`) on dense CPU `c`.
+    /// Records vCPU `i` on dense CPU `c` in the loads of that CPU, its core
+    /// and its package (all that spread mode tracks).
+    fn assign_load(&mut self, i: usize, c: u32, busy: bool) {
+        let l = &self.layout;
+        let s = &mut self.scratch;
+        let w = s.weight[i];
+        let cu = c as usize;
+        s.new_cpu[i] = c;
+        s.cpu_load[cu] += w;
+        s.cpu_count[cu] += 1;
+        s.cpu_busy[cu] |= busy;
+        s.core_load[l.cpu_core[cu] as usize] += w;
+        s.pkg_load[l.cpu_pkg[cu] as usize] += w;
+    }
+
+    /// Undoes [`Engine::assign_load`].
+    fn unassign_load(&mut self, i: usize) {
+        let c = self.scratch.new_cpu[i];
+        if c == NO_CPU {
+            return;
+        }
+        let l = &self.layout;
+        let s = &mut self.scratch;
+        let w = s.weight[i];
+        let cu = c as usize;
+        s.new_cpu[i] = NO_CPU;
+        s.cpu_load[cu] -= w;
+        s.cpu_count[cu] -= 1;
+        s.core_load[l.cpu_core[cu] as usize] -= w;
+        s.pkg_load[l.cpu_pkg[cu] as usize] -= w;
+        // cpu_busy is recomputed in `finish`.
+    }
+
+    /// [`Engine::assign_load`] plus pack mode's fit demands of the CPU and
+    /// its package.
     fn assign(&mut self, i: usize, c: u32, busy: bool) {
+        self.assign_load(i, c, busy);
         let l = &self.layout;
         let s = &mut self.scratch;
         let w = s.weight[i];
         let cu = c as usize;
         let p = l.cpu_pkg[cu] as usize;
-        s.new_cpu[i] = c;
-        s.cpu_load[cu] += w;
         s.cpu_fit[cu] += l.cpu_fit_demand(cu, w);
-        s.cpu_count[cu] += 1;
-        s.cpu_busy[cu] |= busy;
-        s.core_load[l.cpu_core[cu] as usize] += w;
-        s.pkg_load[p] += w;
         s.pkg_fit[p] += fit_demand(w, l.pkg_slot_max[p]);
     }
 
@@ -715,251 +794,9 @@ impl Engine {
         let w = s.weight[i];
         let cu = c as usize;
         let p = l.cpu_pkg[cu] as usize;
-        s.new_cpu[i] = NO_CPU;
-        s.cpu_load[cu] -= w;
         s.cpu_fit[cu] -= l.cpu_fit_demand(cu, w);
-        s.cpu_count[cu] -= 1;
-        s.core_load[l.cpu_core[cu] as usize] -= w;
-        s.pkg_load[p] -= w;
         s.pkg_fit[p] -= fit_demand(w, l.pkg_slot_max[p]);
-        // cpu_busy is recomputed in `finish`.
-    }
-
-    /// Spread mode (see the module documentation).
-    fn place_spread(&mut self, loads: &[VcpuLoad]) {
-        // Stay-put test, against the loads of the previous placement (every
-        // placed vCPU on its previous CPU, current weights): a vCPU keeps its
-        // CPU unless, with its own weight removed, the least loaded CPU is
-        // clearly (CAPACITY_GREATER_MARGIN) better at package, core or CPU
-        // level. Testing each vCPU one by one against a half-built placement
-        // made two vCPUs swap whenever their utils changed order (issue 3.5);
-        // a fair-share test failed whenever one vCPU exceeded its share of a
-        // core. A busy vCPU sharing a core while another core is idle still
-        // moves: load + w against w is clearly greater.
-        let n = self.scratch.order.len();
-        reset(&mut self.scratch.spread_stay, self.vcpus.len(), false);
-        for k in 0..n {
-            let i = self.scratch.order[k] as usize;
-            let prev = self.vcpus[i].cpu;
-            if prev != NO_CPU {
-                self.assign(i, prev, loads[i].busy);
-            }
-        }
-        // Each stay test below removes one vCPU and puts it back: between
-        // tests the placement is this one, so its least loaded cores hold.
-        self.fill_pkg_min_core();
-        for k in 0..n {
-            let i = self.scratch.order[k] as usize;
-            let prev = self.vcpus[i].cpu;
-            if prev == NO_CPU {
-                continue;
-            }
-            let stays = self.scratch.forced[i] || {
-                self.unassign(i);
-                let w = self.scratch.weight[i];
-                let removed_core = self.layout.cpu_core[prev as usize] as usize;
-                let best = self.least_loaded_cpu_for_stay(w, removed_core);
-                let keep = !self.clearly_better(prev as usize, best as usize, w, loads[i].busy);
-                self.assign(i, prev, loads[i].busy);
-                keep
-            };
-            self.scratch.spread_stay[i] = stays;
-        }
-        for k in 0..n {
-            let i = self.scratch.order[k] as usize;
-            if self.vcpus[i].cpu != NO_CPU && !self.scratch.spread_stay[i] {
-                self.unassign(i);
-            }
-        }
-        for k in 0..self.scratch.order.len() {
-            let i = self.scratch.order[k] as usize;
-            if self.scratch.new_cpu[i] != NO_CPU {
-                continue;
-            }
-            let w = self.scratch.weight[i];
-            let best = self.least_loaded_cpu(w);
-            let prev = self.vcpus[i].cpu;
-            // Hysteresis: the midpoint test above fails whenever one vCPU is
-            // bigger than its fair share of a core (few vCPUs on many cores),
-            // so without this two vCPUs swap packages every time their utils
-            // change order. Keep the previous CPU unless the least loaded one
-            // is clearly (CAPACITY_GREATER_MARGIN) better at package, core
-            // or CPU level; a busy vCPU sharing a core while another core is
-            // idle still moves (load + w vs w is clearly greater).
-            let c = if prev != NO_CPU
-                && !self.clearly_better(prev as usize, best as usize, w, loads[i].busy)
-            {
-                prev
-            } else {
-                best
-            };
-            self.assign(i, c, loads[i].busy);
-        }
-    }
-
-    /// Whether `best` is clearly less loaded than `prev` (relative to
-    /// capacity, after adding `w`) at package, core or CPU level. The package
-    /// level counts only for a vCPU that is `busy` now: a less loaded package
-    /// (its cache, memory bandwidth, turbo headroom) helps a vCPU that runs,
-    /// while an idle vCPU with a core of its own gains nothing by moving. Under
-    /// bursty loads (a kernel build) idle vCPUs otherwise left a package every
-    /// time a sibling burst, several times a second.
-    fn clearly_better(&self, prev: usize, best: usize, w: u64, busy: bool) -> bool {
-        if prev == best {
-            return false;
-        }
-        let l = &self.layout;
-        let s = &self.scratch;
-        let worse = |lp: u64, cp: u64, lb: u64, cb: u64| {
-            // (lp + w) / cp clearly greater than (lb + w) / cb.
-            let a = u128::from(lp + w) * u128::from(cb.max(1));
-            let b = u128::from(lb + w) * u128::from(cp.max(1));
-            a * u128::from(CAPACITY_SCALE) > b * u128::from(CAPACITY_GREATER_MARGIN)
-        };
-        let (pp, pb) = (l.cpu_pkg[prev] as usize, l.cpu_pkg[best] as usize);
-        let (kp, kb) = (l.cpu_core[prev] as usize, l.cpu_core[best] as usize);
-        (busy
-            && worse(
-                s.pkg_load[pp],
-                l.spread_pkg_cap[pp],
-                s.pkg_load[pb],
-                l.spread_pkg_cap[pb],
-            ))
-            || worse(
-                s.core_load[kp],
-                l.spread_core_cap[kp],
-                s.core_load[kb],
-                l.spread_core_cap[kb],
-            )
-            || worse(
-                s.cpu_load[prev],
-                l.spread_cpu_cap[prev],
-                s.cpu_load[best],
-                l.spread_cpu_cap[best],
-            )
-    }
-
-    /// Least loaded package, then core in it, then thread in that (weights
-    /// relative to capacity, after adding `w`); ties go to lower indices.
-    fn least_loaded_cpu(&self, w: u64) -> u32 {
-        let best_pkg = self.least_loaded_package(w);
-        let best_core = self.least_loaded_core(best_pkg, w);
-        self.least_loaded_thread(best_core, w)
-    }
-
-    /// [`Self::least_loaded_cpu`] during the stay test, where the placement is
-    /// the previous one minus the vCPU being tested (on core `removed_core`):
-    /// each uniform package's least loaded core comes from `scratch.pkg_min_core`
-    /// (computed once per decision by [`Self::fill_pkg_min_core`]) instead of a
-    /// scan of its cores, the one tested vCPU's removal taken into account. The
-    /// stay test runs for every vCPU, and the scans were 40 % of a decision.
-    fn least_loaded_cpu_for_stay(&self, w: u64, removed_core: usize) -> u32 {
-        let l = &self.layout;
-        let s = &self.scratch;
-        let best_pkg = self.least_loaded_package(w);
-        let best_core = if l.pkg_uniform_cores[best_pkg] {
-            let cores =
-                l.pkg_core_start[best_pkg] as usize..l.pkg_core_start[best_pkg + 1] as usize;
-            let min = s.pkg_min_core[best_pkg] as usize;
-            if cores.contains(&removed_core)
-                && (s.core_load[removed_core], removed_core) < (s.core_load[min], min)
-            {
-                removed_core
-            } else {
-                min
-            }
-        } else {
-            self.least_loaded_core(best_pkg, w)
-        };
-        let fast = self.least_loaded_thread(best_core, w);
-        debug_assert_eq!(fast, self.least_loaded_cpu(w), "stay-test shortcut");
-        fast
-    }
-
-    /// Fills `scratch.pkg_min_core`: each package's least loaded core (lowest
-    /// index on ties) under the current placement; uniform packages only.
-    fn fill_pkg_min_core(&mut self) {
-        let l = &self.layout;
-        let s = &mut self.scratch;
-        reset(&mut s.pkg_min_core, l.num_pkgs(), 0);
-        for p in 0..l.num_pkgs() {
-            let cores = l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize;
-            let mut best = cores.start;
-            for core in cores {
-                if s.core_load[core] < s.core_load[best] {
-                    best = core;
-                }
-            }
-            s.pkg_min_core[p] = best as u32;
-        }
-    }
-
-    /// The least loaded package for weight `w` (relative to capacity).
-    fn least_loaded_package(&self, w: u64) -> usize {
-        let l = &self.layout;
-        let s = &self.scratch;
-        let mut best_pkg = 0usize;
-        for p in 1..l.num_pkgs() {
-            if ratio_less(
-                s.pkg_load[p] + w,
-                l.spread_pkg_cap[p],
-                s.pkg_load[best_pkg] + w,
-                l.spread_pkg_cap[best_pkg],
-            ) {
-                best_pkg = p;
-            }
-        }
-        best_pkg
-    }
-
-    /// The least loaded core of package `p` for weight `w`.
-    fn least_loaded_core(&self, p: usize, w: u64) -> usize {
-        let l = &self.layout;
-        let s = &self.scratch;
-        let cores = l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize;
-        let mut best_core = cores.start;
-        if l.pkg_uniform_cores[p] {
-            // Equal core capacities (the usual case): compare loads directly.
-            let loads = &s.core_load[cores.clone()];
-            let mut best_load = loads[0];
-            for (k, load) in loads.iter().enumerate().skip(1) {
-                if *load < best_load {
-                    best_load = *load;
-                    best_core = cores.start + k;
-                }
-            }
-        } else {
-            for core in cores {
-                if ratio_less(
-                    s.core_load[core] + w,
-                    l.spread_core_cap[core],
-                    s.core_load[best_core] + w,
-                    l.spread_core_cap[best_core],
-                ) {
-                    best_core = core;
-                }
-            }
-        }
-        best_core
-    }
-
-    /// The least loaded thread of core `core` for weight `w`.
-    fn least_loaded_thread(&self, core: usize, w: u64) -> u32 {
-        let l = &self.layout;
-        let s = &self.scratch;
-        let cpus = l.core_cpu_start[core] as usize..l.core_cpu_start[core + 1] as usize;
-        let mut best_cpu = cpus.start;
-        for c in cpus {
-            if ratio_less(
-                s.cpu_load[c] + w,
-                l.spread_cpu_cap[c],
-                s.cpu_load[best_cpu] + w,
-                l.spread_cpu_cap[best_cpu],
-            ) {
-                best_cpu = c;
-            }
-        }
-        best_cpu as u32
+        self.unassign_load(i);
     }
 
     /// Pack mode (see the module documentation). Returns the packages in use
@@ -1517,6 +1354,16 @@ impl Engine {
                 s.core_busy[l.cpu_core[c] as usize] += 1;
             }
         }
+        s.cpu_offer.clear();
+        s.cpu_offer.extend((0..l.num_cpus()).map(|c| {
+            let busy_threads = s.core_busy[l.cpu_core[c] as usize] + u32::from(!s.cpu_busy[c]);
+            CpuOffer::new(
+                l.cpu_capacity[c],
+                l.cpu_threads[c],
+                busy_threads,
+                s.cpu_count[c],
+            )
+        }));
         let assignments = &mut out.assignments;
         let migrations = &mut out.migrations;
         assignments.reserve(loads.len());
@@ -1526,7 +1373,6 @@ impl Engine {
         migrations.reserve(changed);
         for (i, load) in loads.iter().enumerate() {
             let c = s.new_cpu[i] as usize;
-            let busy_threads = s.core_busy[l.cpu_core[c] as usize] + u32::from(!s.cpu_busy[c]);
             let cpus = CpuSet::single(l.cpu_id[c]);
             let state = &mut self.vcpus[i];
             if state.cpu != c as u32 {
@@ -1545,13 +1391,7 @@ impl Engine {
                 id: load.id,
                 cpus,
                 package: l.pkg_id[l.cpu_pkg[c] as usize],
-                capacity: effective_capacity(
-                    l.cpu_capacity[c],
-                    l.cpu_threads[c],
-                    busy_threads,
-                    s.cpu_count[c],
-                    s.cpu_load[c] - s.weight[i],
-                ),
+                capacity: s.cpu_offer[c].for_vcpu(s.cpu_load[c] - s.weight[i]),
             });
         }
     }

@@ -596,6 +596,48 @@ fn duplicate_vcpus_are_an_error_and_leave_state_intact() {
     assert!(engine.place(300, &[]).unwrap().assignments.is_empty());
 }
 
+/// Duplicates are found whatever the vCPU numbers (small ones are checked in a
+/// bitmap per VM, large ones in a map) and however the VMs interleave; equal
+/// vCPU numbers in different VMs, and 255 next to 256, are not duplicates.
+#[test]
+fn duplicates_are_found_for_any_vcpu_number_and_vm_order() {
+    let topology = HostTopology::from_spec("1x4x1").unwrap();
+    let mut engine = Engine::new(topology, Policy::Performance, EngineConfig::default());
+    let load = |vm: u32, vcpu: u32| VcpuLoad {
+        id: VcpuId { vm, vcpu },
+        util: 100,
+        busy: false,
+    };
+    let distinct = [
+        load(7, 0),
+        load(9, 0),
+        load(7, 255),
+        load(7, 256),
+        load(9, u32::MAX),
+        load(7, u32::MAX),
+        load(u32::MAX, 63),
+        load(u32::MAX, 64),
+    ];
+    assert_eq!(engine.place(0, &distinct).unwrap().assignments.len(), 8);
+    for dup in [
+        load(7, 0),
+        load(9, 0),
+        load(7, 256),
+        load(7, u32::MAX),
+        load(u32::MAX, 64),
+    ] {
+        let mut loads = distinct.to_vec();
+        loads.insert(3, dup);
+        assert_eq!(
+            engine.place(100, &loads),
+            Err(PlaceError::DuplicateVcpu(dup.id)),
+            "{dup:?}"
+        );
+    }
+    // After the errors, the next decision runs on the state before them.
+    assert_eq!(engine.place(200, &distinct).unwrap().moves(), 0);
+}
+
 #[test]
 fn extreme_times_and_utils_do_not_panic() {
     let topology = HostTopology::from_spec("2x2x2").unwrap();

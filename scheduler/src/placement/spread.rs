@@ -1,0 +1,406 @@
+//! Spread mode: `performance`, and every policy while the host is overutilized.
+//!
+//! Each vCPU that moves goes to the least loaded package, then the least loaded
+//! core in it, then the least loaded thread (loads relative to capacity, ties to
+//! the lowest index). A vCPU keeps its CPU unless, with its own weight removed
+//! from the previous placement, the least loaded CPU is clearly
+//! ([`CAPACITY_GREATER_MARGIN`]) better at package level (busy vCPUs only), core
+//! or CPU level.
+//!
+//! Spread mode has no slots: it tracks loads only ([`Engine::assign_load`]).
+
+use super::{ratio_less, reset, Engine, VcpuLoad, NO_CPU, NO_PKG};
+use crate::capacity::{CAPACITY_GREATER_MARGIN, CAPACITY_SCALE};
+
+/// The loads around one CPU: its package's, its core's and its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LoadsAround {
+    pkg: u64,
+    core: u64,
+    cpu: u64,
+}
+
+/// `a_num / a_den` is clearly ([`CAPACITY_GREATER_MARGIN`]) greater than
+/// `b_num / b_den`; dens are taken as at least 1.
+fn ratio_clearly_greater(a_num: u64, a_den: u64, b_num: u64, b_den: u64) -> bool {
+    let (a_den, b_den) = (a_den.max(1), b_den.max(1));
+    let scale = u64::from(CAPACITY_SCALE);
+    match (
+        a_num.checked_mul(b_den).and_then(|a| a.checked_mul(scale)),
+        b_num
+            .checked_mul(a_den)
+            .and_then(|b| b.checked_mul(CAPACITY_GREATER_MARGIN)),
+    ) {
+        (Some(a), Some(b)) => a > b,
+        // Loads beyond u64 products: exact in u128 (never on real hosts).
+        _ => {
+            u128::from(a_num) * u128::from(b_den) * u128::from(scale)
+                > u128::from(b_num) * u128::from(a_den) * u128::from(CAPACITY_GREATER_MARGIN)
+        }
+    }
+}
+
+impl Engine {
+    /// Spread mode (see the module documentation).
+    pub(super) fn place_spread(&mut self, loads: &[VcpuLoad]) {
+        // Stay-put test, against the loads of the previous placement (every
+        // placed vCPU on its previous CPU, current weights): a vCPU keeps its
+        // CPU unless, with its own weight removed, the least loaded CPU is
+        // clearly better. Testing each vCPU one by one against a half-built
+        // placement made two vCPUs swap whenever their utils changed order
+        // (issue 3.5); a fair-share test failed whenever one vCPU exceeded its
+        // share of a core. A busy vCPU sharing a core while another core is
+        // idle still moves: load + w against w is clearly greater.
+        let n = self.vcpus.len();
+        reset(&mut self.scratch.spread_stay, n, false);
+        for (i, load) in loads.iter().enumerate() {
+            let prev = self.vcpus[i].cpu;
+            if prev != NO_CPU {
+                self.assign_load(i, prev, load.busy);
+            }
+        }
+        // Each stay test below asks what the placement would be without one
+        // vCPU: between tests the placement is the previous one, so its least
+        // loaded package and cores, found once here, hold for every test.
+        self.fill_spread_minima();
+        for (i, load) in loads.iter().enumerate() {
+            let prev = self.vcpus[i].cpu;
+            if prev == NO_CPU {
+                continue;
+            }
+            let stays = self.scratch.forced[i]
+                || if self.layout.spread_uniform {
+                    let fast = self.spread_stays_uniform(i, prev as usize, load.busy);
+                    debug_assert_eq!(
+                        fast,
+                        self.spread_stays_by_search(i, prev, load.busy),
+                        "stay-test shortcut for vCPU {i}"
+                    );
+                    fast
+                } else {
+                    self.spread_stays_by_search(i, prev, load.busy)
+                };
+            self.scratch.spread_stay[i] = stays;
+        }
+        for i in 0..n {
+            if self.vcpus[i].cpu != NO_CPU && !self.scratch.spread_stay[i] {
+                self.unassign_load(i);
+            }
+        }
+        for k in 0..self.scratch.order.len() {
+            let i = self.scratch.order[k] as usize;
+            if self.scratch.new_cpu[i] != NO_CPU {
+                continue;
+            }
+            let w = self.scratch.weight[i];
+            let best = self.least_loaded_cpu(w) as usize;
+            let prev = self.vcpus[i].cpu;
+            // Hysteresis: without it two vCPUs bigger than their fair share of
+            // a core (few vCPUs on many cores) swap packages every time their
+            // utils change order. Keep the previous CPU unless the least loaded
+            // one is clearly better; a busy vCPU sharing a core while another
+            // core is idle still moves (load + w vs w is clearly greater).
+            let c = if prev != NO_CPU
+                && !self.clearly_better(
+                    prev as usize,
+                    self.loads_around(prev as usize),
+                    best,
+                    self.loads_around(best),
+                    w,
+                    loads[i].busy,
+                ) {
+                prev
+            } else {
+                best as u32
+            };
+            self.assign_load(i, c, loads[i].busy);
+        }
+    }
+
+    /// The stay test by search: takes vCPU `i` off its previous CPU `prev`,
+    /// finds the least loaded CPU, and puts `i` back. Any topology.
+    fn spread_stays_by_search(&mut self, i: usize, prev: u32, busy: bool) -> bool {
+        self.unassign_load(i);
+        let w = self.scratch.weight[i];
+        let best = self.least_loaded_cpu(w) as usize;
+        let prev_cpu = prev as usize;
+        let keep = !self.clearly_better(
+            prev_cpu,
+            self.loads_around(prev_cpu),
+            best,
+            self.loads_around(best),
+            w,
+            busy,
+        );
+        self.assign_load(i, prev, busy);
+        keep
+    }
+
+    /// The stay test on a uniform host ([`super::Layout::spread_uniform`]),
+    /// in constant time: comparing loads relative to equal capacities is
+    /// comparing loads, so the least loaded CPU without vCPU `i` is the
+    /// least loaded package / core / thread of [`Self::fill_spread_minima`],
+    /// unless `i`'s own package / core / CPU, lighter by `i`'s weight, beats
+    /// it. Gives the same answer as [`Self::spread_stays_by_search`] (debug
+    /// builds check every call); it is most of a decision's work, run for
+    /// every placed vCPU every tick.
+    fn spread_stays_uniform(&self, i: usize, prev: usize, busy: bool) -> bool {
+        let l = &self.layout;
+        let s = &self.scratch;
+        let w = s.weight[i];
+        let (p, k) = (l.cpu_pkg[prev] as usize, l.cpu_core[prev] as usize);
+        // Everything `i` sits on, with `i` removed.
+        let mine = LoadsAround {
+            pkg: s.pkg_load[p] - w,
+            core: s.core_load[k] - w,
+            cpu: s.cpu_load[prev] - w,
+        };
+        let [min_pkg, second_pkg] = s.spread_min_pkg;
+        let other = if min_pkg as usize == p {
+            second_pkg
+        } else {
+            min_pkg
+        };
+        let best_pkg =
+            if other == NO_PKG || (mine.pkg, p) < (s.pkg_load[other as usize], other as usize) {
+                p
+            } else {
+                other as usize
+            };
+        let min_core = s.pkg_min_core[best_pkg] as usize;
+        let best_core = if best_pkg == p && (mine.core, k) < (s.core_load[min_core], min_core) {
+            k
+        } else {
+            min_core
+        };
+        let cpu_load = |c: usize| if c == prev { mine.cpu } else { s.cpu_load[c] };
+        let cpus = l.core_cpu_start[best_core] as usize..l.core_cpu_start[best_core + 1] as usize;
+        let mut best = cpus.start;
+        for c in cpus {
+            if cpu_load(c) < cpu_load(best) {
+                best = c;
+            }
+        }
+        if best == prev {
+            return true;
+        }
+        let theirs = LoadsAround {
+            pkg: if best_pkg == p {
+                mine.pkg
+            } else {
+                s.pkg_load[best_pkg]
+            },
+            core: if best_core == k {
+                mine.core
+            } else {
+                s.core_load[best_core]
+            },
+            cpu: cpu_load(best),
+        };
+        !self.clearly_better(prev, mine, best, theirs, w, busy)
+    }
+
+    /// The loads around dense CPU `c` as placed now.
+    fn loads_around(&self, c: usize) -> LoadsAround {
+        let l = &self.layout;
+        let s = &self.scratch;
+        LoadsAround {
+            pkg: s.pkg_load[l.cpu_pkg[c] as usize],
+            core: s.core_load[l.cpu_core[c] as usize],
+            cpu: s.cpu_load[c],
+        }
+    }
+
+    /// Whether CPU `best` (with loads `theirs`) is clearly less loaded than
+    /// CPU `prev` (with loads `mine`), relative to capacity and after adding
+    /// `w`, at package, core or CPU level. The package level counts only for
+    /// a vCPU that is `busy` now: a less loaded package (its cache, memory
+    /// bandwidth, turbo headroom) helps a vCPU that runs, while an idle vCPU
+    /// with a core of its own gains nothing by moving. Under bursty loads (a
+    /// kernel build) idle vCPUs otherwise left a package every time a sibling
+    /// burst, several times a second.
+    fn clearly_better(
+        &self,
+        prev: usize,
+        mine: LoadsAround,
+        best: usize,
+        theirs: LoadsAround,
+        w: u64,
+        busy: bool,
+    ) -> bool {
+        if prev == best {
+            return false;
+        }
+        let l = &self.layout;
+        let worse =
+            |lp: u64, cp: u64, lb: u64, cb: u64| ratio_clearly_greater(lp + w, cp, lb + w, cb);
+        let (pp, pb) = (l.cpu_pkg[prev] as usize, l.cpu_pkg[best] as usize);
+        let (kp, kb) = (l.cpu_core[prev] as usize, l.cpu_core[best] as usize);
+        (busy
+            && worse(
+                mine.pkg,
+                l.spread_pkg_cap[pp],
+                theirs.pkg,
+                l.spread_pkg_cap[pb],
+            ))
+            || worse(
+                mine.core,
+                l.spread_core_cap[kp],
+                theirs.core,
+                l.spread_core_cap[kb],
+            )
+            || worse(
+                mine.cpu,
+                l.spread_cpu_cap[prev],
+                theirs.cpu,
+                l.spread_cpu_cap[best],
+            )
+    }
+
+    /// Least loaded package, then core in it, then thread in that (weights
+    /// relative to capacity, after adding `w`); ties go to lower indices.
+    fn least_loaded_cpu(&self, w: u64) -> u32 {
+        let best_pkg = self.least_loaded_package(w);
+        let best_core = self.least_loaded_core(best_pkg, w);
+        self.least_loaded_thread(best_core, w)
+    }
+
+    /// Fills `scratch.spread_min_pkg` (the least and second least loaded
+    /// packages) and `scratch.pkg_min_core` (each package's least loaded core)
+    /// by load, lowest index on ties, under the current placement. Only
+    /// meaningful on a uniform host, where load order is capacity order.
+    fn fill_spread_minima(&mut self) {
+        let l = &self.layout;
+        let s = &mut self.scratch;
+        let mut min = [NO_PKG; 2];
+        for p in 0..l.num_pkgs() {
+            let key = |q: u32| (s.pkg_load[q as usize], q);
+            if min[0] == NO_PKG || key(p as u32) < key(min[0]) {
+                min = [p as u32, min[0]];
+            } else if min[1] == NO_PKG || key(p as u32) < key(min[1]) {
+                min[1] = p as u32;
+            }
+        }
+        s.spread_min_pkg = min;
+        reset(&mut s.pkg_min_core, l.num_pkgs(), 0);
+        for p in 0..l.num_pkgs() {
+            let cores = l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize;
+            let mut best = cores.start;
+            for core in cores {
+                if s.core_load[core] < s.core_load[best] {
+                    best = core;
+                }
+            }
+            s.pkg_min_core[p] = best as u32;
+        }
+    }
+
+    /// The least loaded package for weight `w` (relative to capacity).
+    fn least_loaded_package(&self, w: u64) -> usize {
+        let l = &self.layout;
+        let s = &self.scratch;
+        let mut best_pkg = 0usize;
+        if l.uniform_pkgs {
+            // Equal package capacities (the usual case): compare loads.
+            for p in 1..l.num_pkgs() {
+                if s.pkg_load[p] < s.pkg_load[best_pkg] {
+                    best_pkg = p;
+                }
+            }
+            return best_pkg;
+        }
+        for p in 1..l.num_pkgs() {
+            if ratio_less(
+                s.pkg_load[p] + w,
+                l.spread_pkg_cap[p],
+                s.pkg_load[best_pkg] + w,
+                l.spread_pkg_cap[best_pkg],
+            ) {
+                best_pkg = p;
+            }
+        }
+        best_pkg
+    }
+
+    /// The least loaded core of package `p` for weight `w`.
+    fn least_loaded_core(&self, p: usize, w: u64) -> usize {
+        let l = &self.layout;
+        let s = &self.scratch;
+        let cores = l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize;
+        let mut best_core = cores.start;
+        if l.pkg_uniform_cores[p] {
+            // Equal core capacities (the usual case): compare loads.
+            let loads = &s.core_load[cores.clone()];
+            let mut best_load = loads[0];
+            for (k, load) in loads.iter().enumerate().skip(1) {
+                if *load < best_load {
+                    best_load = *load;
+                    best_core = cores.start + k;
+                }
+            }
+        } else {
+            for core in cores {
+                if ratio_less(
+                    s.core_load[core] + w,
+                    l.spread_core_cap[core],
+                    s.core_load[best_core] + w,
+                    l.spread_core_cap[best_core],
+                ) {
+                    best_core = core;
+                }
+            }
+        }
+        best_core
+    }
+
+    /// The least loaded thread of core `core` for weight `w`.
+    fn least_loaded_thread(&self, core: usize, w: u64) -> u32 {
+        let l = &self.layout;
+        let s = &self.scratch;
+        let cpus = l.core_cpu_start[core] as usize..l.core_cpu_start[core + 1] as usize;
+        let mut best_cpu = cpus.start;
+        let uniform = l.core_uniform_threads[core];
+        for c in cpus {
+            let better = if uniform {
+                s.cpu_load[c] < s.cpu_load[best_cpu]
+            } else {
+                ratio_less(
+                    s.cpu_load[c] + w,
+                    l.spread_cpu_cap[c],
+                    s.cpu_load[best_cpu] + w,
+                    l.spread_cpu_cap[best_cpu],
+                )
+            };
+            if better {
+                best_cpu = c;
+            }
+        }
+        best_cpu as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clearly_greater_needs_the_margin_and_survives_huge_values() {
+        // 1078/1024 is the margin: 1079 vs 1024 is clearly greater, 1078 is not.
+        assert!(ratio_clearly_greater(1079, 1, 1024, 1));
+        assert!(!ratio_clearly_greater(1078, 1, 1024, 1));
+        // Capacities scale the comparison.
+        assert!(ratio_clearly_greater(600, 1024, 1000, 2048));
+        assert!(!ratio_clearly_greater(500, 1024, 1000, 2048));
+        // Products beyond u64 fall back to exact arithmetic.
+        let big = 1u64 << 40;
+        assert!(ratio_clearly_greater(big + big / 8, 1 << 30, big, 1 << 30));
+        assert!(!ratio_clearly_greater(
+            big + big / 32,
+            1 << 30,
+            big,
+            1 << 30
+        ));
+        // A zero capacity counts as 1.
+        assert!(ratio_clearly_greater(10, 0, 1, 1));
+    }
+}
