@@ -1114,3 +1114,53 @@ fn performance_moves_no_idle_vcpu_for_a_bursty_package_imbalance() {
     }
     assert_eq!(idle_moves, 0);
 }
+
+/// Spread mode on packages of 20 cores, loads changing every tick (debug
+/// builds check every stay-test shortcut against the full search): whenever
+/// the busy vCPUs fit one per core, no two of them share a core.
+#[test]
+fn spread_on_many_core_packages_gives_busy_vcpus_a_core_each() {
+    let topology = HostTopology::from_spec("2x20x2").unwrap();
+    let mut engine = Engine::new(
+        topology.clone(),
+        Policy::Performance,
+        EngineConfig::default(),
+    );
+    let core_of = |cpu: u32| {
+        let c = topology.cpu(cpu).unwrap();
+        (c.package, c.core)
+    };
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for tick in 0..60u64 {
+        let busy_count = 10 + (tick % 4) as u32 * 10; // 10..=40 busy of 80
+        let loads: Vec<VcpuLoad> = (0..80u32)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let busy = i < busy_count;
+                VcpuLoad {
+                    id: VcpuId {
+                        vm: i / 8,
+                        vcpu: i % 8,
+                    },
+                    util: if busy {
+                        900 + (x % 124) as u32
+                    } else {
+                        (x % 60) as u32
+                    },
+                    busy,
+                }
+            })
+            .collect();
+        // A few ticks per load level: migrations are rate limited.
+        let d = run_steady(&mut engine, tick * 10_000, 20, &loads);
+        let mut cores: Vec<_> = d.assignments[..busy_count as usize]
+            .iter()
+            .map(|a| core_of(a.cpus.first().unwrap()))
+            .collect();
+        cores.sort_unstable();
+        cores.dedup();
+        assert_eq!(cores.len(), busy_count as usize, "tick {tick}");
+    }
+}
