@@ -237,9 +237,7 @@ proptest! {
             }).collect();
             let d = engine.place(tick * TICK_MS, &loads).unwrap();
             for m in &d.migrations {
-                if m.from.is_some() {
-                    moves[m.id.vcpu as usize] += 1;
-                }
+                moves[m.id.vcpu as usize] += 1;
             }
         }
         // A full bucket (limit moves) plus limit per second of elapsed time.
@@ -663,9 +661,13 @@ fn new_vcpus_are_initial_placements_not_moves() {
     let topology = HostTopology::from_spec("2x2x1").unwrap();
     let mut engine = Engine::new(topology, Policy::Balance, EngineConfig::default());
     let d = engine.place(0, &busy_vcpus(3)).unwrap();
-    assert_eq!(d.migrations.len(), 3);
+    assert_eq!(d.assignments.len(), 3);
+    assert!(d.migrations.is_empty());
     assert_eq!(d.moves(), 0);
-    assert!(d.migrations.iter().all(|m| m.from.is_none()));
+    // A fourth vCPU joining is placed, not moved; the others stay.
+    let d = engine.place(100, &busy_vcpus(4)).unwrap();
+    assert_eq!(d.assignments.len(), 4);
+    assert!(d.migrations.is_empty(), "{:?}", d.migrations);
 }
 
 #[test]
@@ -1103,7 +1105,7 @@ fn performance_moves_no_idle_vcpu_for_a_bursty_package_imbalance() {
             })
             .collect();
         let d = engine.place(tick * TICK_MS, &loads).unwrap();
-        for m in d.migrations.iter().filter(|m| m.from.is_some()) {
+        for m in &d.migrations {
             let load = loads.iter().find(|l| l.id == m.id).unwrap();
             idle_moves += usize::from(!load.busy);
         }
