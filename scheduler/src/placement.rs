@@ -293,6 +293,9 @@ struct Layout {
     /// All of the above: comparing loads relative to capacity is comparing
     /// loads at every level (spread mode's constant-time stay test).
     spread_uniform: bool,
+    /// Every package, every core and every CPU have the same spread
+    /// capacity as their likes (loads compare across levels' members).
+    equal_caps: bool,
     host_slot_max: u64,
     total_fit_cap: u64,
     /// Dense CPUs in packing order; package p's are at its `pkg_cpu_start` range.
@@ -376,6 +379,10 @@ impl Layout {
             })
             .collect();
         l.uniform_pkgs = l.spread_pkg_cap.iter().all(|c| *c == l.spread_pkg_cap[0]);
+        let all_equal = |caps: &[u64]| caps.iter().all(|c| *c == caps[0]);
+        l.equal_caps = all_equal(&l.spread_pkg_cap)
+            && all_equal(&l.spread_core_cap)
+            && all_equal(&l.spread_cpu_cap);
         l.spread_uniform = l.uniform_pkgs
             && l.pkg_uniform_cores.iter().all(|u| *u)
             && l.core_uniform_threads.iter().all(|u| *u);

@@ -40,6 +40,12 @@ fn ratio_clearly_greater(a_num: u64, a_den: u64, b_num: u64, b_den: u64) -> bool
     }
 }
 
+/// `a` is clearly ([`CAPACITY_GREATER_MARGIN`]) greater than `b`: loads
+/// against equal capacities.
+fn clearly_greater_load(a: u64, b: u64) -> bool {
+    ratio_clearly_greater(a, 1, b, 1)
+}
+
 impl Engine {
     /// Spread mode (see the module documentation).
     pub(super) fn place_spread(&mut self, loads: &[VcpuLoad]) {
@@ -232,29 +238,41 @@ impl Engine {
             return false;
         }
         let l = &self.layout;
-        let worse =
-            |lp: u64, cp: u64, lb: u64, cb: u64| ratio_clearly_greater(lp + w, cp, lb + w, cb);
-        let (pp, pb) = (l.cpu_pkg[prev] as usize, l.cpu_pkg[best] as usize);
-        let (kp, kb) = (l.cpu_core[prev] as usize, l.cpu_core[best] as usize);
-        (busy
-            && worse(
-                mine.pkg,
-                l.spread_pkg_cap[pp],
-                theirs.pkg,
-                l.spread_pkg_cap[pb],
-            ))
-            || worse(
-                mine.core,
-                l.spread_core_cap[kp],
-                theirs.core,
-                l.spread_core_cap[kb],
-            )
-            || worse(
-                mine.cpu,
-                l.spread_cpu_cap[prev],
-                theirs.cpu,
-                l.spread_cpu_cap[best],
-            )
+        let relative = || {
+            let worse =
+                |lp: u64, cp: u64, lb: u64, cb: u64| ratio_clearly_greater(lp + w, cp, lb + w, cb);
+            let (pp, pb) = (l.cpu_pkg[prev] as usize, l.cpu_pkg[best] as usize);
+            let (kp, kb) = (l.cpu_core[prev] as usize, l.cpu_core[best] as usize);
+            (busy
+                && worse(
+                    mine.pkg,
+                    l.spread_pkg_cap[pp],
+                    theirs.pkg,
+                    l.spread_pkg_cap[pb],
+                ))
+                || worse(
+                    mine.core,
+                    l.spread_core_cap[kp],
+                    theirs.core,
+                    l.spread_core_cap[kb],
+                )
+                || worse(
+                    mine.cpu,
+                    l.spread_cpu_cap[prev],
+                    theirs.cpu,
+                    l.spread_cpu_cap[best],
+                )
+        };
+        if !l.equal_caps {
+            return relative();
+        }
+        // Every package, core and CPU alike: capacities cancel out.
+        let worse = |lp: u64, lb: u64| clearly_greater_load(lp + w, lb + w);
+        let better = (busy && worse(mine.pkg, theirs.pkg))
+            || worse(mine.core, theirs.core)
+            || worse(mine.cpu, theirs.cpu);
+        debug_assert_eq!(better, relative(), "equal-capacity shortcut");
+        better
     }
 
     /// Least loaded package, then core in it, then thread in that (weights
