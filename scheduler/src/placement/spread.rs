@@ -316,85 +316,71 @@ impl Engine {
     /// The least loaded package for weight `w` (relative to capacity).
     fn least_loaded_package(&self, w: u64) -> usize {
         let l = &self.layout;
-        let s = &self.scratch;
-        let mut best_pkg = 0usize;
-        if l.uniform_pkgs {
-            // Equal package capacities (the usual case): compare loads.
-            for p in 1..l.num_pkgs() {
-                if s.pkg_load[p] < s.pkg_load[best_pkg] {
-                    best_pkg = p;
-                }
-            }
-            return best_pkg;
-        }
-        for p in 1..l.num_pkgs() {
-            if ratio_less(
-                s.pkg_load[p] + w,
-                l.spread_pkg_cap[p],
-                s.pkg_load[best_pkg] + w,
-                l.spread_pkg_cap[best_pkg],
-            ) {
-                best_pkg = p;
-            }
-        }
-        best_pkg
+        least_loaded(
+            0..l.num_pkgs(),
+            &self.scratch.pkg_load,
+            &l.spread_pkg_cap,
+            w,
+            l.uniform_pkgs,
+        )
     }
 
     /// The least loaded core of package `p` for weight `w`.
     fn least_loaded_core(&self, p: usize, w: u64) -> usize {
         let l = &self.layout;
-        let s = &self.scratch;
-        let cores = l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize;
-        let mut best_core = cores.start;
-        if l.pkg_uniform_cores[p] {
-            // Equal core capacities (the usual case): compare loads.
-            let loads = &s.core_load[cores.clone()];
-            let mut best_load = loads[0];
-            for (k, load) in loads.iter().enumerate().skip(1) {
-                if *load < best_load {
-                    best_load = *load;
-                    best_core = cores.start + k;
-                }
-            }
-        } else {
-            for core in cores {
-                if ratio_less(
-                    s.core_load[core] + w,
-                    l.spread_core_cap[core],
-                    s.core_load[best_core] + w,
-                    l.spread_core_cap[best_core],
-                ) {
-                    best_core = core;
-                }
-            }
-        }
-        best_core
+        least_loaded(
+            l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize,
+            &self.scratch.core_load,
+            &l.spread_core_cap,
+            w,
+            l.pkg_uniform_cores[p],
+        )
     }
 
     /// The least loaded thread of core `core` for weight `w`.
     fn least_loaded_thread(&self, core: usize, w: u64) -> u32 {
         let l = &self.layout;
-        let s = &self.scratch;
-        let cpus = l.core_cpu_start[core] as usize..l.core_cpu_start[core + 1] as usize;
-        let mut best_cpu = cpus.start;
-        let uniform = l.core_uniform_threads[core];
-        for c in cpus {
-            let better = if uniform {
-                s.cpu_load[c] < s.cpu_load[best_cpu]
-            } else {
-                ratio_less(
-                    s.cpu_load[c] + w,
-                    l.spread_cpu_cap[c],
-                    s.cpu_load[best_cpu] + w,
-                    l.spread_cpu_cap[best_cpu],
-                )
-            };
-            if better {
-                best_cpu = c;
+        least_loaded(
+            l.core_cpu_start[core] as usize..l.core_cpu_start[core + 1] as usize,
+            &self.scratch.cpu_load,
+            &l.spread_cpu_cap,
+            w,
+            l.core_uniform_threads[core],
+        ) as u32
+    }
+}
+
+/// The member of `members` (a range of indices into `load` and `cap`) whose
+/// load plus `w` is least relative to its capacity, the lowest index on ties;
+/// with `equal_caps` (the usual case) simply the least loaded. Empty ranges
+/// give their start.
+fn least_loaded(
+    members: std::ops::Range<usize>,
+    load: &[u64],
+    cap: &[u64],
+    w: u64,
+    equal_caps: bool,
+) -> usize {
+    let mut best = members.start;
+    if equal_caps {
+        let loads = &load[members.clone()];
+        let Some(mut best_load) = loads.first().copied() else {
+            return best;
+        };
+        for (k, l) in loads.iter().enumerate().skip(1) {
+            if *l < best_load {
+                best_load = *l;
+                best = members.start + k;
             }
         }
-        best_cpu as u32
+    } else {
+        for i in members {
+            if ratio_less(load[i] + w, cap[i], load[best] + w, cap[best]) {
+                best = i;
+            }
+        }
     }
+    best
 }
 
 #[cfg(test)]
