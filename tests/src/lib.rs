@@ -588,6 +588,9 @@ pub fn run_placement_sequence(
         test,
         || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs"),
         |outcome| {
+            if l1_locked_up(outcome) {
+                return Some(format!("L1 locked up ({})", outcome.summary("pvmm")));
+            }
             let crashed: Vec<&str> = outcome
                 .run_starts
                 .iter()
@@ -598,12 +601,8 @@ pub fn run_placement_sequence(
                 })
                 .map(|r| r.label.as_str())
                 .collect();
-            if l1_locked_up(outcome) {
-                Some(format!("L1 locked up ({})", outcome.summary("pvmm")))
-            } else {
-                (!crashed.is_empty())
-                    .then(|| format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"))
-            }
+            (!crashed.is_empty())
+                .then(|| format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"))
         },
     );
     if let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") {
@@ -647,15 +646,9 @@ pub const RIG_ATTEMPTS: u32 = 2;
 /// CPU#n stuck for 130s! [vcpu3:120]`, seen in CI with pvmm's vCPU threads and with QEMU's)
 /// because TCG's emulated SVM stopped returning from guest mode; the rig then ends the run as
 /// [`pvmm_rig::RigEnd::L1Lockup`]. No user-space VMM can cause it: its threads are preemptible
-/// and KVM's run loop gives the CPU up when L1's scheduler asks. Older runs that hit the hard
-/// timeout with such lines count too.
+/// and KVM's run loop gives the CPU up when L1's scheduler asks.
 pub fn l1_locked_up(outcome: &pvmm_rig::RigOutcome) -> bool {
     outcome.end == pvmm_rig::RigEnd::L1Lockup
-        || (outcome.end == pvmm_rig::RigEnd::TimedOut
-            && outcome
-                .l1_lines
-                .iter()
-                .any(|l| pvmm_rig::rig::soft_lockup_seconds(l).is_some()))
 }
 
 /// Runs `boot` up to [`RIG_ATTEMPTS`] times while `crash` says the guest crashed (its
@@ -750,30 +743,24 @@ pub fn cppc_reads(guest: &[String]) -> Vec<CppcRead> {
 mod tests {
     use super::*;
 
+    /// (boots made, the boot returned) when boot `b` (from 1) crashes while `crashes(b)`.
+    fn retried(crashes: impl Fn(u32) -> bool) -> (u32, u32) {
+        let mut boots = 0;
+        let last = retry_rig_crash(
+            "t",
+            || {
+                boots += 1;
+                boots
+            },
+            |&b| crashes(b).then(|| "crash".to_string()),
+        );
+        (boots, last)
+    }
+
     #[test]
     fn a_crash_is_run_again_once_and_a_clean_outcome_is_kept() {
-        let mut boots = 0;
-        let last = retry_rig_crash(
-            "t",
-            || {
-                boots += 1;
-                boots
-            },
-            |_| Some("crash".into()),
-        );
-        assert_eq!((boots, last), (RIG_ATTEMPTS, RIG_ATTEMPTS));
-        let mut boots = 0;
-        let last = retry_rig_crash(
-            "t",
-            || {
-                boots += 1;
-                boots
-            },
-            |&b| (b == 1).then(String::new),
-        );
-        assert_eq!((boots, last), (2, 2));
-        let mut boots = 0;
-        retry_rig_crash("t", || boots += 1, |_| None);
-        assert_eq!(boots, 1);
+        assert_eq!(retried(|_| true), (RIG_ATTEMPTS, RIG_ATTEMPTS));
+        assert_eq!(retried(|b| b == 1), (2, 2));
+        assert_eq!(retried(|_| false), (1, 1));
     }
 }
