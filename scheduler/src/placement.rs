@@ -540,6 +540,9 @@ struct Scratch {
     /// ([`NO_PKG`] when the host has fewer).
     spread_min_pkg: [u32; 2],
     active: Vec<bool>,
+    /// Pack mode while the ramp holds surplus packages: vCPUs still on each
+    /// package of the previous placement (those not yet sent home).
+    pkg_left: Vec<u32>,
     vm_home: Vec<u32>,
     vm_remaining: Vec<u64>,
     vm_order: Vec<u32>,
@@ -873,10 +876,12 @@ impl Engine {
             let s = &mut self.scratch;
             reset(&mut s.vm_home, num_vms, NO_PKG);
             reset(&mut s.vm_remaining, num_vms, 0);
+            reset(&mut s.pkg_left, num_pkgs, 0);
             for (i, v) in self.vcpus.iter().enumerate() {
                 s.vm_remaining[v.vm as usize] += fit_demand(s.weight[i], self.layout.host_slot_max);
                 if v.cpu != NO_CPU {
                     let p = self.layout.cpu_pkg[v.cpu as usize];
+                    s.pkg_left[p as usize] += 1;
                     // NO_PKG is u32::MAX, so min keeps the lowest package.
                     if s.active[p as usize] {
                         let home = &mut s.vm_home[v.vm as usize];
@@ -930,13 +935,20 @@ impl Engine {
                     // Moves home in pass 2 when home has a CPU it fits on; room in
                     // home's total alone is not enough, or two vCPUs of one VM could
                     // keep trading places between an overfull CPU and elsewhere.
-                    // While the ramp holds surplus packages only busy vCPUs go
-                    // home: idle ones moving home would consolidate early.
+                    // While the ramp holds surplus packages, idle vCPUs stay
+                    // (going home would consolidate early), and a busy one goes
+                    // home only if another vCPU remains on its package: the
+                    // last one leaving would empty a package the ramp holds (a
+                    // burst right after a load ends, the guest reaping its
+                    // jobs, would consolidate before the window has passed).
+                    let may_leave =
+                        !ramp_holding || (busy_group && self.scratch.pkg_left[p as usize] > 1);
                     if second
-                        && (busy_group || !ramp_holding)
+                        && may_leave
                         && self.pkg_fits(home as usize, w)
                         && self.first_fit_cpu(home as usize, w).is_some()
                     {
+                        self.scratch.pkg_left[p as usize] -= 1;
                         continue;
                     }
                     self.assign_pack(i, prev, loads[i].busy);

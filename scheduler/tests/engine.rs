@@ -3,6 +3,7 @@
 
 use proptest::prelude::*;
 use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE, FIT_MARGIN};
+use pvmm_scheduler::placement::DEFAULT_RAMP_DOWN_WINDOW_MS;
 use pvmm_scheduler::{
     CpuSet, Decision, Engine, EngineConfig, HostTopology, PlaceError, Policy, VcpuId, VcpuLoad,
 };
@@ -951,6 +952,44 @@ fn falling_load_of_one_vm_consolidates_after_the_ramp_not_before() {
             at >= fall + 5000 && at <= fall + 5000 + TICK_MS,
             "{policy}: consolidated at {at} ms, load fell at {fall} ms"
         );
+    }
+}
+
+/// Issue 4.5d as a slow rig saw it: right after 4 busy vCPUs go idle, the
+/// guest's own housekeeping (reaping the finished jobs) makes the vCPUs of
+/// package 1 busy for a tick each, one after the other. Each one alone fits
+/// at home, but going home would empty package 1 before the ramp-down window
+/// has passed: busy or not, nobody leaves a package the ramp still holds.
+#[test]
+fn bursts_after_a_fall_do_not_consolidate_before_the_ramp() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    for policy in [Policy::Balance, Policy::Powersaving { level: 1 }] {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let d = run_steady(&mut engine, 0, 10, &one_vm_with_busy(4, &[0, 1, 2, 3]));
+        let on_1: Vec<u32> = (0..4)
+            .filter(|&v| d.assignments[v as usize].package == 1)
+            .collect();
+        assert_eq!(on_1.len(), 2, "{policy}: spread over both packages");
+        let fall = 1000;
+        let mut now = fall;
+        let mut tick = 0usize;
+        while now < fall + DEFAULT_RAMP_DOWN_WINDOW_MS {
+            // One vCPU of package 1 busy in each of the first ticks, then idle.
+            let busy: Vec<u32> = on_1.get(tick).copied().into_iter().collect();
+            let loads = one_vm_with_busy(4, &busy);
+            let d = engine.place(now, &loads).unwrap();
+            check_decision(&topology, &loads, &d);
+            assert_eq!(
+                d.used_packages().len(),
+                2,
+                "{policy}: consolidated {} ms after the fall (vCPUs busy: {busy:?})",
+                now - fall
+            );
+            now += TICK_MS;
+            tick += 1;
+        }
+        let d = run_steady(&mut engine, now, 3, &one_vm_with_busy(4, &[]));
+        assert_eq!(d.used_packages(), vec![0], "{policy}: after the ramp");
     }
 }
 
