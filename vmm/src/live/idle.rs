@@ -63,26 +63,41 @@ pub trait IdleSource: Send {
     fn kind(&self) -> &'static str;
 }
 
-/// The guest's halted time from KVM, corrected by the thread's blocked time.
+/// The guest's idle time: when the vCPU thread sleeps in a halt, from the thread's scheduler
+/// accounting, plus the time KVM polled for a wake-up (on a CPU, but the guest idle), from
+/// KVM's halt counters.
 ///
-/// KVM adds to `halt_wait_ns` when a halt *ends*, so a vCPU that has been halted for seconds
-/// (a tickless idle guest) still shows its old total. The thread's schedstat closes that gap:
-/// time the thread was neither on a CPU nor waiting for one is time it was blocked, which for
-/// a vCPU thread means halted. Both are lower bounds of the guest's idle time, so pvmm takes
-/// the larger; halt polling (on CPU, but the guest is idle) is covered by KVM's counters.
+/// Why not KVM's `halt_wait_ns` alone: KVM adds a halt's time when the halt *ends*, so a vCPU
+/// halted for seconds (a tickless idle guest) shows none of it until it wakes, and pvmm, which
+/// gives each tick at most its own length of idle time, would see that vCPU busy for the whole
+/// halt. Nor the larger of the two cumulative totals (what pvmm once did): `halt_wait_ns` also
+/// counts the wait for a host CPU after each wake-up and halts from before pvmm's scheduler
+/// started, so it runs ahead of the thread's blocked time, the larger total was then KVM's,
+/// and idle vCPUs read as busy for seconds (seen in the rig: 1.0 for a vCPU thread that had
+/// not run for 5 s). The thread's blocked time is the time the guest was halted, counted as it
+/// passes; KVM's counters add the polling it cannot see. When the thread's `/proc` entry is
+/// unreadable at the start, KVM's counters are the whole signal (late, but never wrong in
+/// total).
+///
 /// Busy is the rest of wall time: the guest's demand, including time it waited for a host CPU.
 pub struct KvmHaltIdle {
     halt: VcpuHaltStats,
     sched: ThreadRunTime,
+    /// Whether the thread's blocked time is readable (decided once: mixing the two cumulative
+    /// series tick by tick would turn their offset into idle or busy time).
+    use_sched: bool,
     acc: IdleAccumulator,
 }
 
 impl KvmHaltIdle {
     /// For the vCPU whose stats are `halt`, running on thread `tid`.
     pub fn new(halt: VcpuHaltStats, tid: i32) -> Self {
+        let sched = ThreadRunTime::new(tid);
+        let use_sched = sched.blocked_ns(0).is_ok();
         Self {
             halt,
-            sched: ThreadRunTime::new(tid),
+            sched,
+            use_sched,
             acc: IdleAccumulator::default(),
         }
     }
@@ -90,11 +105,13 @@ impl KvmHaltIdle {
 
 impl IdleSource for KvmHaltIdle {
     fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
-        let elapsed = now_ns.saturating_sub(start_ns);
-        let halted = self.halt.halted_ns()?;
-        // Without /proc the halt counters alone still give a (delayed) signal.
-        let blocked = self.sched.blocked_ns(elapsed).unwrap_or(0);
-        Ok(self.acc.update(now_ns, halted.max(blocked)))
+        let idle = if self.use_sched {
+            let blocked = self.sched.blocked_ns(now_ns.saturating_sub(start_ns))?;
+            blocked.saturating_add(self.halt.polled_ns()?)
+        } else {
+            self.halt.halted_ns()?
+        };
+        Ok(self.acc.update(now_ns, idle))
     }
     fn kind(&self) -> &'static str {
         "kvm-halt-stats"
@@ -152,6 +169,44 @@ mod tests {
         src.sample(10_000_000_000, 0).unwrap();
         let s = src.sample(20_000_000_000, 0).unwrap();
         assert_eq!(s.busy_ns + s.idle_ns, 10_000_000_000);
+    }
+
+    /// A vCPU thread asleep in a halt reads as idle while it sleeps, even when KVM's halt
+    /// counter is far ahead of the thread's blocked time and credits nothing until the halt
+    /// ends (the rig case: a tickless idle guest read as busy for seconds).
+    #[test]
+    fn a_long_halt_is_idle_while_it_lasts() {
+        use super::super::kvm_stats::fake::{file_with, image};
+        use super::super::kvm_stats::{HALT_POLL_SUCCESS_NS, HALT_WAIT_NS, STATS_UNIT_SECONDS};
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        // 100 s of halts already credited, 1 ms of polling; nothing more while it sleeps.
+        let secs = STATS_UNIT_SECONDS;
+        let img = image(&[
+            (HALT_WAIT_NS, secs, -9, 100_000_000_000),
+            (HALT_POLL_SUCCESS_NS, secs, -9, 1_000_000),
+        ]);
+        let halt = VcpuHaltStats::from_file(file_with(&img)).unwrap();
+        let mut src = KvmHaltIdle::new(halt, tid);
+        let start = std::time::Instant::now();
+        let first = src.sample(0, 0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let now = start.elapsed().as_nanos() as u64;
+        let s = src.sample(now, 0).unwrap();
+        stop_tx.send(()).unwrap();
+        sleeper.join().unwrap();
+        let (busy, idle) = (s.busy_ns - first.busy_ns, s.idle_ns - first.idle_ns);
+        assert_eq!(busy + idle, now);
+        assert!(
+            idle > busy,
+            "a sleeping vCPU thread read as busy: {busy} ns busy, {idle} ns idle"
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ const HEADER_LEN: usize = 24;
 const DESC_FIXED_LEN: usize = 16;
 /// Descriptor flags: the unit field (bits 4..7) and the base field (bits 8..11).
 const STATS_UNIT_MASK: u32 = 0xf0;
-const STATS_UNIT_SECONDS: u32 = 0x20;
+pub(crate) const STATS_UNIT_SECONDS: u32 = 0x20;
 const STATS_BASE_MASK: u32 = 0xf00;
 const STATS_BASE_POW10: u32 = 0;
 /// Nanoseconds are 10^-9 seconds.
@@ -220,7 +220,13 @@ impl VcpuHaltStats {
     /// Cumulative nanoseconds the guest kept this vCPU halted: waiting plus polling (while KVM
     /// polls, the host CPU spins but the guest has nothing to run).
     pub fn halted_ns(&self) -> Result<u64, StatsError> {
-        let mut total = self.read(self.wait)?;
+        Ok(self.read(self.wait)?.saturating_add(self.polled_ns()?))
+    }
+
+    /// Cumulative nanoseconds KVM spent polling for a wake-up of this halted vCPU (0 when the
+    /// kernel has no halt polling counters).
+    pub fn polled_ns(&self) -> Result<u64, StatsError> {
+        let mut total = 0u64;
         for p in &self.polls {
             total = total.saturating_add(self.read(*p)?);
         }
@@ -228,12 +234,13 @@ impl VcpuHaltStats {
     }
 }
 
+/// Stats file images for tests of this module and of the idle sources.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fake {
     use super::*;
 
-    /// Builds a stats file image the way KVM lays it out.
-    fn image(stats: &[(&str, u32, i16, u64)]) -> Vec<u8> {
+    /// Builds a stats file image the way KVM lays it out: (name, flags, exponent, value).
+    pub(crate) fn image(stats: &[(&str, u32, i16, u64)]) -> Vec<u8> {
         let name_size = 48usize;
         let desc_offset = HEADER_LEN + 16; // an id string sits between header and descriptors
         let stride = DESC_FIXED_LEN + name_size;
@@ -260,7 +267,7 @@ mod tests {
 
     /// An open, already unlinked file holding `bytes`. Each call gets its own
     /// name: tests run in parallel threads of one process.
-    fn file_with(bytes: &[u8]) -> File {
+    pub(crate) fn file_with(bytes: &[u8]) -> File {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("pvmm-stats-{}-{n}", std::process::id()));
@@ -269,6 +276,12 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         f
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::{file_with, image};
+    use super::*;
 
     #[test]
     fn reads_halt_counters_by_name_with_scaling() {
@@ -282,6 +295,7 @@ mod tests {
         ]);
         let s = VcpuHaltStats::from_file(file_with(&img)).unwrap();
         assert_eq!(s.halted_ns().unwrap(), 5_000 + 300 + 2_000);
+        assert_eq!(s.polled_ns().unwrap(), 300 + 2_000);
     }
 
     #[test]
