@@ -91,15 +91,31 @@ pub const L1_USER_HZ: f64 = 100.0;
 /// pvmm's own "busy" definition (ran at least half of the interval).
 pub const BUSY_SHARE: f64 = 0.5;
 
-/// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
-/// work never shows up as activity on the package the tests want idle, then every
-/// `interval_s` seconds appends to a tmpfs file, with shell builtins only (no forks but
-/// `sleep`, so a sample costs L1 almost nothing):
+/// One sample of the L1 probe, a single busybox `awk` over `/proc` (pvmm's pid in
+/// `$PVMM_PID`), printing:
 ///
 /// - `T <L1 uptime>`;
+/// - per L1 CPU `C cpuN <the /proc/stat counters>`;
 /// - per vCPU thread `V <comm> <tid> <Cpus_allowed_list> <utime> <stime> <last CPU>` (from
-///   `/proc/<pid>/task/<tid>/status` and `.../stat`);
-/// - per L1 CPU `C cpuN <the /proc/stat counters>`.
+///   `/proc/<pid>/task/<tid>/stat` and `.../status`).
+///
+/// One process reading whole files, not the shell's `read` builtin: `read` takes a byte per
+/// system call (it must not read past a line), about 16,000 system calls a sample for a
+/// 4-vCPU pvmm, 8 ms natively and several times that in a TCG L1 whose CPU 0 the probe
+/// shares with a vCPU. On a slow CI machine that made samples 0.3-0.5 s apart instead of
+/// 0.1 s and cost the vCPU on CPU 0 up to half its CPU. This costs an exec and a few
+/// dozen reads (6x less natively).
+pub const PROBE_SAMPLE: &str = r#"awk 'FILENAME == "/proc/uptime" { print "T", $1; next }
+FILENAME == "/proc/stat" { if ($1 ~ /^cpu[0-9]/) print "C", $0; next }
+{ n = split(FILENAME, path, "/"); tid = path[n - 1] }
+FILENAME ~ /status$/ { if ($1 == "Cpus_allowed_list:") allowed[tid] = $2; next }
+$2 ~ /^\(vcpu[0-9]+\)$/ { comm[tid] = substr($2, 2, length($2) - 2); times[tid] = $14 " " $15 " " $39 }
+END { for (tid in comm) print "V", comm[tid], tid, ((tid in allowed) ? allowed[tid] : "-"), times[tid] }' \
+  /proc/uptime /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status /proc/stat 2>/dev/null"#;
+
+/// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
+/// work never shows up as activity on the package the tests want idle, then every
+/// `interval_s` seconds appends a [`PROBE_SAMPLE`] to a tmpfs file.
 ///
 /// It starts with `START <L1 uptime>` (pvmm's start, the origin of its stats `t_ms` within
 /// a few milliseconds) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
@@ -117,19 +133,7 @@ for c in /sys/devices/system/cpu/cpu[0-9]*; do
   echo "PKG ${{c##*cpu}} $pkg" >> $out
 done
 while kill -0 $PVMM_PID 2>/dev/null; do
-  read -r up rest < /proc/uptime
-  echo "T $up" >> $out
-  for t in /proc/$PVMM_PID/task/*; do
-    read -r comm < $t/comm 2>/dev/null || continue
-    case $comm in vcpu*)
-      allowed=-
-      while read -r k v; do case $k in Cpus_allowed_list:) allowed=$v;; esac; done < $t/status
-      read -r stat < $t/stat
-      set -- $stat
-      echo "V $comm ${{t##*/}} $allowed ${{14}} ${{15}} ${{39}}" >> $out;;
-    esac
-  done
-  while read -r cpu rest; do case $cpu in cpu[0-9]*) echo "C $cpu $rest" >> $out;; esac; done < /proc/stat
+  {PROBE_SAMPLE} >> $out
   sleep {interval_s}
 done
 cat $out
@@ -580,6 +584,7 @@ pub fn run_placement_sequence(
         topology: pvmm_rig::Topology::default(),
         timeout: SEQUENCE_TIMEOUT_PER_RUN * runs.len() as u32,
         run_limit_secs: SEQUENCE_TIMEOUT_PER_RUN.as_secs(),
+        guest_silent_secs: pvmm_rig::GUEST_SILENT_SECS,
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
         probe: Some(placement_probe(PROBE_INTERVAL)),
     };
@@ -601,15 +606,37 @@ pub fn run_placement_sequence(
                 })
                 .map(|r| r.label.as_str())
                 .collect();
-            (!crashed.is_empty())
-                .then(|| format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"))
+            if !crashed.is_empty() {
+                return Some(format!(
+                    "pvmm runs {crashed:?} exited 4 (guest triple fault)"
+                ));
+            }
+            let silent: Vec<&str> = outcome
+                .run_starts
+                .iter()
+                .filter(|r| outcome.guest_silent(&r.label))
+                .map(|r| r.label.as_str())
+                .collect();
+            (!silent.is_empty()).then(|| {
+                format!(
+                    "the guests of pvmm runs {silent:?} printed nothing in {} s (hung at their start)",
+                    pvmm_rig::GUEST_SILENT_SECS
+                )
+            })
         },
     );
     if let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") {
         // Debugging aid: every classified line of the boot, for a failure's post-mortem.
         let path = std::path::Path::new(&dir).join(format!("{test}.log"));
         let mut text = String::new();
+        for event in &outcome.events {
+            text.push_str(&format!(
+                "[rig] {} {} {}\n",
+                event.kind, event.label, event.value
+            ));
+        }
         for (tag, lines) in [
+            ("L1", &outcome.l1_lines),
             ("guest", &outcome.guest_lines),
             ("pvmm", &outcome.vmm_lines),
             ("probe", &outcome.probe_lines),
@@ -632,14 +659,21 @@ pub fn run_placement_sequence(
 /// Guest console lines shown when a run fails: enough to see where a guest stopped.
 const GUEST_TAIL_LINES: usize = 25;
 
+/// L1 console lines shown when a run fails: L1 boots with `loglevel=4`, so these are its
+/// kernel's warnings (RCU stalls, lockups) and init's errors, few when all is well.
+const L1_TAIL_LINES: usize = 15;
+
 /// pvmm's exit status for a guest triple fault (`pvmm::exit::EXIT_TRIPLE_FAULT`).
 pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
 
 /// Rig boots a rig test may use for one outcome. The nested rig itself (QEMU TCG emulating
 /// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
 /// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
-/// the guest's boot (6 of 40 pvmm boots when counted). Such an outcome is run once more, with a loud
-/// message; a second crash fails the test like any other failure.
+/// the guest's boot (6 of 40 pvmm boots when counted). A placement sequence also counts a
+/// guest that printed nothing in [`pvmm_rig::GUEST_SILENT_SECS`] (seen once in CI, a run
+/// silent for its whole 240 s, pvmm's stderr empty too; cause unknown, so guests now boot
+/// with `earlyprintk` and the failure message shows L1's kernel warnings). Such an outcome is
+/// run once more, with a loud message; a second crash fails the test like any other failure.
 pub const RIG_ATTEMPTS: u32 = 2;
 
 /// The rig's other failure: L1's own kernel reports one of its CPUs stuck (`BUG: soft lockup -
@@ -687,9 +721,15 @@ pub fn run_trace<'a>(
     assert_eq!(
         run.status,
         Some(0),
-        "run {label}: pvmm did not exit 0 (137: killed at the run's time limit); its stderr:\n{}\nthe guest's last console lines:\n{}",
+        "run {label}: pvmm did not exit 0 (137: killed at the run's time limit{}); its stderr:\n{}\nthe guest's last console lines:\n{}\nL1's last console lines (whole boot):\n{}",
+        if outcome.guest_silent(label) {
+            ", here because the guest printed nothing"
+        } else {
+            ""
+        },
         run.vmm.join("\n"),
-        run.guest[run.guest.len().saturating_sub(GUEST_TAIL_LINES)..].join("\n")
+        run.guest[run.guest.len().saturating_sub(GUEST_TAIL_LINES)..].join("\n"),
+        outcome.l1_lines[outcome.l1_lines.len().saturating_sub(L1_TAIL_LINES)..].join("\n")
     );
     let trace = PlacementTrace::parse(run.probe);
     assert!(
@@ -755,6 +795,82 @@ mod tests {
             |&b| crashes(b).then(|| "crash".to_string()),
         );
         (boots, last)
+    }
+
+    /// The probe's sample, run by busybox against this process with two threads named like
+    /// pvmm's vCPU threads, parses into one sample with those threads as /proc shows them.
+    #[test]
+    fn probe_sample_reads_vcpu_threads_and_cpus() {
+        if !Path::new(BUSYBOX).is_file() {
+            rig_unavailable("probe_sample_reads_vcpu_threads_and_cpus", "no busybox");
+            return;
+        }
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let stop_rx = std::sync::Arc::new(std::sync::Mutex::new(stop_rx));
+        // std names a thread from inside it, before running its closure.
+        let started = std::sync::Arc::new(std::sync::Barrier::new(3));
+        let threads: Vec<_> = (0..2)
+            .map(|n| {
+                let rx = stop_rx.clone();
+                let started = started.clone();
+                std::thread::Builder::new()
+                    .name(format!("vcpu{n}"))
+                    .spawn(move || {
+                        started.wait();
+                        let _ = rx.lock().map(|rx| rx.recv());
+                    })
+                    .unwrap()
+            })
+            .collect();
+        started.wait();
+        // What /proc says about them, read here.
+        let mut expected = Vec::new();
+        for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+            let dir = entry.unwrap().path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if let Some(n) = comm.trim().strip_prefix("vcpu") {
+                let status = std::fs::read_to_string(dir.join("status")).unwrap();
+                let allowed = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|l| parse_cpu_list(l.trim()).unwrap())
+                    .unwrap();
+                let tid: u32 = dir.file_name().unwrap().to_str().unwrap().parse().unwrap();
+                expected.push((n.parse::<u32>().unwrap(), tid, allowed));
+            }
+        }
+        expected.sort();
+        assert_eq!(expected.len(), 2);
+        let out = std::process::Command::new(BUSYBOX)
+            .args(["sh", "-c", PROBE_SAMPLE])
+            .env("PVMM_PID", std::process::id().to_string())
+            .output()
+            .unwrap();
+        drop(stop_tx);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let lines: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let trace = PlacementTrace::parse(&lines);
+        assert_eq!(trace.samples.len(), 1, "{lines:?}");
+        let sample = &trace.samples[0];
+        let seen: Vec<(u32, u32, Vec<u32>)> = sample
+            .threads
+            .iter()
+            .map(|t| (t.vcpu, t.tid, t.allowed.clone()))
+            .collect();
+        assert_eq!(seen, expected, "{lines:?}");
+        let cpus = std::fs::read_to_string("/proc/stat")
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
+        assert_eq!(sample.cpus.len(), cpus, "{lines:?}");
+        assert!(sample.t > 0.0);
     }
 
     #[test]

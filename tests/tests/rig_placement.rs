@@ -242,7 +242,10 @@ fn idle_guest_consolidates_after_the_ramp_down_and_package_1_sleeps() {
         "still spread {ticks_late} pvmm ticks after the ramp-down (+{PELT_DECAY_S} s PELT decay) ended; allowed 2 + {TICK_SLACK}:\n{}",
         trace.describe(busy4.1, consolidated)
     );
-    // Stays consolidated, and the other package sleeps, for the rest of the idle phase.
+    // Stays consolidated, and the other package sleeps, for the rest of the idle phase but its
+    // last sample: that one closes an interval in which the next load may already have begun
+    // (too little of it to count as busy), and pvmm, ticking inside it, may have reacted.
+    let idle_last = idle_last - 1;
     for i in consolidated..=idle_last {
         assert!(
             all_on_package(&trace, i, package),
@@ -287,14 +290,24 @@ fn vcpu_turning_busy_while_packed_gets_its_own_cpu_within_two_ticks() {
     let (_, trace) = run_trace(outcome, "powersaving");
     let busy4 = episode(&trace, &[0, 1, 2, 3], 0);
     let one = episode(&trace, &[3], busy4.1);
-    let before = one.0 - 1;
+    // vCPU 3 turned busy during interval one.0 - 1 (too little of it to count as busy there)
+    // or as interval one.0 began. The guest must have been packed at the sample before both;
+    // vCPU 3's busy time is taken to begin where its CPU time in interval one.0 - 1 would
+    // have begun had it run on to that interval's end.
+    let before = one.0 - 2;
     assert!(
         single_package(&trace, before).is_some(),
         "precondition: the guest was not packed on one package when vCPU 3 turned busy:\n{}",
         trace.describe(before.saturating_sub(5), one.0)
     );
-    let busy_from = trace.samples[before].t;
-    let own = (before..=one.1)
+    let lead_in = one.0 - 1;
+    let busy_from = trace.samples[lead_in].t
+        - trace.busy_share(lead_in, 3) * (trace.samples[lead_in].t - trace.samples[before].t);
+    if trace.has_own_cpu(before, 3) {
+        eprintln!("vCPU 3 already had a CPU of its own while packed");
+        return;
+    }
+    let own = (lead_in..=one.1)
         .find(|&i| trace.has_own_cpu(i, 3))
         .unwrap_or_else(|| {
             panic!(
@@ -302,12 +315,8 @@ fn vcpu_turning_busy_while_packed_gets_its_own_cpu_within_two_ticks() {
                 trace.describe(before, one.1)
             )
         });
-    if own == before {
-        eprintln!("vCPU 3 already had a CPU of its own while packed");
-        return;
-    }
     // Ticks that passed while vCPU 3 was busy and still sharing, plus the tick that moved it.
-    let ticks = trace.ticks_between(busy_from, trace.samples[own - 1].t) + 1;
+    let ticks = trace.ticks_between(busy_from, trace.samples[own - 1].t.max(busy_from)) + 1;
     eprintln!("vCPU 3 got its own CPU at most {ticks} ticks after turning busy");
     assert!(
         ticks <= 2 + TICK_SLACK,

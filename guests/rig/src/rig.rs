@@ -18,6 +18,12 @@ use crate::cpio::{CpioArchive, CpioError};
 use crate::images::{inside, progress, ImageError, L1Images, Workspace, QEMU};
 use crate::scripts::{base64_encode, shell_join};
 
+/// Added to the guest's command line unless it is `quiet`: the decompressor and the kernel
+/// print on the serial port from their first instructions instead of from the console's
+/// registration, so a guest that hangs early shows how far it got (the boot log is no
+/// longer: the real console does not repeat what the early one printed).
+pub const GUEST_EARLY_CONSOLE: &str = "earlyprintk=ttyS0";
+
 /// pvmm's default guest command line (pvmm's `DEFAULT_CMDLINE`); the rig appends the command.
 pub const GUEST_BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
 
@@ -203,6 +209,9 @@ pub fn guest_cmdline(
     };
     if quiet {
         cmdline.push_str(" quiet");
+    } else {
+        cmdline.push(' ');
+        cmdline.push_str(GUEST_EARLY_CONSOLE);
     }
     if let Some(command) = command {
         cmdline.push_str(" pvmm_cmd_b64=");
@@ -341,7 +350,8 @@ pub struct L1Options {
 /// An event the L1 scripts reported: `@@rig@@ KIND LABEL VALUE`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RigEvent {
-    /// `l1-init`, `l1-cpus`, `vmm-start`, `guest-init`, `vmm-exit`, `error`, `l1-poweroff`.
+    /// `l1-init`, `l1-cpus`, `vmm-start`, `guest-init`, `guest-uptime`, `guest-silent`,
+    /// `vmm-exit`, `error`, `l1-poweroff`.
     pub kind: String,
     /// The run label given to `rig_run` (`-` for L1-wide events).
     pub label: String,
@@ -482,6 +492,12 @@ impl RigOutcome {
                 self.qemu_status.map_or("killed".to_string(), |s| s.to_string())
             ),
         }
+    }
+
+    /// Whether L1 killed run `label` because its guest printed nothing in the sequence's
+    /// `guest_silent_secs` (the `guest-silent` event): the guest hung before its first line.
+    pub fn guest_silent(&self, label: &str) -> bool {
+        self.events_of("guest-silent").any(|e| e.label == label)
     }
 
     /// Events of one kind, optionally for one label.
