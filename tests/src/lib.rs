@@ -102,16 +102,29 @@ pub const BUSY_SHARE: f64 = 0.5;
 /// One process reading whole files, not the shell's `read` builtin: `read` takes a byte per
 /// system call (it must not read past a line), about 16,000 system calls a sample for a
 /// 4-vCPU pvmm, 8 ms natively and several times that in a TCG L1 whose CPU 0 the probe
-/// shares with a vCPU. On a slow CI machine that made samples 0.3-0.5 s apart instead of
-/// 0.1 s and cost the vCPU on CPU 0 up to half its CPU. This costs an exec and a few
-/// dozen reads (6x less natively).
-pub const PROBE_SAMPLE: &str = r#"awk 'FILENAME == "/proc/uptime" { print "T", $1; next }
-FILENAME == "/proc/stat" { if ($1 ~ /^cpu[0-9]/) print "C", $0; next }
-{ n = split(FILENAME, path, "/"); tid = path[n - 1] }
-FILENAME ~ /status$/ { if ($1 == "Cpus_allowed_list:") allowed[tid] = $2; next }
-$2 ~ /^\(vcpu[0-9]+\)$/ { comm[tid] = substr($2, 2, length($2) - 2); times[tid] = $14 " " $15 " " $39 }
-END { for (tid in comm) print "V", comm[tid], tid, ((tid in allowed) ? allowed[tid] : "-"), times[tid] }' \
-  /proc/uptime /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status /proc/stat 2>/dev/null"#;
+/// shares with a vCPU (on a slow CI machine samples came 0.3-0.5 s apart instead of 0.1 s).
+/// This costs an exec and a few dozen reads (6x less natively). Every file is read with
+/// `getline`, which returns -1 for a file that cannot be opened (a thread that exited after
+/// the shell expanded the glob), where busybox awk would abort on an input file operand.
+pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
+  if ((getline line < "/proc/uptime") > 0) { split(line, w, " "); print "T", w[1] }
+  while ((getline line < "/proc/stat") > 0) if (line ~ /^cpu[0-9]/) print "C", line
+  for (i = 1; i < ARGC; i++) {
+    f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
+    if (path[n] == "stat") {
+      if ((getline line < f) > 0) {
+        split(line, w, " ")
+        if (w[2] ~ /^\(vcpu[0-9]+\)$/) {
+          comm[tid] = substr(w[2], 2, length(w[2]) - 2); times[tid] = w[14] " " w[15] " " w[39]
+        }
+      }
+    } else {
+      while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
+    }
+    close(f)
+  }
+  for (tid in comm) print "V", comm[tid], tid, ((tid in allowed) ? allowed[tid] : "-"), times[tid]
+}' /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status"#;
 
 /// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
 /// work never shows up as activity on the package the tests want idle, then every
@@ -841,8 +854,10 @@ mod tests {
         }
         expected.sort();
         assert_eq!(expected.len(), 2);
+        // A thread that exits between the glob and the read must not cost the sample.
+        let gone = "/proc/$PVMM_PID/task/999999999/stat /proc/$PVMM_PID/task/999999999/status";
         let out = std::process::Command::new(BUSYBOX)
-            .args(["sh", "-c", PROBE_SAMPLE])
+            .args(["sh", "-c", &format!("{PROBE_SAMPLE} {gone}")])
             .env("PVMM_PID", std::process::id().to_string())
             .output()
             .unwrap();
