@@ -606,8 +606,8 @@ pub fn run_placement_sequence(
         test,
         || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs"),
         |outcome| {
-            if l1_locked_up(outcome) {
-                return Some(format!("L1 locked up ({})", outcome.summary("pvmm")));
+            if l1_failed(outcome) {
+                return Some(format!("L1's kernel failed ({})", outcome.summary("pvmm")));
             }
             let crashed: Vec<&str> = outcome
                 .run_starts
@@ -689,13 +689,19 @@ pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
 /// run once more, with a loud message; a second crash fails the test like any other failure.
 pub const RIG_ATTEMPTS: u32 = 2;
 
-/// The rig's other failure: L1's own kernel reports one of its CPUs stuck (`BUG: soft lockup -
-/// CPU#n stuck for 130s! [vcpu3:120]`, seen in CI with pvmm's vCPU threads and with QEMU's)
-/// because TCG's emulated SVM stopped returning from guest mode; the rig then ends the run as
-/// [`pvmm_rig::RigEnd::L1Lockup`]. No user-space VMM can cause it: its threads are preemptible
-/// and KVM's run loop gives the CPU up when L1's scheduler asks.
-pub fn l1_locked_up(outcome: &pvmm_rig::RigOutcome) -> bool {
-    outcome.end == pvmm_rig::RigEnd::L1Lockup
+/// The rig's other failures, L1's own kernel failing: it reports one of its CPUs stuck
+/// (`BUG: soft lockup - CPU#n stuck for 130s! [vcpu3:120]`, seen in CI with pvmm's vCPU
+/// threads and with QEMU's) because TCG's emulated SVM stopped returning from guest mode, or it
+/// panics (seen once under load: a stack overflow in L1's page-fault entry on the CPU running
+/// a vCPU thread); the rig then ends the run as [`pvmm_rig::RigEnd::L1Lockup`] or
+/// [`pvmm_rig::RigEnd::L1Panic`]. No user-space VMM can cause either: its threads are
+/// preemptible, KVM's run loop gives the CPU up when L1's scheduler asks, and a broken kernel
+/// stack in L1 is L1's CPU state, which only the emulator keeps.
+pub fn l1_failed(outcome: &pvmm_rig::RigOutcome) -> bool {
+    matches!(
+        outcome.end,
+        pvmm_rig::RigEnd::L1Lockup | pvmm_rig::RigEnd::L1Panic
+    )
 }
 
 /// Runs `boot` up to [`RIG_ATTEMPTS`] times while `crash` says the guest crashed (its
@@ -734,7 +740,7 @@ pub fn run_trace<'a>(
     assert_eq!(
         run.status,
         Some(0),
-        "run {label}: pvmm did not exit 0 (137: killed at the run's time limit{}); its stderr:\n{}\nthe guest's last console lines:\n{}\nL1's last console lines (whole boot):\n{}",
+        "run {label}: pvmm did not exit 0 (None: L1 never reported its exit; 137: killed at the run's time limit{}); its stderr:\n{}\nthe guest's last console lines:\n{}\nL1's last console lines (whole boot):\n{}",
         if outcome.guest_silent(label) {
             ", here because the guest printed nothing"
         } else {

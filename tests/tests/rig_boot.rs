@@ -10,7 +10,7 @@ use std::time::Duration;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology};
-use pvmm_tests::{l1_locked_up, prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT};
+use pvmm_tests::{l1_failed, prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT};
 
 /// How the guest's CPU report line starts.
 const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
@@ -66,7 +66,7 @@ fn boot(
                 .any(|l| l.starts_with(CPU_REPORT_PREFIX));
             // pvmm reports a triple fault as such; QEMU under -no-reboot exits 0 on the reset
             // that follows one, before the guest could report.
-            let crashed = l1_locked_up(outcome)
+            let crashed = l1_failed(outcome)
                 || match vmm {
                     InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
                     InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
@@ -225,6 +225,6 @@ fn rig_ends_a_run_when_l1_reports_a_soft_lockup() {
         summary.starts_with("L1 LOCKUP") && summary.contains(&format!("stuck for {stuck}s")),
         "{summary}"
     );
-    assert!(l1_locked_up(&outcome));
+    assert!(l1_failed(&outcome));
     assert!(outcome.qemu_status.is_none(), "QEMU was killed, not exited");
 }

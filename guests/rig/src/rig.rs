@@ -59,7 +59,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Exit code the xtask uses when the rig timed out (like timeout(1)).
 pub const EXIT_TIMEOUT: i32 = 124;
 /// Exit code the xtask uses when L1 ended without reporting the inner VMM's status, when L1's
-/// kernel locked up ([`RigEnd::L1Lockup`]), or when the rig could not start.
+/// kernel locked up or panicked ([`RigEnd::L1Lockup`], [`RigEnd::L1Panic`]), or when the rig
+/// could not start.
 pub const EXIT_RIG_FAILURE: i32 = 125;
 
 /// A run ends as [`RigEnd::L1Lockup`] once L1's kernel reports one of its CPUs stuck for this
@@ -372,7 +373,14 @@ pub enum RigEnd {
     /// L1's kernel reported a CPU stuck for [`L1_LOCKUP_LIMIT`] or longer (a soft lockup:
     /// the emulated machine, not the inner VMM, stopped making progress); QEMU was killed.
     L1Lockup,
+    /// L1's kernel panicked (`Kernel panic - not syncing`: seen once under load, a kernel stack
+    /// overflow in L1's page-fault entry on the CPU that ran a vCPU thread, i.e. TCG's emulated
+    /// SVM left L1's CPU state broken); QEMU was killed.
+    L1Panic,
 }
+
+/// What L1's kernel prints when it panics.
+pub const L1_PANIC_MARK: &str = "Kernel panic - not syncing";
 
 /// Everything a rig run produced.
 #[derive(Debug, Clone)]
@@ -455,11 +463,11 @@ impl RigOutcome {
     }
 
     /// The exit code for the xtask: the inner VMM's status, [`EXIT_TIMEOUT`] on timeout,
-    /// [`EXIT_RIG_FAILURE`] when L1 locked up or ended without reporting a status.
+    /// [`EXIT_RIG_FAILURE`] when L1 locked up, panicked or ended without reporting a status.
     pub fn exit_code(&self) -> i32 {
         match (self.end, self.vmm_status) {
             (RigEnd::TimedOut, _) => EXIT_TIMEOUT,
-            (RigEnd::L1Lockup, _) => EXIT_RIG_FAILURE,
+            (RigEnd::L1Lockup | RigEnd::L1Panic, _) => EXIT_RIG_FAILURE,
             (_, Some(status)) => status,
             (_, None) => EXIT_RIG_FAILURE,
         }
@@ -480,6 +488,14 @@ impl RigOutcome {
                     .iter()
                     .rev()
                     .find(|l| soft_lockup_seconds(l).is_some())
+                    .map_or("no line kept", |l| l.trim())
+            ),
+            (RigEnd::L1Panic, _) => format!(
+                "L1 PANIC: L1's kernel panicked ({}); killed QEMU after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                self.l1_lines
+                    .iter()
+                    .rev()
+                    .find(|l| l.contains(L1_PANIC_MARK))
                     .map_or("no line kept", |l| l.trim())
             ),
             (RigEnd::HungAtPowerOff, Some(status)) => format!(
@@ -944,6 +960,9 @@ pub fn run_l1(
                     if soft_lockup_seconds(&line).is_some_and(|s| s >= L1_LOCKUP_LIMIT.as_secs()) {
                         outcome.end = RigEnd::L1Lockup;
                     }
+                    if line.contains(L1_PANIC_MARK) {
+                        outcome.end = RigEnd::L1Panic;
+                    }
                     outcome.l1_lines.push(line.clone());
                     Some(format!("[L1] {line}"))
                 }
@@ -954,7 +973,7 @@ pub fn run_l1(
                 println!("{shown}");
             }
         }
-        if outcome.end == RigEnd::L1Lockup {
+        if matches!(outcome.end, RigEnd::L1Lockup | RigEnd::L1Panic) {
             break;
         }
     }
@@ -1117,6 +1136,14 @@ mod tests {
             vec!["watchdog: BUG: soft lockup - CPU#1 stuck for 48s! [vcpu1:7]".into()];
         assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
         assert!(outcome.summary("pvmm").contains("CPU#1 stuck for 48s"));
+        outcome.end = RigEnd::L1Panic;
+        outcome.l1_lines.push(
+            "[  204.228331] Kernel panic - not syncing: corrupted stack end detected inside scheduler"
+                .into(),
+        );
+        assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
+        assert!(outcome.summary("pvmm").starts_with("L1 PANIC"));
+        assert!(outcome.summary("pvmm").contains("corrupted stack end"));
         outcome.end = RigEnd::Completed;
         outcome.vmm_status = None;
         assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
