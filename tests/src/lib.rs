@@ -105,7 +105,9 @@ pub const BUSY_SHARE: f64 = 0.5;
 /// shares with a vCPU (on a slow CI machine samples came 0.3-0.5 s apart instead of 0.1 s).
 /// This costs an exec and a few dozen reads (6x less natively). Every file is read with
 /// `getline`, which returns -1 for a file that cannot be opened (a thread that exited after
-/// the shell expanded the glob), where busybox awk would abort on an input file operand.
+/// the shell expanded the glob), where busybox awk would abort on an input file operand; a
+/// thread whose `stat` or `status` could not be read is left out (the parser then drops the
+/// sample as incomplete).
 pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
   if ((getline line < "/proc/uptime") > 0) { split(line, w, " "); print "T", w[1] }
   while ((getline line < "/proc/stat") > 0) if (line ~ /^cpu[0-9]/) print "C", line
@@ -123,7 +125,7 @@ pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
     }
     close(f)
   }
-  for (tid in comm) print "V", comm[tid], tid, ((tid in allowed) ? allowed[tid] : "-"), times[tid]
+  for (tid in comm) if (tid in allowed) print "V", comm[tid], tid, allowed[tid], times[tid]
 }' /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status"#;
 
 /// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
@@ -693,14 +695,16 @@ pub const RIG_ATTEMPTS: u32 = 2;
 /// (`BUG: soft lockup - CPU#n stuck for 130s! [vcpu3:120]`, seen in CI with pvmm's vCPU
 /// threads and with QEMU's) because TCG's emulated SVM stopped returning from guest mode, or it
 /// panics (seen once under load: a stack overflow in L1's page-fault entry on the CPU running
-/// a vCPU thread); the rig then ends the run as [`pvmm_rig::RigEnd::L1Lockup`] or
-/// [`pvmm_rig::RigEnd::L1Panic`]. No user-space VMM can cause either: its threads are
+/// a vCPU thread), or freezes (no output at all, its heartbeat included: seen in CI and twice
+/// under load, the guest's console stopping mid-line); the rig then ends the run as
+/// [`pvmm_rig::RigEnd::L1Lockup`], [`pvmm_rig::RigEnd::L1Panic`] or
+/// [`pvmm_rig::RigEnd::L1Frozen`]. No user-space VMM can cause either: its threads are
 /// preemptible, KVM's run loop gives the CPU up when L1's scheduler asks, and a broken kernel
 /// stack in L1 is L1's CPU state, which only the emulator keeps.
 pub fn l1_failed(outcome: &pvmm_rig::RigOutcome) -> bool {
     matches!(
         outcome.end,
-        pvmm_rig::RigEnd::L1Lockup | pvmm_rig::RigEnd::L1Panic
+        pvmm_rig::RigEnd::L1Lockup | pvmm_rig::RigEnd::L1Panic | pvmm_rig::RigEnd::L1Frozen
     )
 }
 

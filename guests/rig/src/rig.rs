@@ -71,6 +71,16 @@ pub const EXIT_RIG_FAILURE: i32 = 125;
 /// stall that L1 survives does not end a run, and gives up minutes before the timeout would.
 pub const L1_LOCKUP_LIMIT: Duration = Duration::from_secs(45);
 
+/// A run ends as [`RigEnd::L1Frozen`] when L1 prints nothing this long. L1's init prints an
+/// `l1-alive` heartbeat every 10 s, so 90 s is nine missed beats: far beyond a loaded machine's
+/// delays, and far less than the minutes a frozen L1 (seen twice under load, once in CI: the
+/// guest's console stopped mid-line and neither L1's run limit nor its watchdog fired again)
+/// would otherwise cost before the hard timeout.
+pub const L1_SILENCE_LIMIT: Duration = Duration::from_secs(90);
+
+/// L1's heartbeat event (not kept in [`RigOutcome::events`]).
+const L1_ALIVE_EVENT: &str = "l1-alive";
+
 /// Warnings QEMU prints for every CPUID feature TCG lacks; the rig counts them instead of
 /// printing hundreds of lines.
 const QEMU_FEATURE_WARNING: &str = "doesn't support requested feature";
@@ -377,6 +387,9 @@ pub enum RigEnd {
     /// overflow in L1's page-fault entry on the CPU that ran a vCPU thread, i.e. TCG's emulated
     /// SVM left L1's CPU state broken); QEMU was killed.
     L1Panic,
+    /// L1 printed nothing, not even its heartbeat, for [`L1_SILENCE_LIMIT`]: the emulated
+    /// machine stopped; QEMU was killed.
+    L1Frozen,
 }
 
 /// What L1's kernel prints when it panics.
@@ -467,7 +480,7 @@ impl RigOutcome {
     pub fn exit_code(&self) -> i32 {
         match (self.end, self.vmm_status) {
             (RigEnd::TimedOut, _) => EXIT_TIMEOUT,
-            (RigEnd::L1Lockup | RigEnd::L1Panic, _) => EXIT_RIG_FAILURE,
+            (RigEnd::L1Lockup | RigEnd::L1Panic | RigEnd::L1Frozen, _) => EXIT_RIG_FAILURE,
             (_, Some(status)) => status,
             (_, None) => EXIT_RIG_FAILURE,
         }
@@ -497,6 +510,10 @@ impl RigOutcome {
                     .rev()
                     .find(|l| l.contains(L1_PANIC_MARK))
                     .map_or("no line kept", |l| l.trim())
+            ),
+            (RigEnd::L1Frozen, _) => format!(
+                "L1 FROZEN: L1 printed nothing for {} s, not even its heartbeat; killed QEMU after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                L1_SILENCE_LIMIT.as_secs()
             ),
             (RigEnd::HungAtPowerOff, Some(status)) => format!(
                 "{vmm_name} exited with status {status}, but L1 hung at power-off ({} s grace); killed QEMU after {secs:.1} s",
@@ -894,8 +911,10 @@ pub fn run_l1(
     let mut poweroff_deadline: Option<Instant> = None;
     let mut feature_warnings = 0usize;
     let vmm_prefix = format!("[{}] ", options.vmm_name);
+    let mut last_output = start;
     loop {
         let limit = poweroff_deadline.map_or(deadline, |p| p.min(deadline));
+        let silent_at = last_output + L1_SILENCE_LIMIT;
         let now = Instant::now();
         if now >= limit {
             outcome.end =
@@ -906,7 +925,11 @@ pub fn run_l1(
                 };
             break;
         }
-        let (stream, line) = match receiver.recv_timeout(limit - now) {
+        if now >= silent_at {
+            outcome.end = RigEnd::L1Frozen;
+            break;
+        }
+        let (stream, line) = match receiver.recv_timeout(limit.min(silent_at) - now) {
             Ok(item) => item,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -922,6 +945,7 @@ pub fn run_l1(
                 }
             }
             Stream::Stdout => {
+                last_output = Instant::now();
                 let line = tagged_tail(&line)
                     .map_or_else(|| strip_terminal_controls(&line), str::to_string);
                 if let Some(rest) = line.strip_prefix("@@guest@@ ") {
@@ -954,8 +978,13 @@ pub fn run_l1(
                     if event.kind == "l1-poweroff" && poweroff_deadline.is_none() {
                         poweroff_deadline = Some(Instant::now() + POWEROFF_GRACE);
                     }
-                    outcome.events.push(event);
-                    Some(format!("[rig] {rest}"))
+                    if event.kind == L1_ALIVE_EVENT {
+                        // Only its arrival counts (last_output).
+                        None
+                    } else {
+                        outcome.events.push(event);
+                        Some(format!("[rig] {rest}"))
+                    }
                 } else {
                     if soft_lockup_seconds(&line).is_some_and(|s| s >= L1_LOCKUP_LIMIT.as_secs()) {
                         outcome.end = RigEnd::L1Lockup;
@@ -1136,6 +1165,9 @@ mod tests {
             vec!["watchdog: BUG: soft lockup - CPU#1 stuck for 48s! [vcpu1:7]".into()];
         assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
         assert!(outcome.summary("pvmm").contains("CPU#1 stuck for 48s"));
+        outcome.end = RigEnd::L1Frozen;
+        assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
+        assert!(outcome.summary("pvmm").starts_with("L1 FROZEN"));
         outcome.end = RigEnd::L1Panic;
         outcome.l1_lines.push(
             "[  204.228331] Kernel panic - not syncing: corrupted stack end detected inside scheduler"

@@ -63,6 +63,16 @@ done
 if [ ! -c /dev/kvm ]; then
     echo "@@rig@@ error - no-dev-kvm"
 fi
+# Heartbeat: the host ends the run as frozen when L1 prints nothing for long (see pvmm-rig's
+# L1_SILENCE_LIMIT). Pinned to CPU 0 with the rig's other plumbing.
+(
+    while :; do
+        read -r up idle < /proc/uptime
+        echo "@@rig@@ l1-alive - $up"
+        sleep 10
+    done
+) &
+taskset -p 1 $! > /dev/null 2>&1
 if [ -f /rig/job.sh ]; then
     . /rig/job.sh
 else
