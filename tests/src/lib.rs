@@ -687,9 +687,13 @@ pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
 /// the guest's boot (6 of 40 pvmm boots when counted). A placement sequence also counts a
 /// guest that printed nothing in [`pvmm_rig::GUEST_SILENT_SECS`] (seen once in CI, a run
 /// silent for its whole 240 s, pvmm's stderr empty too; cause unknown, so guests now boot
-/// with `earlyprintk` and the failure message shows L1's kernel warnings). Such an outcome is
-/// run once more, with a loud message; a second crash fails the test like any other failure.
-pub const RIG_ATTEMPTS: u32 = 2;
+/// with `earlyprintk` and the failure message shows L1's kernel warnings), and [`l1_failed`].
+/// Such an outcome is run again, with a loud message, up to 3 boots in all; a third crash
+/// fails the test like any other failure. Three, not two: on a loaded 2-CPU machine (CI's
+/// speed) 3 of 12 sequence boots counted this session ended in an L1 failure, so two in a
+/// row would fail about one CI run in six over the three rig test binaries; a retried
+/// sequence costs its failure point plus at most 90 s, so CI stays well inside its limit.
+pub const RIG_ATTEMPTS: u32 = 3;
 
 /// The rig's other failures, L1's own kernel failing: it reports one of its CPUs stuck
 /// (`BUG: soft lockup - CPU#n stuck for 130s! [vcpu3:120]`, seen in CI with pvmm's vCPU
@@ -899,9 +903,10 @@ mod tests {
     }
 
     #[test]
-    fn a_crash_is_run_again_once_and_a_clean_outcome_is_kept() {
+    fn crashes_are_run_again_up_to_the_limit_and_a_clean_outcome_is_kept() {
         assert_eq!(retried(|_| true), (RIG_ATTEMPTS, RIG_ATTEMPTS));
         assert_eq!(retried(|b| b == 1), (2, 2));
+        assert_eq!(retried(|b| b < RIG_ATTEMPTS), (RIG_ATTEMPTS, RIG_ATTEMPTS));
         assert_eq!(retried(|_| false), (1, 1));
     }
 }
