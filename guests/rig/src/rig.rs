@@ -390,6 +390,10 @@ pub enum RigEnd {
     /// L1 printed nothing, not even its heartbeat, for [`L1_SILENCE_LIMIT`]: the emulated
     /// machine stopped; QEMU was killed.
     L1Frozen,
+    /// QEMU exited by itself while an inner VMM run was in progress, before L1's power-off:
+    /// L1 reset (QEMU runs with `-no-reboot`), e.g. a triple fault of L1 itself (seen under
+    /// load, L1's console silent).
+    L1Reset,
 }
 
 /// What L1's kernel prints when it panics.
@@ -480,7 +484,9 @@ impl RigOutcome {
     pub fn exit_code(&self) -> i32 {
         match (self.end, self.vmm_status) {
             (RigEnd::TimedOut, _) => EXIT_TIMEOUT,
-            (RigEnd::L1Lockup | RigEnd::L1Panic | RigEnd::L1Frozen, _) => EXIT_RIG_FAILURE,
+            (RigEnd::L1Lockup | RigEnd::L1Panic | RigEnd::L1Frozen | RigEnd::L1Reset, _) => {
+                EXIT_RIG_FAILURE
+            }
             (_, Some(status)) => status,
             (_, None) => EXIT_RIG_FAILURE,
         }
@@ -511,6 +517,10 @@ impl RigOutcome {
                     .find(|l| l.contains(L1_PANIC_MARK))
                     .map_or("no line kept", |l| l.trim())
             ),
+            (RigEnd::L1Reset, _) => format!(
+                "L1 RESET: QEMU ({}) exited while {vmm_name} was running, before L1's power-off, after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                self.qemu_status.map_or("killed".to_string(), |s| s.to_string())
+            ),
             (RigEnd::L1Frozen, _) => format!(
                 "L1 FROZEN: L1 printed nothing for {} s, not even its heartbeat; killed QEMU after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
                 L1_SILENCE_LIMIT.as_secs()
@@ -525,6 +535,13 @@ impl RigOutcome {
                 self.qemu_status.map_or("killed".to_string(), |s| s.to_string())
             ),
         }
+    }
+
+    /// Whether an inner VMM run had started and not reported its exit while L1 had not
+    /// announced its power-off.
+    pub fn run_in_progress(&self) -> bool {
+        self.events_of("l1-poweroff").next().is_none()
+            && self.events_of("vmm-exit").count() < self.events_of("vmm-start").count()
     }
 
     /// Whether L1 killed run `label` because its guest printed nothing in the sequence's
@@ -1009,6 +1026,9 @@ pub fn run_l1(
     if outcome.end == RigEnd::Completed {
         // Both pipes closed: QEMU is exiting; its status follows at once.
         outcome.qemu_status = child.0.wait().ok();
+        if outcome.run_in_progress() {
+            outcome.end = RigEnd::L1Reset;
+        }
     } else {
         let _ = child.0.kill();
         let _ = child.0.wait();
@@ -1168,6 +1188,22 @@ mod tests {
         outcome.end = RigEnd::L1Frozen;
         assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
         assert!(outcome.summary("pvmm").starts_with("L1 FROZEN"));
+        let event = |kind: &str, label: &str| RigEvent {
+            kind: kind.into(),
+            label: label.into(),
+            value: "0".into(),
+        };
+        // Run "a" started and has not reported its exit.
+        assert!(outcome.run_in_progress());
+        outcome.events.push(event("vmm-exit", "a"));
+        assert!(!outcome.run_in_progress());
+        outcome.events.push(event("vmm-start", "x"));
+        assert!(outcome.run_in_progress());
+        outcome.events.push(event("l1-poweroff", "-"));
+        assert!(!outcome.run_in_progress());
+        outcome.end = RigEnd::L1Reset;
+        assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
+        assert!(outcome.summary("pvmm").starts_with("L1 RESET"));
         outcome.end = RigEnd::L1Panic;
         outcome.l1_lines.push(
             "[  204.228331] Kernel panic - not syncing: corrupted stack end detected inside scheduler"
