@@ -540,8 +540,9 @@ struct Scratch {
     /// ([`NO_PKG`] when the host has fewer).
     spread_min_pkg: [u32; 2],
     active: Vec<bool>,
-    /// Pack mode while the ramp holds surplus packages: vCPUs still on each
-    /// package of the previous placement (those not yet sent home).
+    /// Pack mode: vCPUs of the previous placement still on each package (not
+    /// yet sent home this decision); read only while the ramp holds surplus
+    /// packages.
     pkg_left: Vec<u32>,
     vm_home: Vec<u32>,
     vm_remaining: Vec<u64>,

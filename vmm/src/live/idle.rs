@@ -82,7 +82,7 @@ pub trait IdleSource: Send {
 /// Busy is the rest of wall time: the guest's demand, including time it waited for a host CPU.
 pub struct KvmHaltIdle {
     halt: VcpuHaltStats,
-    sched: ThreadRunTime,
+    tid: i32,
     /// Whether the thread's blocked time is readable (decided once: mixing the two cumulative
     /// series tick by tick would turn their offset into idle or busy time).
     use_sched: bool,
@@ -92,12 +92,10 @@ pub struct KvmHaltIdle {
 impl KvmHaltIdle {
     /// For the vCPU whose stats are `halt`, running on thread `tid`.
     pub fn new(halt: VcpuHaltStats, tid: i32) -> Self {
-        let sched = ThreadRunTime::new(tid);
-        let use_sched = sched.blocked_ns(0).is_ok();
         Self {
             halt,
-            sched,
-            use_sched,
+            tid,
+            use_sched: thread_blocked_ns(tid, 0).is_ok(),
             acc: IdleAccumulator::default(),
         }
     }
@@ -106,7 +104,7 @@ impl KvmHaltIdle {
 impl IdleSource for KvmHaltIdle {
     fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
         let idle = if self.use_sched {
-            let blocked = self.sched.blocked_ns(now_ns.saturating_sub(start_ns))?;
+            let blocked = thread_blocked_ns(self.tid, now_ns.saturating_sub(start_ns))?;
             blocked.saturating_add(self.halt.polled_ns()?)
         } else {
             self.halt.halted_ns()?
@@ -134,22 +132,21 @@ impl ThreadRunTime {
             acc: IdleAccumulator::default(),
         }
     }
+}
 
-    /// Time the thread was blocked (neither running nor runnable) out of `elapsed_ns`.
-    fn blocked_ns(&self, elapsed_ns: u64) -> Result<u64, IdleError> {
-        let (wanted, _ran) = ProcSchedstat
-            .read(self.tid)
-            .ok_or_else(|| IdleError::Proc {
-                path: format!("/proc/self/task/{}/schedstat", self.tid),
-                why: "unreadable or in an unexpected format".into(),
-            })?;
-        Ok(elapsed_ns.saturating_sub(wanted))
-    }
+/// Time thread `tid` of this process was blocked (neither running nor runnable) out of
+/// `elapsed_ns`.
+fn thread_blocked_ns(tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
+    let (wanted, _ran) = ProcSchedstat.read(tid).ok_or_else(|| IdleError::Proc {
+        path: format!("/proc/self/task/{tid}/schedstat"),
+        why: "unreadable or in an unexpected format".into(),
+    })?;
+    Ok(elapsed_ns.saturating_sub(wanted))
 }
 
 impl IdleSource for ThreadRunTime {
     fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
-        let blocked = self.blocked_ns(now_ns.saturating_sub(start_ns))?;
+        let blocked = thread_blocked_ns(self.tid, now_ns.saturating_sub(start_ns))?;
         Ok(self.acc.update(now_ns, blocked))
     }
     fn kind(&self) -> &'static str {
