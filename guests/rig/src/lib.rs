@@ -19,4 +19,4 @@ pub mod scripts;
 pub mod sequence;
 
 pub use rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, RunLines, Topology};
-pub use sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, GUEST_SILENT_SECS};
+pub use sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};

@@ -28,7 +28,7 @@ use pvmm_scheduler::sim::PowerModel;
 
 use crate::images::{L1Images, Workspace};
 use crate::rig::{RigError, RigOutcome, Topology};
-use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, GUEST_SILENT_SECS};
+use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
 
 /// The seeds' kernbench thread busy fraction, 1 - sqrt(0.5086) = 0.287 (scheduler's
 /// `kernbench_busy_fraction`), as a pvmm-load duty in percent.
@@ -230,7 +230,6 @@ pub fn run_placement_bench(
             L1_BOOT_SECS + SEQUENCE_SLACK_FACTOR * per_run * runs.len() as u64,
         ),
         run_limit_secs: per_run,
-        guest_silent_secs: GUEST_SILENT_SECS,
         echo: options.echo,
         probe: Some(bench_probe()),
     };

@@ -361,7 +361,7 @@ pub struct L1Options {
 /// An event the L1 scripts reported: `@@rig@@ KIND LABEL VALUE`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RigEvent {
-    /// `l1-init`, `l1-cpus`, `vmm-start`, `guest-init`, `guest-uptime`, `guest-silent`,
+    /// `l1-init`, `l1-cpus`, `vmm-start`, `guest-init`, `guest-uptime`,
     /// `vmm-exit`, `error`, `l1-poweroff`.
     pub kind: String,
     /// The run label given to `rig_run` (`-` for L1-wide events).
@@ -542,12 +542,6 @@ impl RigOutcome {
     pub fn run_in_progress(&self) -> bool {
         self.events_of("l1-poweroff").next().is_none()
             && self.events_of("vmm-exit").count() < self.events_of("vmm-start").count()
-    }
-
-    /// Whether L1 killed run `label` because its guest printed nothing in the sequence's
-    /// `guest_silent_secs` (the `guest-silent` event): the guest hung before its first line.
-    pub fn guest_silent(&self, label: &str) -> bool {
-        self.events_of("guest-silent").any(|e| e.label == label)
     }
 
     /// Events of one kind, optionally for one label.

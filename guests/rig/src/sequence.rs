@@ -15,13 +15,6 @@ use crate::rig::{
 };
 use crate::scripts::{shell_join, shell_quote};
 
-/// A sensible [`SequenceOptions::guest_silent_secs`]: the guest's first console line (the
-/// kernel's first message) comes long before its init, which it reaches 12-21 s after pvmm's
-/// start in a rig slowed down by two busy loops on its 2-CPU host; a guest still silent after
-/// 90 s hung at its very start (seen once in CI: a run that printed nothing for its whole
-/// 240 s limit), and waiting longer only delays the rerun.
-pub const GUEST_SILENT_SECS: u64 = 90;
-
 /// One pvmm run of a sequence.
 #[derive(Debug, Clone)]
 pub struct PvmmRun {
@@ -42,9 +35,6 @@ pub struct SequenceOptions {
     pub timeout: Duration,
     /// Per-run limit in L1 (pvmm is killed after it; 0: none).
     pub run_limit_secs: u64,
-    /// A run whose guest has printed nothing this long after pvmm's start is killed and
-    /// reported as a `guest-silent` event ([`RigOutcome::guest_silent`]; 0: never).
-    pub guest_silent_secs: u64,
     /// Print classified lines as they arrive.
     pub echo: bool,
     /// The L1 probe script run alongside each pvmm.
@@ -70,7 +60,7 @@ pub fn run_pvmm_sequence(
             "the L1 images were built without pvmm".into(),
         ));
     }
-    let mut script = format!("export RIG_SILENT_SECS={}\n", options.guest_silent_secs);
+    let mut script = String::new();
     let mut memory = 0;
     for run in runs {
         if !valid_label(&run.label) {
