@@ -1,9 +1,11 @@
 //! The ACPI Generic Event Device (`ACPI0013`) pvmm uses to tell the guest that a vCPU's
-//! capacity changed.
+//! capacity changed, and that its power button was pressed.
 //!
-//! The VMM queues a vCPU index and raises the GED interrupt; the guest's `_EVT` method reads
-//! the status register until it returns 0, and for each value `N + 1` issues
-//! `Notify(<processor N>, 0x85)` ("highest performance changed").
+//! The VMM queues an event and raises the GED interrupt; the guest's `_EVT` method reads the
+//! status register until it returns 0. For [`POWER_BUTTON_STATUS`] it issues
+//! `Notify(\_SB.PWRB, 0x80)` (a hardware-reduced platform has no fixed power button); for
+//! each other value `N + 1` it issues `Notify(<processor N>, 0x85)` ("highest performance
+//! changed").
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +19,9 @@ use crate::bus::BusDevice;
 pub const GED_MMIO_LEN: u64 = 4;
 /// Bytes of the status register.
 const GED_STATUS_SIZE: usize = 4;
+
+/// The status value that stands for a power-button press: above every vCPU index + 1.
+pub const POWER_BUTTON_STATUS: u32 = 0x8000_0000;
 
 /// Errors from raising an event.
 #[derive(Debug, thiserror::Error)]
@@ -47,10 +52,21 @@ impl GedShared {
 
     /// Queues a "capacity changed" event for `vcpu` and interrupts the guest.
     pub fn notify_capacity_changed(&self, vcpu: u32) -> Result<(), GedError> {
+        self.raise(vcpu + 1)
+    }
+
+    /// Queues a power-button press and interrupts the guest.
+    pub fn press_power_button(&self) -> Result<(), GedError> {
+        self.raise(POWER_BUTTON_STATUS)
+    }
+
+    /// Queues status value `status` (once, however often it is raised before the guest reads
+    /// it) and interrupts the guest.
+    fn raise(&self, status: u32) -> Result<(), GedError> {
         {
             let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            if !q.contains(&vcpu) {
-                q.push_back(vcpu);
+            if !q.contains(&status) {
+                q.push_back(status);
             }
         }
         self.raised.fetch_add(1, Ordering::Relaxed);
@@ -69,7 +85,7 @@ impl GedShared {
 
     fn pop(&self) -> u32 {
         let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        q.pop_front().map_or(0, |v| v + 1)
+        q.pop_front().unwrap_or(0)
     }
 }
 
@@ -117,9 +133,18 @@ mod tests {
             seen.push(v - 1);
         }
         assert_eq!(seen, vec![3, 0]);
+        shared.press_power_button().unwrap();
+        shared.notify_capacity_changed(1).unwrap();
+        dev.read(0, &mut b);
+        assert_eq!(u32::from_le_bytes(b), POWER_BUTTON_STATUS);
+        dev.read(0, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 2);
+        dev.read(0, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 0);
         dev.write(0, &[1, 0, 0, 0]);
         let mut b8 = [0u8; 8];
         dev.read(0, &mut b8);
         assert_eq!(shared.ignored_accesses(), 2);
+        assert_eq!(shared.raised(), 5);
     }
 }

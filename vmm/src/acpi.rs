@@ -24,7 +24,7 @@ use pvmm_devices::power::{
 use pvmm_devices::serial::{COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
 
 use pvmm_devices::cppc::CppcRegister;
-use pvmm_devices::ged::GED_MMIO_LEN;
+use pvmm_devices::ged::{GED_MMIO_LEN, POWER_BUTTON_STATUS};
 
 use crate::layout::{
     ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START,
@@ -146,6 +146,9 @@ const PSD_REVISION: u8 = 0;
 const PSD_COORD_SW_ANY: u8 = 0xfd;
 /// The notification Linux's processor driver maps to "highest performance changed".
 pub const NOTIFY_HIGHEST_PERF_CHANGED: u8 = 0x85;
+/// Notify value of a power button press (ACPI 6.5, 5.6.6: "Device Object Notification
+/// Values", 0x80 on a power button device).
+pub const NOTIFY_POWER_BUTTON: u8 = 0x80;
 /// Bits of a 64-bit register.
 const REG_BITS: u8 = 64;
 
@@ -285,8 +288,16 @@ fn notify_method(vcpus: u32) -> Vec<u8> {
     aml_bytes(&aml::Method::new("CNFY".into(), 1, true, body))
 }
 
+/// `\_SB.PWRB`: the control-method power button (`PNP0C0C`) the GED notifies with 0x80.
+fn power_button_device() -> Vec<u8> {
+    let hid = aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0C0C"));
+    let uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    aml_bytes(&aml::Device::new("PWRB".into(), vec![&hid, &uid]))
+}
+
 /// The Generic Event Device: its interrupt, its status register, and `_EVT`, which drains the
-/// register and notifies each processor it names (value = vCPU index + 1, 0 = none left).
+/// register: the power-button value notifies `PWRB`, any other value notifies the processor
+/// it names (value = vCPU index + 1, 0 = none left).
 fn ged_device() -> Vec<u8> {
     let hid = aml::Name::new("_HID".into(), &"ACPI0013");
     let uid = aml::Name::new("_UID".into(), &aml::ZERO);
@@ -306,8 +317,13 @@ fn ged_device() -> Vec<u8> {
     let read = aml::Store::new(&aml::Local(0), &gsta);
     let index = aml::Subtract::new(&aml::Local(1), &aml::Local(0), &aml::ONE);
     let call = aml::MethodCall::new("\\_SB_.CNFY".into(), vec![&aml::Local(1)]);
+    let button = aml::Path::new("\\_SB_.PWRB");
+    let press = aml::Notify::new(&button, &NOTIFY_POWER_BUTTON);
+    let is_button = aml::Equal::new(&aml::Local(0), &POWER_BUTTON_STATUS);
+    let if_button = aml::If::new(&is_button, vec![&press]);
+    let else_cpu = aml::Else::new(vec![&index, &call]);
     let more = aml::NotEqual::new(&aml::Local(0), &aml::ZERO);
-    let drain = aml::While::new(&more, vec![&index, &call, &read]);
+    let drain = aml::While::new(&more, vec![&if_button, &else_cpu, &read]);
     let evt = aml::Method::new("_EVT".into(), 1, true, vec![&read, &drain]);
     aml_bytes(&aml::Device::new(
         "GED0".into(),
@@ -349,6 +365,7 @@ pub fn dsdt_aml(vcpus: u32) -> Vec<u8> {
     com1.to_aml_bytes(&mut sb_children);
     sb_children.extend(osc_method());
     sb_children.extend(notify_method(vcpus));
+    sb_children.extend(power_button_device());
     sb_children.extend(ged_device());
     body.extend(aml::Scope::raw("\\_SB_".into(), sb_children));
     let s5_type = S5_SLEEP_TYPE;
@@ -412,6 +429,8 @@ fn fadt(dsdt_addr: u64) -> Vec<u8> {
         .dsdt_64(dsdt_addr)
         .flag(Flags::HwReducedAcpi)
         .flag(Flags::ResetRegSup)
+        // The power button is the control-method device \_SB.PWRB, not a fixed feature.
+        .flag(Flags::PwrButton)
         .preferred_pm_profile(PmProfile::EnterpriseServer);
     builder.reset_reg = io_register(ACPI_POWER_PORT_BASE + RESET_OFFSET as u16);
     builder.reset_value = RESET_VALUE;

@@ -7,6 +7,7 @@ use clap::Parser;
 use crate::config::{
     PlacementConfig, StatsTarget, VmConfig, DEFAULT_CMDLINE, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
 };
+use crate::live::control::DEFAULT_EXTERNAL_LEASE_MS;
 use crate::live::scheduler::{PlacementPolicy, DEFAULT_TICK_MS};
 
 /// Help text after the options: exit statuses and an example.
@@ -18,8 +19,18 @@ Exit status:
   3  the guest asked to reboot (pvmm does not restart guests)
   4  the guest triple-faulted
   5  KVM could not run the guest (internal error, failed VM entry)
+  6  stopped through the control socket: the guest did not power off in time
 
-The guest's serial console (COM1) is pvmm's stdin/stdout.
+The guest's serial console (COM1) is pvmm's stdin/stdout; --stats - writes to
+stderr, so the console stays clean.
+
+Control socket (--api-socket PATH; HTTP/1.1 + JSON, e.g.
+curl --unix-socket PATH http://localhost/v1/vm, or pvmm-ctl):
+  GET /v1/vm, /v1/vcpus, /v1/placement     state, threads, latest tick
+  PUT /v1/policy {\"policy\":\"balance\"}      change the policy at run time
+  PUT|DELETE /v1/placement/external        hand placement to an outside balancer
+  PUT /v1/vm/pause, /v1/vm/resume
+  PUT /v1/vm/shutdown {\"timeout_ms\":N}     power button, hard stop after N ms
 
 Placement policies (--policy):
   performance      spread vCPUs across packages, then cores; never share a core
@@ -90,9 +101,20 @@ pub struct Cli {
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_TICK_MS)]
     pub tick_ms: u64,
 
-    /// Write one JSON object per tick to FILE, or to stdout with '-'.
+    /// Write one JSON object per tick to FILE, or to stderr with '-' (stdout is the guest's
+    /// console).
     #[arg(long, value_name = "FILE|-")]
     pub stats: Option<PathBuf>,
+
+    /// Serve the control API (HTTP/1.1, JSON) on a Unix socket at PATH (mode 0600).
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+
+    /// How long an outside balancer's placement (PUT /v1/placement/external) holds without
+    /// renewal before pvmm places its vCPUs itself again (100-600000).
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_EXTERNAL_LEASE_MS,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub external_lease_ms: u64,
 }
 
 impl Cli {
@@ -113,12 +135,14 @@ impl Cli {
                 tick_ms: self.tick_ms,
                 stats: self.stats.map(|p| {
                     if p.as_os_str() == "-" {
-                        StatsTarget::Stdout
+                        StatsTarget::Stderr
                     } else {
                         StatsTarget::File(p)
                     }
                 }),
             },
+            api_socket: self.api_socket,
+            external_lease_ms: self.external_lease_ms,
         }
     }
 }

@@ -57,13 +57,17 @@ pub struct VmConfig {
     pub verbose: bool,
     /// How vCPU threads are placed.
     pub placement: PlacementConfig,
+    /// The control socket's path, if any.
+    pub api_socket: Option<PathBuf>,
+    /// How long outside placement holds without renewal.
+    pub external_lease_ms: u64,
 }
 
 /// Where stats lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatsTarget {
-    /// Standard output (shared with the guest console).
-    Stdout,
+    /// Standard error (standard output is the guest's console).
+    Stderr,
     /// A file, created or truncated.
     File(PathBuf),
 }
@@ -130,6 +134,8 @@ mod tests {
             kvm_device: DEFAULT_KVM_DEVICE.into(),
             verbose: false,
             placement: PlacementConfig::default(),
+            api_socket: None,
+            external_lease_ms: crate::live::control::DEFAULT_EXTERNAL_LEASE_MS,
         }
     }
 

@@ -8,6 +8,7 @@
 //! | 3 | the guest asked for a reboot (pvmm does not restart guests) |
 //! | 4 | the guest triple-faulted (a crash before its exception handlers work) |
 //! | 5 | KVM could not run the guest (internal error, failed VM entry, crash event) |
+//! | 6 | stopped through the control socket: the guest did not power off in time |
 
 /// Exit status: the guest powered off.
 pub const EXIT_POWER_OFF: i32 = 0;
@@ -22,6 +23,8 @@ pub const EXIT_GUEST_RESET: i32 = 3;
 pub const EXIT_TRIPLE_FAULT: i32 = 4;
 /// Exit status: KVM internal error.
 pub const EXIT_KVM_ERROR: i32 = 5;
+/// Exit status: the VMM stopped the VM on request because the guest did not power off.
+pub const EXIT_STOPPED: i32 = 6;
 
 /// Why the VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +45,9 @@ pub enum VmExit {
     KvmError(String),
     /// The host failed (ioctl, thread).
     HostError(String),
+    /// A shutdown request's time ran out (or the guest does not listen for the power
+    /// button), and pvmm stopped the VM.
+    Stopped,
 }
 
 impl VmExit {
@@ -53,6 +59,7 @@ impl VmExit {
             VmExit::TripleFault { .. } => EXIT_TRIPLE_FAULT,
             VmExit::KvmError(_) => EXIT_KVM_ERROR,
             VmExit::HostError(_) => EXIT_HOST_ERROR,
+            VmExit::Stopped => EXIT_STOPPED,
         }
     }
 
@@ -69,6 +76,9 @@ impl VmExit {
             }
             VmExit::KvmError(s) => s.clone(),
             VmExit::HostError(s) => s.clone(),
+            VmExit::Stopped => {
+                "stopped on request: the guest did not power off within the shutdown timeout".into()
+            }
         }
     }
 }
@@ -88,6 +98,7 @@ mod tests {
             },
             VmExit::KvmError(String::new()),
             VmExit::HostError(String::new()),
+            VmExit::Stopped,
         ];
         let mut s: Vec<i32> = all.iter().map(VmExit::status).collect();
         s.push(EXIT_BAD_INPUT);

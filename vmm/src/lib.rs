@@ -4,9 +4,11 @@
 //! [`vmm::start`] builds the VM: guest memory ([`memory`], [`layout`]), ACPI tables
 //! ([`acpi`]), the kernel ([`boot`]), KVM objects ([`vstate`]) with per-vCPU CPUID
 //! ([`cpuid`]), and the devices from the `pvmm-devices` crate. How a run ends and its exit
-//! status are in [`exit`].
+//! status are in [`exit`]. A started VM is a [`running::RunningVm`]; the control socket
+//! ([`api`]) acts on it through [`api::VmControl`].
 
 pub mod acpi;
+pub mod api;
 pub mod boot;
 pub mod cli;
 pub mod config;
@@ -15,5 +17,6 @@ pub mod exit;
 pub mod layout;
 pub mod live;
 pub mod memory;
+pub mod running;
 pub mod vmm;
 pub mod vstate;

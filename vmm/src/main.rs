@@ -37,18 +37,26 @@ fn main() {
         }
     }
     let config = cli.into_config();
-    let vm = match pvmm::vmm::start(&config) {
+    let mut vm = match pvmm::vmm::start(&config) {
         Ok(vm) => vm,
         Err(e) => {
             eprintln!("pvmm: {e}");
             std::process::exit(e.status());
         }
     };
+    if let Some(path) = &config.api_socket {
+        if config.verbose {
+            eprintln!("pvmm: control socket {}", path.display());
+        }
+    }
     let exit = vm.wait();
+    // Every vCPU thread and the scheduler are joined, and the socket file removed, before the
+    // summary: nothing of the VM runs past this line.
+    vm.stop();
     if exit != VmExit::PowerOff || config.verbose {
         eprintln!("pvmm: {}", exit.reason());
     }
     eprintln!("pvmm: {}", vm.placement_summary());
-    // Ends every vCPU thread with the process: a powered-off guest has nothing left to run.
+    // The console-input thread may be blocked reading stdin; it ends with the process.
     std::process::exit(exit.status());
 }

@@ -4,27 +4,33 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use crossbeam::channel::{unbounded, Receiver};
+use crossbeam::channel::{bounded, unbounded, Sender};
 use pvmm_devices::bus::{Bus, BusError};
 use pvmm_devices::power::{
     AcpiPowerDevice, I8042ResetDevice, PowerEvent, PowerEventSink, ACPI_POWER_PORT_BASE,
     ACPI_POWER_PORT_LEN, I8042_COMMAND_PORT,
 };
 use pvmm_devices::serial::{SerialConsole, COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
+use serde_json::json;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::acpi::{build_tables, AcpiError};
+use crate::api::routes::VmShape;
+use crate::api::{ApiError, ApiSocket};
 use crate::boot::{detect_kernel_format, load_kernel, open_input_file, BootError, BootSpec};
 use crate::config::{ConfigError, StatsTarget, VmConfig};
 use crate::exit::{VmExit, EXIT_BAD_INPUT, EXIT_HOST_ERROR};
 use crate::layout::HIMEM_START;
 use crate::layout::{CPPC_MMIO_SIZE, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START};
 use crate::live::capacity::CppcReporter;
-use crate::live::hoststat::CpuTimes;
+use crate::live::control::PlacementControl;
 use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
-use crate::live::scheduler::{LiveScheduler, LiveVcpu, PlacementPolicy, PlacementTotals};
+use crate::live::own_threads::OwnThreads;
+use crate::live::scheduler::{LiveScheduler, LiveVcpu, PlacementPolicy};
 use crate::memory::{create_guest_memory, low_ram_end, MemoryError};
+use crate::running::{PlacementReport, RunningVm, VmCore};
+use crate::vstate::handle::{register_kick_handler, RunControl, VcpuHandle};
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuError, VcpuStarted};
 use crate::vstate::vm::{Vm, VmError};
 use pvmm_devices::cppc::{CppcDevice, CppcShared, ProcSchedstat};
@@ -66,6 +72,9 @@ pub enum VmmError {
     /// Starting placement failed on the host.
     #[error("vCPU placement: {0}")]
     PlacementHost(String),
+    /// The control socket could not be set up.
+    #[error(transparent)]
+    Api(#[from] ApiError),
 }
 
 impl From<BusError> for VmmError {
@@ -86,6 +95,7 @@ impl VmmError {
             ) => EXIT_BAD_INPUT,
             VmmError::Acpi(AcpiError::TooManyVcpus(_)) => EXIT_BAD_INPUT,
             VmmError::Placement(_) => EXIT_BAD_INPUT,
+            VmmError::Api(_) => EXIT_BAD_INPUT,
             _ => EXIT_HOST_ERROR,
         }
     }
@@ -105,53 +115,6 @@ impl Write for ConsoleOutput {
     fn flush(&mut self) -> std::io::Result<()> {
         std::io::stdout().lock().flush()
     }
-}
-
-/// A running VM: its vCPU thread ids and the channel on which it ends.
-pub struct RunningVm {
-    /// Each vCPU's thread, in vCPU order.
-    pub vcpus: Vec<VcpuStarted>,
-    exits: Receiver<VmExit>,
-    placement: PlacementReport,
-    // Keep guest memory and KVM objects alive while vCPUs run.
-    _vm: Arc<Vm>,
-    _mem: crate::memory::GuestMemory,
-}
-
-impl RunningVm {
-    /// Blocks until the VM ends and says why.
-    pub fn wait(&self) -> VmExit {
-        self.exits
-            .recv()
-            .unwrap_or_else(|_| VmExit::HostError("every vCPU thread ended unexpectedly".into()))
-    }
-
-    /// The exit, if the VM has ended within `timeout`.
-    pub fn wait_timeout(&self, timeout: Duration) -> Option<VmExit> {
-        self.exits.recv_timeout(timeout).ok()
-    }
-
-    /// The one-line placement summary (migrations, measured package idle share).
-    pub fn placement_summary(&self) -> String {
-        let p = &self.placement;
-        let totals = p.totals.lock().map(|t| t.clone()).unwrap_or_default();
-        LiveScheduler::summary_line(
-            p.policy,
-            &p.topology,
-            &totals,
-            &p.host_stat_at_start,
-            p.started.elapsed(),
-        )
-    }
-}
-
-/// What the exit summary needs from the live scheduler.
-struct PlacementReport {
-    policy: PlacementPolicy,
-    topology: HostTopology,
-    totals: Arc<Mutex<PlacementTotals>>,
-    host_stat_at_start: Vec<(u32, CpuTimes)>,
-    started: std::time::Instant,
 }
 
 /// Resolves `--host-topology` and `--cpus`, and checks that pvmm may run on every CPU left.
@@ -187,7 +150,7 @@ pub fn resolve_topology(config: &VmConfig) -> Result<HostTopology, VmmError> {
 fn open_stats(target: &Option<StatsTarget>) -> Result<Option<Box<dyn Write + Send>>, VmmError> {
     Ok(match target {
         None => None,
-        Some(StatsTarget::Stdout) => Some(Box::new(ConsoleOutput)),
+        Some(StatsTarget::Stderr) => Some(Box::new(std::io::stderr())),
         Some(StatsTarget::File(path)) => Some(Box::new(std::io::LineWriter::new(
             std::fs::File::create(path)
                 .map_err(|e| VmmError::Placement(format!("--stats {}: {e}", path.display())))?,
@@ -201,10 +164,10 @@ fn log(config: &VmConfig, msg: impl AsRef<str>) {
     }
 }
 
-/// Builds the VM described by `config` and starts its vCPUs.
-pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
+/// Checks the kernel and initrd files before touching KVM, so bad input is reported the same
+/// everywhere.
+fn check_inputs(config: &VmConfig) -> Result<(), VmmError> {
     config.validate()?;
-    // Check the files before touching KVM, so bad input is reported the same everywhere.
     let format = detect_kernel_format(&config.kernel)?;
     if let Some(initrd) = &config.initrd {
         let read_err = |source| BootError::InitrdRead {
@@ -228,13 +191,16 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         config,
         format!("kernel {} ({format:?})", config.kernel.display()),
     );
-    let topology = resolve_topology(config)?;
-    let stats_out = open_stats(&config.placement.stats)?;
+    Ok(())
+}
 
-    let vm = Arc::new(Vm::new(&config.kvm_device, config.vcpus)?);
+/// Guest memory with the ACPI tables and the kernel loaded; returns the entry point.
+fn load_guest(
+    config: &VmConfig,
+    vm: &Vm,
+) -> Result<(crate::memory::GuestMemory, crate::boot::EntryPoint), VmmError> {
     let mem = create_guest_memory(config.memory_bytes())?;
     vm.register_memory(&mem)?;
-
     let tables = build_tables(config.vcpus)?;
     for t in &tables.tables {
         mem.write_slice(&t.bytes, GuestAddress(t.addr))
@@ -251,9 +217,23 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         },
     )?;
     log(config, format!("entry {entry:x?}"));
+    Ok((mem, entry))
+}
 
-    let (exit_tx, exits) = unbounded::<VmExit>();
-    let power_sink = |tx: crossbeam::channel::Sender<VmExit>| -> PowerEventSink {
+/// The devices and the buses vCPUs dispatch to.
+struct Devices {
+    buses: VcpuBuses,
+    serial: Arc<Mutex<SerialConsole>>,
+    cppc: Arc<CppcShared>,
+    ged: Arc<GedShared>,
+}
+
+fn build_devices(
+    config: &VmConfig,
+    vm: &Vm,
+    exit_tx: &Sender<VmExit>,
+) -> Result<Devices, VmmError> {
+    let power_sink = |tx: Sender<VmExit>| -> PowerEventSink {
         Box::new(move |event| {
             let _ = tx.send(match event {
                 PowerEvent::PowerOff => VmExit::PowerOff,
@@ -261,7 +241,6 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
             });
         })
     };
-
     let serial_irq =
         EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Devices(e.to_string()))?;
     vm.register_irq(&serial_irq, COM1_IRQ)?;
@@ -289,7 +268,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         u64::from(I8042_COMMAND_PORT),
         1,
     )?;
-    // CPPC registers and the GED that announces capacity changes.
+    // CPPC registers and the GED that announces capacity changes and the power button.
     let cppc = Arc::new(CppcShared::new(config.vcpus));
     let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Devices(e.to_string()))?;
     vm.register_irq(&ged_irq, GED_IRQ)?;
@@ -308,41 +287,66 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         GED_MMIO_START,
         GED_MMIO_LEN,
     )?;
-    let buses = VcpuBuses {
-        pio: Arc::new(pio),
-        mmio: Arc::new(mmio),
-    };
+    Ok(Devices {
+        buses: VcpuBuses {
+            pio: Arc::new(pio),
+            mmio: Arc::new(mmio),
+        },
+        serial,
+        cppc,
+        ged,
+    })
+}
 
-    let supported = Vcpu::supported_cpuid(&vm)?;
+/// The vCPU threads (held at a gate until placed) and each one's idle signal.
+struct StartedVcpus {
+    handles: Vec<VcpuHandle>,
+    live: Vec<LiveVcpu>,
+    gate: Arc<Barrier>,
+}
+
+fn start_vcpus(
+    config: &VmConfig,
+    vm: &Vm,
+    mem: &crate::memory::GuestMemory,
+    entry: &crate::boot::EntryPoint,
+    buses: &VcpuBuses,
+    exit_tx: &Sender<VmExit>,
+) -> Result<StartedVcpus, VmmError> {
+    let supported = Vcpu::supported_cpuid(vm)?;
     let vcpus = (0..config.vcpus)
-        .map(|i| Vcpu::new(&vm, i, config.vcpus, &mem, &entry, &supported))
+        .map(|i| Vcpu::new(vm, i, config.vcpus, mem, entry, &supported))
         .collect::<Result<Vec<_>, _>>()?;
     // The guest's halt counters drive placement; fall back to thread run time (and say so
     // once) where KVM has no binary stats.
-    let mut idle_sources: Vec<Option<crate::live::kvm_stats::VcpuHaltStats>> =
-        Vec::with_capacity(vcpus.len());
+    let mut halt_stats = Vec::with_capacity(vcpus.len());
     let mut stats_warning = None;
     for vcpu in &vcpus {
         match vcpu.halt_stats() {
-            Ok(stats) => idle_sources.push(Some(stats)),
+            Ok(stats) => halt_stats.push(Some(stats)),
             Err(e) => {
                 stats_warning.get_or_insert(e.to_string());
-                idle_sources.push(None);
+                halt_stats.push(None);
             }
         }
     }
     if let Some(why) = stats_warning {
         eprintln!("pvmm: KVM halt statistics unavailable ({why}); using vCPU thread run time from /proc instead");
     }
+    register_kick_handler().map_err(|e| VmmError::Devices(format!("vCPU kick signal: {e}")))?;
     let gate = Arc::new(Barrier::new(vcpus.len() + 1));
     let (started_tx, started_rx) = unbounded();
+    let mut threads = Vec::with_capacity(vcpus.len());
     for vcpu in vcpus {
-        vcpu.spawn(
+        let control = Arc::new(RunControl::default());
+        let thread = vcpu.spawn(
             buses.clone(),
             started_tx.clone(),
             gate.clone(),
             exit_tx.clone(),
+            control.clone(),
         )?;
+        threads.push(Some((thread, control)));
     }
     let mut started: Vec<VcpuStarted> = Vec::with_capacity(config.vcpus as usize);
     for _ in 0..config.vcpus {
@@ -352,55 +356,121 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         }
     }
     started.sort_by_key(|s| s.index);
-    for s in &started {
+    let mut handles = Vec::with_capacity(started.len());
+    let mut live = Vec::with_capacity(started.len());
+    for (s, halt) in started.iter().zip(halt_stats) {
         log(config, format!("vcpu{} tid {}", s.index, s.tid));
-        cppc.set_tid(s.index, s.tid);
+        let Some((thread, control)) = threads.get_mut(s.index as usize).and_then(Option::take)
+        else {
+            return Err(VmmError::Devices(format!("vCPU {} started twice", s.index)));
+        };
+        handles.push(VcpuHandle::new(s.index, s.tid, control, thread));
+        let source: Box<dyn IdleSource> = match halt {
+            Some(halt) => Box::new(KvmHaltIdle::new(halt, s.tid)),
+            None => Box::new(ThreadRunTime::new(s.tid)),
+        };
+        live.push(LiveVcpu::new(s.index, s.tid, source));
     }
-    let live_vcpus = started
-        .iter()
-        .zip(idle_sources)
-        .map(|(s, src)| {
-            let source: Box<dyn IdleSource> = match src {
-                Some(halt) => Box::new(KvmHaltIdle::new(halt, s.tid)),
-                None => Box::new(ThreadRunTime::new(s.tid)),
-            };
-            LiveVcpu::new(s.index, s.tid, source)
-        })
-        .collect();
+    Ok(StartedVcpus {
+        handles,
+        live,
+        gate,
+    })
+}
+
+/// Builds the VM described by `config` and starts its vCPUs, its scheduler and, with
+/// `--api-socket`, its control socket.
+pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
+    check_inputs(config)?;
+    let topology = resolve_topology(config)?;
+    let stats_out = open_stats(&config.placement.stats)?;
+    // Bound before any thread starts (the socket is created under a narrowed umask).
+    let api_socket = match &config.api_socket {
+        Some(path) => Some(ApiSocket::bind(path)?),
+        None => None,
+    };
+
+    let vm = Arc::new(Vm::new(&config.kvm_device, config.vcpus)?);
+    let (mem, entry) = load_guest(config, &vm)?;
+    let (exit_tx, exits) = unbounded::<VmExit>();
+    let devices = build_devices(config, &vm, &exit_tx)?;
+    let started = start_vcpus(config, &vm, &mem, &entry, &devices.buses, &exit_tx)?;
+    for h in &started.handles {
+        devices.cppc.set_tid(h.index(), h.tid());
+    }
+    let control = Arc::new(PlacementControl::new(Duration::from_millis(
+        config.external_lease_ms,
+    )));
+    let vcpu_tids = started.handles.iter().map(VcpuHandle::tid).collect();
+    let ged_unmasked = {
+        let vm = vm.clone();
+        move || vm.ioapic_pin_unmasked(GED_IRQ)
+    };
     let mut scheduler = LiveScheduler::new(
         config.placement.policy,
         topology.clone(),
         EngineConfig::default(),
         Box::new(LinuxExecutor),
-        live_vcpus,
+        started.live,
         stats_out,
     )
-    .with_capacity_reporter(Box::new(CppcReporter::new(cppc, ged, {
-        let vm = vm.clone();
-        Box::new(move || vm.ioapic_pin_unmasked(GED_IRQ))
-    })));
+    .with_control(control.clone())
+    .with_own_threads(OwnThreads::new(vcpu_tids))
+    .with_capacity_reporter(Box::new(CppcReporter::new(
+        devices.cppc.clone(),
+        devices.ged.clone(),
+        Box::new(ged_unmasked.clone()),
+    )));
     // vCPUs start where the policy wants them: place before releasing the gate.
     let placed = scheduler.tick();
-    gate.wait();
+    started.gate.wait();
     placed.map_err(|e| VmmError::PlacementHost(e.to_string()))?;
-    let placement = PlacementReport {
-        policy: config.placement.policy,
-        topology,
+    let report = PlacementReport {
+        topology: topology.clone(),
         totals: scheduler.totals(),
         host_stat_at_start: scheduler.host_stat_at_start(),
         started: std::time::Instant::now(),
     };
-    scheduler
-        .spawn(Duration::from_millis(config.placement.tick_ms))
+    let (stop_tx, stop_rx) = bounded(0);
+    let scheduler = scheduler
+        .spawn(Duration::from_millis(config.placement.tick_ms), stop_rx)
         .map_err(|e| VmmError::PlacementHost(e.to_string()))?;
-    spawn_console_input(serial);
-    Ok(RunningVm {
-        vcpus: started,
+    let (deadline_tx, deadlines) = unbounded();
+    let core = Arc::new(VmCore {
+        vcpus: started.handles,
+        control,
+        ged: devices.ged,
+        description: json!({
+            "vcpus": config.vcpus,
+            "memory_mib": config.memory_mib,
+            "kernel": config.kernel.display().to_string(),
+        }),
+        shape: VmShape {
+            vcpus: config.vcpus,
+            cpus: topology.cpu_set(),
+        },
+        deadlines: deadline_tx,
+        report,
+        policy: Mutex::new(config.placement.policy),
+        ged_listening: Box::new(ged_unmasked),
+    });
+    let api = match api_socket {
+        Some(socket) => Some(
+            socket
+                .serve(core.clone())
+                .map_err(|e| VmmError::Devices(format!("control socket thread: {e}")))?,
+        ),
+        None => None,
+    };
+    spawn_console_input(devices.serial);
+    Ok(RunningVm::new(
+        core,
         exits,
-        placement,
-        _vm: vm,
-        _mem: mem,
-    })
+        deadlines,
+        (stop_tx, scheduler),
+        api,
+        mem,
+    ))
 }
 
 /// Feeds pvmm's stdin to the guest's serial console until stdin ends.

@@ -162,3 +162,19 @@ fn stats_lines_describe_every_vcpu() {
     assert_eq!(first.matches("\"vcpu\":").count(), 2, "{first}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn stats_dash_goes_to_stderr_and_stdout_stays_the_console() {
+    let mut code = print_code(b"console only\n");
+    code.extend(out_code(0x600, POWER_OFF_VALUE));
+    code.extend(HALT_LOOP);
+    let Some(out) = run_tiny("stats-stderr", &code, &["--memory", "64", "--stats", "-"]) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "console only\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let first = err.lines().next().unwrap_or_default();
+    let line: serde_json::Value = serde_json::from_str(first).expect("a JSON stats line first");
+    assert!(line["vcpus"].is_array(), "{first}");
+}

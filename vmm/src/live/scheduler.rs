@@ -14,8 +14,10 @@ use pvmm_scheduler::{
 use serde_json::json;
 
 use super::capacity::CapacityReporter;
+use super::control::{ExternalAssignment, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::idle::IdleSource;
+use super::own_threads::OwnThreads;
 
 /// Default placement tick: fast enough to spread a vCPU that turns busy within a few hundred
 /// milliseconds, slow enough that reading stats and deciding costs well under 1 % of a CPU.
@@ -115,13 +117,20 @@ pub struct PlacementTotals {
     pub migrations: u64,
     /// Affinity changes the host refused.
     pub apply_errors: u64,
+    /// Policy changes asked for at run time (control socket).
+    pub policy_changes: u64,
 }
 
 /// The live scheduler of one VM.
 pub struct LiveScheduler {
     policy: PlacementPolicy,
     topology: HostTopology,
+    engine_config: EngineConfig,
     engine: Option<Engine>,
+    /// Whether an outside balancer placed the vCPUs at the last tick.
+    external: bool,
+    control: Option<Arc<PlacementControl>>,
+    own_threads: Option<OwnThreads>,
     executor: Box<dyn Executor + Send>,
     vcpus: Vec<LiveVcpu>,
     start: Instant,
@@ -138,6 +147,19 @@ impl LiveScheduler {
         self
     }
 
+    /// Takes policy changes and outside placement from `control`, and publishes each tick's
+    /// snapshot there.
+    pub fn with_control(mut self, control: Arc<PlacementControl>) -> Self {
+        self.control = Some(control);
+        self
+    }
+
+    /// Keeps pvmm's own threads on the lowest-numbered package that holds vCPUs.
+    pub fn with_own_threads(mut self, own: OwnThreads) -> Self {
+        self.own_threads = Some(own);
+        self
+    }
+
     /// A scheduler for `vcpus` on `topology`.
     pub fn new(
         policy: PlacementPolicy,
@@ -147,14 +169,14 @@ impl LiveScheduler {
         vcpus: Vec<LiveVcpu>,
         stats: Option<Box<dyn Write + Send>>,
     ) -> Self {
-        let engine = match policy {
-            PlacementPolicy::None => None,
-            PlacementPolicy::Managed(p) => Some(Engine::new(topology.clone(), p, engine_config)),
-        };
         Self {
+            engine: make_engine(policy, &topology, &engine_config),
             policy,
             topology,
-            engine,
+            engine_config,
+            external: false,
+            control: None,
+            own_threads: None,
             executor,
             vcpus,
             start: Instant::now(),
@@ -174,16 +196,75 @@ impl LiveScheduler {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// One tick: sample, place, apply, report. Returns the engine's decision (None for the
-    /// `none` policy).
+    /// One tick: sample, take control requests, place (pvmm's policy or an outside
+    /// balancer's assignments), apply, publish capacities, report. Returns the engine's
+    /// decision (None for the `none` policy and under outside placement).
     pub fn tick(&mut self) -> Result<Option<Decision>, LiveError> {
         let now_ns = self.now_ns();
+        self.sample(now_ns);
+        if let Some(policy) = self.control.as_ref().and_then(|c| c.take_policy_request()) {
+            self.set_policy(policy);
+        }
+        let who = match &self.control {
+            Some(c) => c.external(Instant::now()),
+            None => ExternalState::Own,
+        };
+        let (decision, (moved, apply_errors)) = match who {
+            ExternalState::Active(assignments) => {
+                self.external = true;
+                (None, self.apply_external(&assignments))
+            }
+            own => {
+                if own == ExternalState::Expired {
+                    eprintln!(
+                        "pvmm: external placement lease expired; placing under policy {} again",
+                        self.policy
+                    );
+                }
+                if std::mem::take(&mut self.external) {
+                    // The engine's view of where vCPUs are is stale: start it afresh.
+                    self.engine = make_engine(self.policy, &self.topology, &self.engine_config);
+                }
+                let decision = self.decide(now_ns)?;
+                let counts = match &decision {
+                    Some(d) => self.apply_decision(d),
+                    None => {
+                        self.follow_unpinned();
+                        (0, 0)
+                    }
+                };
+                (decision, counts)
+            }
+        };
+        let own_errors = self.pin_own_threads();
+        if let Some(reporter) = self.capacity.as_mut() {
+            let now = Instant::now();
+            for v in &self.vcpus {
+                reporter.publish(v.index, v.capacity, now);
+            }
+        }
+        if let Ok(mut t) = self.totals.lock() {
+            t.ticks += 1;
+            t.migrations += moved;
+            t.apply_errors += apply_errors + own_errors;
+        }
+        self.report(now_ns, moved);
+        Ok(decision)
+    }
+
+    fn sample(&mut self, now_ns: u64) {
         for v in &mut self.vcpus {
             // A failed read leaves the previous utilization in place; the thread may be exiting.
             if let Ok(sample) = v.source.sample(now_ns, 0) {
                 v.tracker.update(sample);
             }
         }
+    }
+
+    fn decide(&mut self, now_ns: u64) -> Result<Option<Decision>, LiveError> {
+        let Some(engine) = &mut self.engine else {
+            return Ok(None);
+        };
         let loads: Vec<VcpuLoad> = self
             .vcpus
             .iter()
@@ -196,56 +277,106 @@ impl LiveScheduler {
                 busy: v.tracker.is_busy(),
             })
             .collect();
-        let decision = match &mut self.engine {
-            Some(engine) => Some(
-                engine
-                    .place(now_ns / 1_000_000, &loads)
-                    .map_err(|e| LiveError::Engine(e.to_string()))?,
-            ),
-            None => None,
-        };
-        let mut moved = 0u64;
-        let mut apply_errors = 0u64;
-        if let Some(d) = &decision {
-            for (v, a) in self.vcpus.iter_mut().zip(&d.assignments) {
-                if v.last_cpus.as_ref() != Some(&a.cpus) {
-                    match self.executor.apply(v.tid, &a.cpus) {
-                        Ok(()) => {
-                            if v.last_cpus.is_some() {
-                                moved += 1;
-                            }
-                            v.last_cpus = Some(a.cpus.clone());
-                        }
-                        Err(_) => apply_errors += 1,
-                    }
-                }
-                v.package = Some(a.package);
-                v.capacity = a.capacity;
-            }
-        } else {
-            for v in &mut self.vcpus {
-                v.package = last_cpu_of_thread(v.tid).and_then(|c| self.topology.package_of(c));
-            }
-        }
-        if let Some(reporter) = self.capacity.as_mut() {
-            let now = Instant::now();
-            for v in &self.vcpus {
-                reporter.publish(v.index, v.capacity, now);
-            }
-        }
-        if let Ok(mut t) = self.totals.lock() {
-            t.ticks += 1;
-            t.migrations += moved;
-            t.apply_errors += apply_errors;
-        }
-        self.report(now_ns, moved);
-        Ok(decision)
+        engine
+            .place(now_ns / 1_000_000, &loads)
+            .map(Some)
+            .map_err(|e| LiveError::Engine(e.to_string()))
     }
 
-    fn report(&mut self, now_ns: u64, moved: u64) {
-        let Some(out) = self.stats.as_mut() else {
+    /// Applies the engine's decision; returns (moves, refused affinity changes).
+    fn apply_decision(&mut self, d: &Decision) -> (u64, u64) {
+        let mut counts = (0, 0);
+        for (v, a) in self.vcpus.iter_mut().zip(&d.assignments) {
+            pin_vcpu(v, &a.cpus, self.executor.as_mut(), &mut counts);
+            v.package = Some(a.package);
+            v.capacity = a.capacity;
+        }
+        counts
+    }
+
+    /// Applies an outside balancer's assignments; vCPUs they do not name stay as they are.
+    fn apply_external(&mut self, assignments: &[ExternalAssignment]) -> (u64, u64) {
+        let mut counts = (0, 0);
+        for a in assignments {
+            let Some(v) = self.vcpus.get_mut(a.vcpu as usize) else {
+                continue;
+            };
+            pin_vcpu(v, &a.cpus, self.executor.as_mut(), &mut counts);
+            v.package = a.cpus.first().and_then(|c| self.topology.package_of(c));
+            v.capacity = a.capacity;
+        }
+        counts
+    }
+
+    /// Under `none`, reports where the host scheduler last ran each thread.
+    fn follow_unpinned(&mut self) {
+        for v in &mut self.vcpus {
+            v.package = last_cpu_of_thread(v.tid).and_then(|c| self.topology.package_of(c));
+        }
+    }
+
+    /// Switches policy at run time; `none` hands every thread back to the host scheduler.
+    fn set_policy(&mut self, policy: PlacementPolicy) {
+        if policy == self.policy {
             return;
+        }
+        self.policy = policy;
+        self.engine = make_engine(policy, &self.topology, &self.engine_config);
+        if let Ok(mut t) = self.totals.lock() {
+            t.policy_changes += 1;
+        }
+        if policy == PlacementPolicy::None {
+            let all = self.topology.cpu_set();
+            for v in &mut self.vcpus {
+                if self.executor.apply(v.tid, &all).is_ok() {
+                    v.last_cpus = None;
+                }
+                v.capacity = pvmm_scheduler::capacity::CAPACITY_SCALE;
+            }
+            if let Some(own) = self.own_threads.as_mut() {
+                own.pin(&all, self.executor.as_mut());
+            }
+        }
+    }
+
+    /// Keeps pvmm's own threads on the lowest-numbered package holding vCPUs, while pvmm (or
+    /// an outside balancer) places the vCPUs. Returns refused affinity changes.
+    fn pin_own_threads(&mut self) -> u64 {
+        if self.policy == PlacementPolicy::None && !self.external {
+            return 0;
+        }
+        let Some(own) = self.own_threads.as_mut() else {
+            return 0;
         };
+        let Some(home) = self.vcpus.iter().filter_map(|v| v.package).min() else {
+            return 0;
+        };
+        let cpus = self.topology.package_cpus(home);
+        if cpus.is_empty() {
+            return 0;
+        }
+        own.pin(&cpus, self.executor.as_mut())
+    }
+
+    /// Writes this tick's snapshot to `--stats` and to the control socket's view.
+    fn report(&mut self, now_ns: u64, moved: u64) {
+        if self.stats.is_none() && self.control.is_none() {
+            return;
+        }
+        let line = self.snapshot(now_ns, moved);
+        if let Some(out) = self.stats.as_mut() {
+            // A stats reader that went away must not stop the VM.
+            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+                self.stats = None;
+            }
+        }
+        if let Some(control) = &self.control {
+            control.publish(line);
+        }
+    }
+
+    /// The `--stats` line of this tick.
+    fn snapshot(&self, now_ns: u64, moved: u64) -> serde_json::Value {
         let all_cpus = self.topology.cpu_set();
         let vcpus: Vec<_> = self
             .vcpus
@@ -283,32 +414,38 @@ impl LiveScheduler {
             })
             .collect();
         let totals = self.totals.lock().map(|t| t.clone()).unwrap_or_default();
-        let line = json!({
+        json!({
             "t_ms": now_ns / 1_000_000,
             "policy": self.policy.to_string(),
+            "external": self.external,
             "vcpus": vcpus,
             "packages": packages,
             "migrations": moved,
             "migrations_total": totals.migrations,
+            "policy_changes": totals.policy_changes,
             "capacity_notifications": self.capacity.as_ref().map(|r| r.notifications()),
             "guest_register_errors": self.capacity.as_ref().map(|r| r.ignored_accesses()),
-        });
-        // A stats reader that went away must not stop the VM.
-        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-            self.stats = None;
-        }
+        })
     }
 
-    /// Runs ticks every `tick` on a thread named `pvmm-sched` until the process exits.
-    pub fn spawn(mut self, tick: Duration) -> std::io::Result<std::thread::JoinHandle<()>> {
+    /// Runs ticks every `tick` on a thread named `pvmm-sched` until `stop` receives or is
+    /// dropped.
+    pub fn spawn(
+        mut self,
+        tick: Duration,
+        stop: crossbeam::channel::Receiver<()>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
         std::thread::Builder::new()
             .name("pvmm-sched".into())
             .spawn(move || {
                 let mut next = Instant::now() + tick;
                 loop {
-                    let now = Instant::now();
-                    if next > now {
-                        std::thread::sleep(next - now);
+                    let wait = next.saturating_duration_since(Instant::now());
+                    if !matches!(
+                        stop.recv_timeout(wait),
+                        Err(crossbeam::channel::RecvTimeoutError::Timeout)
+                    ) {
+                        return;
                     }
                     next += tick;
                     if let Err(e) = self.tick() {
@@ -351,6 +488,33 @@ impl LiveScheduler {
     /// /proc/stat at start, for the summary.
     pub fn host_stat_at_start(&self) -> Vec<(u32, CpuTimes)> {
         self.host_stat_at_start.clone()
+    }
+}
+
+fn make_engine(
+    policy: PlacementPolicy,
+    topology: &HostTopology,
+    config: &EngineConfig,
+) -> Option<Engine> {
+    match policy {
+        PlacementPolicy::None => None,
+        PlacementPolicy::Managed(p) => Some(Engine::new(topology.clone(), p, *config)),
+    }
+}
+
+/// Restricts `v`'s thread to `cpus` if it is not there yet, counting (moves, refusals).
+fn pin_vcpu(v: &mut LiveVcpu, cpus: &CpuSet, executor: &mut dyn Executor, counts: &mut (u64, u64)) {
+    if v.last_cpus.as_ref() == Some(cpus) {
+        return;
+    }
+    match executor.apply(v.tid, cpus) {
+        Ok(()) => {
+            if v.last_cpus.is_some() {
+                counts.0 += 1;
+            }
+            v.last_cpus = Some(cpus.clone());
+        }
+        Err(_) => counts.1 += 1,
     }
 }
 

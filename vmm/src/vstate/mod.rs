@@ -1,6 +1,8 @@
-//! KVM objects: the VM (memory slots, in-kernel irqchip and PIT) and its vCPUs.
+//! KVM objects: the VM (memory slots, in-kernel irqchip and PIT), its vCPUs, and the
+//! lifecycle of their threads (run, pause, stop, join).
 //!
 //! Kept apart from configuration and devices: this module knows ioctls, not policies.
 
+pub mod handle;
 pub mod vcpu;
 pub mod vm;

@@ -2,7 +2,8 @@
 //!
 //! Each vCPU runs `KVM_RUN` on its own thread named `vcpu<N>`. Port I/O and MMIO exits go to
 //! the device buses; everything that ends the VM (power-off, reset, triple fault, KVM errors)
-//! is sent to the VMM's main thread as a [`VmExit`], which ends the process.
+//! is sent to the VMM's main thread as a [`VmExit`]. Before each `KVM_RUN` the thread checks
+//! its [`RunControl`], so the VMM can pause, resume and stop it (see [`super::handle`]).
 
 use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
@@ -18,6 +19,7 @@ use crate::cpuid::{configure_cpuid, CpuidError};
 use crate::exit::VmExit;
 use crate::live::kvm_stats::{StatsError, VcpuHaltStats};
 use crate::memory::GuestMemory;
+use crate::vstate::handle::RunControl;
 use crate::vstate::vm::Vm;
 
 /// `KVM_SYSTEM_EVENT_*` types (include/uapi/linux/kvm.h).
@@ -146,14 +148,15 @@ impl Vcpu {
     }
 
     /// Starts the vCPU on its own thread `vcpu<N>`; it reports its thread id on `started`,
-    /// waits at `gate` (so the VMM can place the thread before the guest runs), and sends the
-    /// reason the VM must end on `exits`.
+    /// waits at `gate` (so the VMM can place the thread before the guest runs), runs while
+    /// `control` lets it, and sends the reason the VM must end on `exits`.
     pub fn spawn(
         self,
         buses: VcpuBuses,
         started: Sender<VcpuStarted>,
         gate: Arc<Barrier>,
         exits: Sender<VmExit>,
+        control: Arc<RunControl>,
     ) -> Result<JoinHandle<()>, VcpuError> {
         let index = self.index;
         std::thread::Builder::new()
@@ -164,77 +167,80 @@ impl Vcpu {
                 // The VMM may already be gone when a late vCPU starts; nothing to do then.
                 let _ = started.send(VcpuStarted { index, tid });
                 gate.wait();
-                let exit = self.run(&buses);
-                let _ = exits.send(exit);
+                if let Some(exit) = self.run(&buses, &control) {
+                    let _ = exits.send(exit);
+                }
+                control.thread_ended();
             })
             .map_err(|source| VcpuError::Spawn { index, source })
     }
 
-    /// Runs until something ends the VM.
-    fn run(mut self, buses: &VcpuBuses) -> VmExit {
-        loop {
-            let exit = match self.fd.run() {
-                Ok(exit) => exit,
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
-                Err(e) => {
-                    return VmExit::HostError(format!("vCPU {}: KVM_RUN failed: {e}", self.index))
-                }
-            };
-            match exit {
-                VcpuExit::IoIn(port, data) => {
-                    buses.pio.read(u64::from(port), data);
-                }
-                VcpuExit::IoOut(port, data) => {
-                    buses.pio.write(u64::from(port), data);
-                }
-                VcpuExit::MmioRead(addr, data) => {
-                    buses.mmio.read(addr, data);
-                }
-                VcpuExit::MmioWrite(addr, data) => {
-                    buses.mmio.write(addr, data);
-                }
-                // With the in-kernel LAPIC a halt stays in KVM; these are harmless if seen.
-                VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr => {}
-                VcpuExit::Shutdown => {
-                    return VmExit::TripleFault {
-                        vcpu: self.index,
-                        state: self.fault_state(),
-                    }
-                }
-                VcpuExit::SystemEvent(kind, _) => match kind {
-                    KVM_SYSTEM_EVENT_SHUTDOWN => return VmExit::PowerOff,
-                    KVM_SYSTEM_EVENT_RESET => return VmExit::Reset,
-                    KVM_SYSTEM_EVENT_CRASH => {
-                        return VmExit::KvmError(format!("vCPU {}: guest crash event", self.index))
-                    }
-                    other => {
-                        return VmExit::KvmError(format!(
-                            "vCPU {}: unknown system event {other}",
-                            self.index
-                        ))
-                    }
-                },
-                VcpuExit::FailEntry(reason, cpu) => {
-                    return VmExit::KvmError(format!(
-                        "vCPU {}: VM entry failed (hardware reason {reason:#x}, host CPU {cpu})",
-                        self.index
-                    ))
-                }
-                VcpuExit::InternalError => {
-                    let suberror = self.internal_suberror();
-                    return VmExit::KvmError(format!(
-                        "vCPU {}: KVM internal error (suberror {suberror})",
-                        self.index
-                    ));
-                }
-                other => {
-                    return VmExit::KvmError(format!(
-                        "vCPU {}: unexpected exit {other:?}",
-                        self.index
-                    ))
-                }
+    /// Runs until something ends the VM (`Some(why)`) or the VMM stops the vCPU (`None`).
+    fn run(mut self, buses: &VcpuBuses, control: &RunControl) -> Option<VmExit> {
+        while control.may_run() {
+            if let Some(exit) = self.run_once(buses) {
+                return Some(exit);
             }
         }
+        None
+    }
+
+    /// One `KVM_RUN` and the handling of its exit; `Some` when the exit ends the VM.
+    fn run_once(&mut self, buses: &VcpuBuses) -> Option<VmExit> {
+        let index = self.index;
+        let exit = match self.fd.run() {
+            Ok(exit) => exit,
+            // A kick (or any signal) interrupted KVM_RUN: the caller checks its run control.
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => return None,
+            Err(e) => {
+                return Some(VmExit::HostError(format!(
+                    "vCPU {index}: KVM_RUN failed: {e}"
+                )))
+            }
+        };
+        let ended = match exit {
+            VcpuExit::IoIn(port, data) => {
+                buses.pio.read(u64::from(port), data);
+                return None;
+            }
+            VcpuExit::IoOut(port, data) => {
+                buses.pio.write(u64::from(port), data);
+                return None;
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                buses.mmio.read(addr, data);
+                return None;
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                buses.mmio.write(addr, data);
+                return None;
+            }
+            // With the in-kernel LAPIC a halt stays in KVM; these are harmless if seen.
+            VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr => return None,
+            VcpuExit::Shutdown => VmExit::TripleFault {
+                vcpu: index,
+                state: self.fault_state(),
+            },
+            VcpuExit::SystemEvent(kind, _) => match kind {
+                KVM_SYSTEM_EVENT_SHUTDOWN => VmExit::PowerOff,
+                KVM_SYSTEM_EVENT_RESET => VmExit::Reset,
+                KVM_SYSTEM_EVENT_CRASH => {
+                    VmExit::KvmError(format!("vCPU {index}: guest crash event"))
+                }
+                other => VmExit::KvmError(format!("vCPU {index}: unknown system event {other}")),
+            },
+            VcpuExit::FailEntry(reason, cpu) => VmExit::KvmError(format!(
+                "vCPU {index}: VM entry failed (hardware reason {reason:#x}, host CPU {cpu})"
+            )),
+            VcpuExit::InternalError => {
+                let suberror = self.internal_suberror();
+                VmExit::KvmError(format!(
+                    "vCPU {index}: KVM internal error (suberror {suberror})"
+                ))
+            }
+            other => VmExit::KvmError(format!("vCPU {index}: unexpected exit {other:?}")),
+        };
+        Some(ended)
     }
 
     /// A one-line summary of the registers that tell where and how a guest died.

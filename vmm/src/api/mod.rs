@@ -1,0 +1,266 @@
+//! The control socket: `pvmm --api-socket PATH` serves HTTP/1.1 with JSON bodies on a Unix
+//! socket, so `curl --unix-socket PATH http://localhost/v1/vm` works.
+//!
+//! - [`http`]: framing (httparse), limits, responses;
+//! - [`routes`]: paths, methods and bodies turned into checked [`routes::ApiRequest`]s;
+//! - this module: the socket itself, a thread per connection, and [`VmControl`], the seam
+//!   between requests and the running VM.
+//!
+//! A request is checked completely before anything changes, so a bad one changes nothing.
+
+pub mod client;
+pub mod http;
+pub mod routes;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use self::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
+use self::routes::{parse_request, ApiRequest, VmShape};
+use crate::live::control::ExternalAssignment;
+use crate::live::scheduler::PlacementPolicy;
+
+/// Connections served at once; more are answered 503 at once. A few clients (an operator, a
+/// host balancer) are expected; the bound keeps a flood to a fixed number of threads.
+const MAX_CONNECTIONS: usize = 16;
+/// What a connection may still send after its answer before pvmm closes it anyway.
+const LINGER_BYTES: usize = 1 << 20;
+/// How long pvmm waits for that.
+const LINGER_TIMEOUT: Duration = Duration::from_secs(1);
+/// The socket file's mode: only its owner (pvmm runs as root) may connect.
+const SOCKET_MODE: u32 = 0o600;
+
+/// What the control socket can ask of the running VM.
+pub trait VmControl: Send + Sync {
+    /// What requests are checked against.
+    fn shape(&self) -> VmShape;
+    /// `GET /v1/vm`.
+    fn info(&self) -> Value;
+    /// `GET /v1/placement`: the latest tick's snapshot, if a tick has run.
+    fn placement(&self) -> Option<Value>;
+    /// `GET /v1/vcpus`.
+    fn vcpus(&self) -> Value;
+    /// Switches the placement policy from the next tick.
+    fn set_policy(&self, policy: PlacementPolicy);
+    /// Hands placement to an outside balancer (or renews its lease).
+    fn set_external(&self, assignments: Vec<ExternalAssignment>);
+    /// Takes placement back; `true` if an outside balancer had it.
+    fn clear_external(&self) -> bool;
+    /// Stops running guest code.
+    fn pause(&self) -> Result<(), String>;
+    /// Runs guest code again.
+    fn resume(&self) -> Result<(), String>;
+    /// Power button, then a hard stop after `timeout`; says which was done.
+    fn shutdown(&self, timeout: Duration) -> Value;
+}
+
+/// Answers one checked request.
+pub fn dispatch(request: ApiRequest, vm: &dyn VmControl) -> HttpResponse {
+    let ok = |body| HttpResponse::new(200, body);
+    match request {
+        ApiRequest::GetVm => ok(vm.info()),
+        ApiRequest::GetPlacement => match vm.placement() {
+            Some(snapshot) => ok(snapshot),
+            None => HttpResponse::error(503, "no placement tick has run yet"),
+        },
+        ApiRequest::GetVcpus => ok(vm.vcpus()),
+        ApiRequest::SetPolicy(policy) => {
+            vm.set_policy(policy);
+            ok(json!({ "policy": policy.to_string(), "applies": "next tick" }))
+        }
+        ApiRequest::SetExternal(assignments) => {
+            let n = assignments.len();
+            vm.set_external(assignments);
+            ok(json!({ "external": true, "assignments": n }))
+        }
+        ApiRequest::ClearExternal => {
+            let was = vm.clear_external();
+            ok(json!({ "external": false, "was_external": was }))
+        }
+        ApiRequest::Pause => match vm.pause() {
+            Ok(()) => ok(json!({ "state": "paused" })),
+            Err(e) => HttpResponse::error(409, e),
+        },
+        ApiRequest::Resume => match vm.resume() {
+            Ok(()) => ok(json!({ "state": "running" })),
+            Err(e) => HttpResponse::error(409, e),
+        },
+        ApiRequest::Shutdown(timeout) => HttpResponse::new(202, vm.shutdown(timeout)),
+    }
+}
+
+/// Errors in setting up the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Another process is listening on the path.
+    #[error("--api-socket {0}: another process is listening on it")]
+    InUse(PathBuf),
+    /// The path exists and is not a socket: pvmm will not remove it.
+    #[error("--api-socket {0}: exists and is not a socket")]
+    NotASocket(PathBuf),
+    /// Binding or setting up the socket failed.
+    #[error("--api-socket {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Error.
+        source: std::io::Error,
+    },
+}
+
+/// A bound control socket, not yet serving.
+pub struct ApiSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl ApiSocket {
+    /// Binds `path` with mode 0600. A stale socket file (nobody listening) is replaced; a live
+    /// one, or a file that is not a socket, is refused.
+    pub fn bind(path: &Path) -> Result<Self, ApiError> {
+        let io = |source| ApiError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(ApiError::NotASocket(path.to_path_buf()));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(ApiError::InUse(path.to_path_buf()));
+            }
+            std::fs::remove_file(path).map_err(io)?;
+        }
+        // The socket file is created with mode 0600 (umask 0177 around bind), so that there is
+        // no moment at which others may connect; pvmm binds before it starts any thread, so
+        // the process-wide umask changes under no one else.
+        // SAFETY: umask has no preconditions and cannot fail.
+        let old = unsafe { libc::umask(0o777 & !SOCKET_MODE) };
+        let bound = UnixListener::bind(path);
+        // SAFETY: as above; restores the previous mask.
+        unsafe { libc::umask(old) };
+        let listener = bound.map_err(io)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(io)?;
+        Ok(Self {
+            listener,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Serves requests against `vm` on a thread named `pvmm-api` until the returned server is
+    /// stopped.
+    pub fn serve(self, vm: Arc<dyn VmControl>) -> std::io::Result<ApiServer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let accept_stop = stop.clone();
+        let listener = self.listener;
+        let thread = std::thread::Builder::new()
+            .name("pvmm-api".into())
+            .spawn(move || accept_loop(&listener, vm, &accept_stop))?;
+        Ok(ApiServer {
+            path: self.path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A serving control socket; stopping it removes the socket file.
+pub struct ApiServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// Stops accepting, joins the accept thread, and removes the socket file.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept call with a connection of our own.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: &UnixListener, vm: Arc<dyn VmControl>, stop: &AtomicBool) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut stream) = stream else {
+            continue;
+        };
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            let busy = HttpResponse::error(503, "too many connections; try again");
+            let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
+            let _ = write_response(&mut stream, &busy);
+            continue;
+        }
+        let vm = vm.clone();
+        let done = active.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pvmm-api-conn".into())
+            .spawn(move || {
+                serve_connection(stream, vm.as_ref());
+                done.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Reads one request, answers it, and closes.
+fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl) {
+    if stream.set_read_timeout(Some(IO_TIMEOUT)).is_err()
+        || stream.set_write_timeout(Some(IO_TIMEOUT)).is_err()
+    {
+        return;
+    }
+    let response = match read_request(&mut stream) {
+        Ok(request) => match parse_request(&request, &vm.shape()) {
+            Ok(api) => dispatch(api, vm),
+            Err(answer) => answer,
+        },
+        Err(ReadFailure::Bad(answer)) => answer,
+        Err(ReadFailure::Gone) => return,
+    };
+    // A client that went away before reading its answer costs nothing more.
+    if write_response(&mut stream, &response).is_ok() {
+        linger(&mut stream);
+    }
+}
+
+/// After answering, reads and drops what the client may still be sending (a body pvmm refused
+/// from its head alone), bounded in bytes and time: closing a Unix socket with unread data
+/// resets it, and the client would lose the answer.
+fn linger(stream: &mut UnixStream) {
+    use std::io::Read;
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(LINGER_TIMEOUT));
+    let mut sink = [0u8; 4096];
+    let mut left = LINGER_BYTES;
+    while left > 0 {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! What the control socket may change in the live scheduler, and what the scheduler publishes
+//! back: a policy to switch to, an outside balancer's assignments under a lease, and the
+//! latest tick's snapshot.
+//!
+//! The API thread only writes requests here; the scheduler thread picks them up at its next
+//! tick, so a placement is always decided and applied by one thread.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pvmm_scheduler::CpuSet;
+
+use super::scheduler::PlacementPolicy;
+
+/// How long an outside balancer's assignments hold without renewal, by default: 30 ticks of
+/// 100 ms, so a balancer that misses a few ticks keeps control, and one that died gives the
+/// VM back to its own policy within seconds.
+pub const DEFAULT_EXTERNAL_LEASE_MS: u64 = 3000;
+
+/// One vCPU's placement as an outside balancer sets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalAssignment {
+    /// vCPU index.
+    pub vcpu: u32,
+    /// Host CPUs its thread may run on.
+    pub cpus: CpuSet,
+    /// The capacity published to the guest (1..1024).
+    pub capacity: u32,
+}
+
+/// Who places the vCPUs at a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExternalState {
+    /// pvmm's own policy.
+    Own,
+    /// An outside balancer, with these assignments.
+    Active(Vec<ExternalAssignment>),
+    /// The outside balancer's lease just ran out (reported once); pvmm places again.
+    Expired,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    policy_request: Option<PlacementPolicy>,
+    external: Option<(Vec<ExternalAssignment>, Instant)>,
+    snapshot: Option<serde_json::Value>,
+}
+
+/// Requests from the control socket to the scheduler, and the scheduler's latest snapshot.
+#[derive(Debug)]
+pub struct PlacementControl {
+    state: Mutex<State>,
+    lease: Duration,
+}
+
+impl PlacementControl {
+    /// Control with an external-placement lease of `lease`.
+    pub fn new(lease: Duration) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            lease,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the scheduler to place under `policy` from its next tick.
+    pub fn request_policy(&self, policy: PlacementPolicy) {
+        self.state().policy_request = Some(policy);
+    }
+
+    /// Hands placement to an outside balancer (or renews its lease) with `assignments`; vCPUs
+    /// they do not name keep their CPUs and capacity.
+    pub fn set_external(&self, assignments: Vec<ExternalAssignment>) {
+        self.state().external = Some((assignments, Instant::now()));
+    }
+
+    /// Gives placement back to pvmm's own policy; `true` if an outside balancer had it.
+    pub fn clear_external(&self) -> bool {
+        self.state().external.take().is_some()
+    }
+
+    /// Whether an outside balancer holds placement now (lease not expired).
+    pub fn external_active(&self) -> bool {
+        self.state()
+            .external
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() < self.lease)
+    }
+
+    /// The latest tick's snapshot (the `--stats` line), if a tick has run.
+    pub fn snapshot(&self) -> Option<serde_json::Value> {
+        self.state().snapshot.clone()
+    }
+
+    /// The lease.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Scheduler side: a policy change asked for since the last tick.
+    pub fn take_policy_request(&self) -> Option<PlacementPolicy> {
+        self.state().policy_request.take()
+    }
+
+    /// Scheduler side: who places at this tick. An expired lease is dropped here and reported
+    /// as [`ExternalState::Expired`] exactly once.
+    pub fn external(&self, now: Instant) -> ExternalState {
+        let mut state = self.state();
+        match &state.external {
+            None => ExternalState::Own,
+            Some((_, at)) if now.saturating_duration_since(*at) >= self.lease => {
+                state.external = None;
+                ExternalState::Expired
+            }
+            Some((a, _)) => ExternalState::Active(a.clone()),
+        }
+    }
+
+    /// Scheduler side: the snapshot of the tick just run.
+    pub fn publish(&self, snapshot: serde_json::Value) {
+        self.state().snapshot = Some(snapshot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one() -> Vec<ExternalAssignment> {
+        vec![ExternalAssignment {
+            vcpu: 0,
+            cpus: CpuSet::range(0, 1),
+            capacity: 512,
+        }]
+    }
+
+    #[test]
+    fn a_lease_expires_once_and_renewal_keeps_it() {
+        let c = PlacementControl::new(Duration::from_millis(100));
+        let t0 = Instant::now();
+        assert_eq!(c.external(t0), ExternalState::Own);
+        c.set_external(one());
+        assert_eq!(c.external(Instant::now()), ExternalState::Active(one()));
+        assert!(c.external_active());
+        let later = Instant::now() + Duration::from_millis(150);
+        assert_eq!(c.external(later), ExternalState::Expired);
+        assert_eq!(c.external(later), ExternalState::Own);
+        assert!(!c.external_active());
+        c.set_external(one());
+        assert!(c.clear_external());
+        assert!(!c.clear_external());
+        assert_eq!(c.external(Instant::now()), ExternalState::Own);
+    }
+
+    #[test]
+    fn a_policy_request_is_taken_once() {
+        let c = PlacementControl::new(Duration::from_secs(3));
+        assert_eq!(c.take_policy_request(), None);
+        c.request_policy(PlacementPolicy::None);
+        assert_eq!(c.take_policy_request(), Some(PlacementPolicy::None));
+        assert_eq!(c.take_policy_request(), None);
+    }
+}

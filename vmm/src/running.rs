@@ -1,0 +1,246 @@
+//! A running VM: waiting for its end, stopping and joining its threads, and answering the
+//! control socket ([`VmControl`]).
+
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{never, select, Receiver, Sender};
+use pvmm_devices::ged::GedShared;
+use serde_json::{json, Value};
+
+use crate::api::routes::VmShape;
+use crate::api::{ApiServer, VmControl};
+use crate::exit::VmExit;
+use crate::live::control::{ExternalAssignment, PlacementControl};
+use crate::live::hoststat::CpuTimes;
+use crate::live::own_threads::OwnThreads;
+use crate::live::scheduler::{LiveScheduler, PlacementPolicy, PlacementTotals};
+use crate::vstate::handle::{RunState, VcpuHandle};
+use pvmm_scheduler::HostTopology;
+
+/// How long pause, resume and stop wait for each vCPU thread: far longer than a kick takes
+/// (microseconds), short enough that a stuck thread is reported rather than waited on.
+const VCPU_STATE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the exit summary needs from the live scheduler.
+pub struct PlacementReport {
+    /// The host topology placed on.
+    pub topology: HostTopology,
+    /// Running totals.
+    pub totals: Arc<Mutex<PlacementTotals>>,
+    /// /proc/stat when the guest started.
+    pub host_stat_at_start: Vec<(u32, CpuTimes)>,
+    /// When the guest started.
+    pub started: Instant,
+}
+
+/// The parts of a VM that requests act on; shared by the main thread and the API.
+pub struct VmCore {
+    /// vCPU threads, in vCPU order.
+    pub vcpus: Vec<VcpuHandle>,
+    /// Placement requests and the latest snapshot.
+    pub control: Arc<PlacementControl>,
+    /// The GED, for the power button.
+    pub ged: Arc<GedShared>,
+    /// `GET /v1/vm`'s fixed part: kernel, memory, vCPU count.
+    pub description: Value,
+    /// The VM's shape for checking requests.
+    pub shape: VmShape,
+    /// Where shutdown deadlines go (the main thread waits on them).
+    pub deadlines: Sender<Instant>,
+    /// The placement report (policy and uptime).
+    pub report: PlacementReport,
+    /// The current policy as last asked for.
+    pub policy: Mutex<PlacementPolicy>,
+    /// Whether the guest's GED interrupt is unmasked (it listens for the power button); holds
+    /// the KVM VM, which outlives every vCPU thread.
+    pub ged_listening: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl VmCore {
+    fn set_all(&self, state: RunState) -> Result<(), String> {
+        for v in &self.vcpus {
+            v.set_state(state, VCPU_STATE_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> &'static str {
+        let paused = self.vcpus.iter().any(|v| v.state() == RunState::Paused);
+        if paused {
+            RunState::Paused.name()
+        } else {
+            RunState::Running.name()
+        }
+    }
+}
+
+impl VmControl for VmCore {
+    fn shape(&self) -> VmShape {
+        self.shape.clone()
+    }
+
+    fn info(&self) -> Value {
+        let mut info = self.description.clone();
+        let policy = *self.policy.lock().unwrap_or_else(|p| p.into_inner());
+        info["pid"] = json!(std::process::id());
+        info["policy"] = json!(policy.to_string());
+        info["external_placement"] = json!(self.control.external_active());
+        info["uptime_ms"] = json!(self.report.started.elapsed().as_millis() as u64);
+        info["state"] = json!(self.state());
+        info
+    }
+
+    fn placement(&self) -> Option<Value> {
+        self.control.snapshot()
+    }
+
+    fn vcpus(&self) -> Value {
+        let snapshot = self.control.snapshot();
+        let placed = snapshot.as_ref().and_then(|s| s["vcpus"].as_array());
+        let vcpus: Vec<Value> = self
+            .vcpus
+            .iter()
+            .map(|h| {
+                let mut v = placed
+                    .and_then(|all| all.get(h.index() as usize).cloned())
+                    .unwrap_or_else(|| json!({ "vcpu": h.index(), "tid": h.tid() }));
+                v["state"] = json!(h.state().name());
+                v
+            })
+            .collect();
+        let tids: Vec<i32> = self.vcpus.iter().map(VcpuHandle::tid).collect();
+        let own: Vec<Value> = OwnThreads::new(tids)
+            .list()
+            .into_iter()
+            .map(|t| json!({ "tid": t.tid, "name": t.name }))
+            .collect();
+        json!({ "vcpus": vcpus, "threads": own })
+    }
+
+    fn set_policy(&self, policy: PlacementPolicy) {
+        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
+        self.control.request_policy(policy);
+    }
+
+    fn set_external(&self, assignments: Vec<ExternalAssignment>) {
+        self.control.set_external(assignments);
+    }
+
+    fn clear_external(&self) -> bool {
+        self.control.clear_external()
+    }
+
+    fn pause(&self) -> Result<(), String> {
+        self.set_all(RunState::Paused)
+    }
+
+    fn resume(&self) -> Result<(), String> {
+        self.set_all(RunState::Running)
+    }
+
+    fn shutdown(&self, timeout: Duration) -> Value {
+        // A paused guest cannot answer the power button.
+        let _ = self.set_all(RunState::Running);
+        let listening = (self.ged_listening)();
+        let pressed = listening && self.ged.press_power_button().is_ok();
+        let wait = if pressed { timeout } else { Duration::ZERO };
+        // The main thread may already be ending the VM; then there is nothing to stop.
+        let _ = self.deadlines.send(Instant::now() + wait);
+        json!({
+            "power_button": pressed,
+            "stop_after_ms": wait.as_millis() as u64,
+        })
+    }
+}
+
+/// A running VM and everything that ends with it.
+pub struct RunningVm {
+    /// The VM's shared core (also the API's view of it).
+    pub core: Arc<VmCore>,
+    exits: Receiver<VmExit>,
+    deadlines: Receiver<Instant>,
+    scheduler_stop: Option<Sender<()>>,
+    scheduler: Option<JoinHandle<()>>,
+    api: Option<ApiServer>,
+    // Guest memory outlives the vCPU threads, which are joined before it is dropped.
+    _mem: crate::memory::GuestMemory,
+}
+
+impl RunningVm {
+    /// Assembles a running VM from its started parts.
+    pub fn new(
+        core: Arc<VmCore>,
+        exits: Receiver<VmExit>,
+        deadlines: Receiver<Instant>,
+        scheduler: (Sender<()>, JoinHandle<()>),
+        api: Option<ApiServer>,
+        mem: crate::memory::GuestMemory,
+    ) -> Self {
+        Self {
+            core,
+            exits,
+            deadlines,
+            scheduler_stop: Some(scheduler.0),
+            scheduler: Some(scheduler.1),
+            api,
+            _mem: mem,
+        }
+    }
+
+    /// Blocks until the VM ends (the guest, or a shutdown request whose time ran out) and
+    /// says why.
+    pub fn wait(&self) -> VmExit {
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let timer = deadline.map_or_else(never, crossbeam::channel::at);
+            select! {
+                recv(self.exits) -> exit => {
+                    return exit.unwrap_or_else(|_| {
+                        VmExit::HostError("every vCPU thread ended unexpectedly".into())
+                    })
+                }
+                recv(self.deadlines) -> at => {
+                    if let Ok(at) = at {
+                        deadline = Some(deadline.map_or(at, |d| d.min(at)));
+                    }
+                }
+                recv(timer) -> _ => return VmExit::Stopped,
+            }
+        }
+    }
+
+    /// Stops every vCPU and joins its thread, then the scheduler, then the control socket
+    /// (removing its file). A vCPU that does not stop is reported, not waited on forever.
+    pub fn stop(&mut self) {
+        if let Some(api) = self.api.as_mut() {
+            api.stop();
+        }
+        for v in &self.core.vcpus {
+            match v.set_state(RunState::Stopped, VCPU_STATE_TIMEOUT) {
+                Ok(()) => v.join(),
+                Err(e) => eprintln!("pvmm: {e}"),
+            }
+        }
+        drop(self.scheduler_stop.take());
+        if let Some(t) = self.scheduler.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The one-line placement summary (migrations, measured package idle share).
+    pub fn placement_summary(&self) -> String {
+        let p = &self.core.report;
+        let totals = p.totals.lock().map(|t| t.clone()).unwrap_or_default();
+        let policy = *self.core.policy.lock().unwrap_or_else(|e| e.into_inner());
+        LiveScheduler::summary_line(
+            policy,
+            &p.topology,
+            &totals,
+            &p.host_stat_at_start,
+            p.started.elapsed(),
+        )
+    }
+}

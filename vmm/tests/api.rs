@@ -1,0 +1,334 @@
+//! The control socket against a real VM: a tiny guest that halts forever on this machine's
+//! /dev/kvm, driven through `--api-socket` as an operator or a host balancer would.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pvmm::api::client::{request, Answer};
+use serde_json::Value;
+
+/// How long a started pvmm may take to create its socket.
+const SOCKET_WAIT: Duration = Duration::from_secs(20);
+/// How long to wait for a state that the next few ticks should reach.
+const TICKS_WAIT: Duration = Duration::from_secs(10);
+
+struct Vmm {
+    child: Child,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Vmm {
+    fn start(name: &str, extra: &[&str]) -> Option<Vmm> {
+        if !kvm_available(name) {
+            return None;
+        }
+        let dir = scratch(name);
+        let kernel = write_kernel(&dir, &HALT_LOOP);
+        let socket = dir.join("api.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+            .args(["--vcpus", "2", "--memory", "64", "--api-socket"])
+            .arg(&socket)
+            .args(extra)
+            .arg(&kernel)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pvmm");
+        let mut vmm = Vmm { child, socket, dir };
+        let start = Instant::now();
+        while request(&vmm.socket, "GET", "/v1/vm", None).is_err() {
+            if let Ok(Some(status)) = vmm.child.try_wait() {
+                panic!("pvmm exited before serving its socket: {status}");
+            }
+            assert!(
+                start.elapsed() < SOCKET_WAIT,
+                "no control socket after {SOCKET_WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(vmm)
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+        request(&self.socket, method, path, body).expect("control socket request")
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<&str>) -> Value {
+        let a = self.call(method, path, body);
+        assert!(a.status < 300, "{method} {path}: {} {}", a.status, a.body);
+        a.body
+    }
+
+    /// Polls `GET path` until `cond` holds.
+    fn until(&self, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let body = self.ok("GET", path, None);
+            if cond(&body) {
+                return body;
+            }
+            assert!(start.elapsed() < TICKS_WAIT, "{what}: last {path}: {body}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for pvmm to exit; returns its status and stderr.
+    fn finish(mut self) -> (Option<i32>, String) {
+        use std::io::Read;
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s;
+            }
+            if start.elapsed() > TICKS_WAIT {
+                self.child.kill().ok();
+                panic!("pvmm did not exit after shutdown");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            e.read_to_string(&mut err).ok();
+        }
+        (status.code(), err)
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+fn thread_state(tid: i64) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    after.split_whitespace().next().unwrap_or("?").to_string()
+}
+
+fn cpus_allowed(tid: i64) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn socket_mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn query_change_policy_pause_resume_and_shut_down() {
+    let Some(vmm) = Vmm::start("api-lifecycle", &["--policy", "powersaving"]) else {
+        return;
+    };
+    assert_eq!(socket_mode(&vmm.socket), 0o600);
+    let vm = vmm.ok("GET", "/v1/vm", None);
+    assert_eq!(vm["vcpus"], 2);
+    assert_eq!(vm["memory_mib"], 64);
+    assert_eq!(vm["state"], "running");
+    assert_eq!(vm["policy"], "powersaving:1");
+    assert_eq!(vm["pid"], vmm.child.id());
+
+    let vcpus = vmm.ok("GET", "/v1/vcpus", None);
+    let tids: Vec<i64> = vcpus["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["tid"].as_i64().unwrap())
+        .collect();
+    assert_eq!(tids.len(), 2, "{vcpus}");
+    let names: Vec<&str> = vcpus["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    // (console-in has already ended: stdin is /dev/null.)
+    for want in ["pvmm", "pvmm-sched", "pvmm-api"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+
+    vmm.ok("PUT", "/v1/policy", Some(r#"{"policy":"performance"}"#));
+    let p = vmm.until("/v1/placement", "policy change", |p| {
+        p["policy"] == "performance"
+    });
+    assert_eq!(p["policy_changes"], 1, "{p}");
+    assert_eq!(vmm.ok("GET", "/v1/vm", None)["policy"], "performance");
+
+    vmm.ok("PUT", "/v1/vm/pause", None);
+    assert_eq!(vmm.ok("GET", "/v1/vm", None)["state"], "paused");
+    for tid in &tids {
+        // Paused vCPU threads sleep on a condition variable: state S, no CPU used.
+        assert_eq!(thread_state(*tid), "S", "vCPU thread {tid}");
+    }
+    let v = vmm.ok("GET", "/v1/vcpus", None);
+    assert!(
+        v["vcpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["state"] == "paused"),
+        "{v}"
+    );
+    vmm.ok("PUT", "/v1/vm/resume", None);
+    assert_eq!(vmm.ok("GET", "/v1/vm", None)["state"], "running");
+
+    let answer = vmm.call("PUT", "/v1/vm/shutdown", Some(r#"{"timeout_ms":200}"#));
+    assert_eq!(answer.status, 202, "{}", answer.body);
+    // The tiny guest has no ACPI driver (its GED interrupt stays masked): no power button,
+    // a stop at once.
+    assert_eq!(answer.body["power_button"], false);
+    let socket = vmm.socket.clone();
+    let (status, err) = vmm.finish();
+    assert_eq!(status, Some(6), "{err}");
+    assert!(err.contains("stopped on request"), "{err}");
+    assert!(
+        err.contains("placement summary: policy performance"),
+        "{err}"
+    );
+    assert!(!socket.exists(), "socket file left behind");
+}
+
+#[test]
+fn bad_requests_are_4xx_and_change_nothing() {
+    let Some(vmm) = Vmm::start("api-bad", &["--policy", "balance"]) else {
+        return;
+    };
+    let before = vmm.ok("GET", "/v1/vm", None);
+    let cases: &[(&str, &str, &str, u16)] = &[
+        ("GET", "/v1/nothing", "", 404),
+        ("POST", "/v1/vm", "", 405),
+        ("PUT", "/v1/policy", "{", 400),
+        ("PUT", "/v1/policy", r#"{"policy":"fastest"}"#, 400),
+        (
+            "PUT",
+            "/v1/placement/external",
+            r#"{"assignments":[{"vcpu":2,"cpus":"0","capacity":9}]}"#,
+            400,
+        ),
+        (
+            "PUT",
+            "/v1/placement/external",
+            r#"{"assignments":[{"vcpu":0,"cpus":"999","capacity":9}]}"#,
+            400,
+        ),
+        (
+            "PUT",
+            "/v1/placement/external",
+            r#"{"assignments":[{"vcpu":0,"cpus":"0","capacity":2000}]}"#,
+            400,
+        ),
+    ];
+    for (method, path, body, want) in cases {
+        let a = vmm.call(method, path, (!body.is_empty()).then_some(*body));
+        assert_eq!(a.status, *want, "{method} {path} {body}: {}", a.body);
+        assert!(a.body["error"].is_string(), "{}", a.body);
+    }
+    let huge = format!(r#"{{"policy":"{}"}}"#, "x".repeat(70_000));
+    assert_eq!(vmm.call("PUT", "/v1/policy", Some(&huge)).status, 400);
+    // Clients that connect and send nothing, or leave mid-request, cost only themselves.
+    let idle = std::os::unix::net::UnixStream::connect(&vmm.socket).unwrap();
+    {
+        use std::io::Write;
+        let mut half = std::os::unix::net::UnixStream::connect(&vmm.socket).unwrap();
+        half.write_all(b"PUT /v1/policy HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"po")
+            .unwrap();
+    }
+    let after = vmm.ok("GET", "/v1/vm", None);
+    drop(idle);
+    assert_eq!(after["policy"], before["policy"]);
+    assert_eq!(after["state"], "running");
+    assert_eq!(after["external_placement"], false);
+    let p = vmm.ok("GET", "/v1/placement", None);
+    assert_eq!(p["policy_changes"], 0, "{p}");
+}
+
+#[test]
+fn external_placement_moves_threads_and_lapses_without_renewal() {
+    let Some(vmm) = Vmm::start("api-external", &["--external-lease-ms", "600"]) else {
+        return;
+    };
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let target = (host_cpus - 1).to_string();
+    let body = format!(
+        r#"{{"assignments":[{{"vcpu":0,"cpus":"{target}","capacity":300}},{{"vcpu":1,"cpus":"{target}","capacity":301}}]}}"#
+    );
+    vmm.ok("PUT", "/v1/placement/external", Some(&body));
+    let p = vmm.until("/v1/placement", "external placement", |p| {
+        p["external"] == true && p["vcpus"][1]["capacity"] == 301
+    });
+    for v in p["vcpus"].as_array().unwrap() {
+        let tid = v["tid"].as_i64().unwrap();
+        assert_eq!(cpus_allowed(tid), target, "vCPU thread {tid} (from /proc)");
+    }
+    assert_eq!(p["vcpus"][0]["capacity"], 300);
+    assert_eq!(vmm.ok("GET", "/v1/vm", None)["external_placement"], true);
+    // No renewal: pvmm takes placement back after the lease.
+    vmm.until("/v1/placement", "lease expiry", |p| p["external"] == false);
+    vmm.ok("PUT", "/v1/placement/external", Some(&body));
+    vmm.until("/v1/placement", "external again", |p| p["external"] == true);
+    let released = vmm.ok("DELETE", "/v1/placement/external", None);
+    assert_eq!(released["was_external"], true);
+    vmm.until("/v1/placement", "released", |p| p["external"] == false);
+    vmm.ok("PUT", "/v1/vm/shutdown", Some(r#"{"timeout_ms":0}"#));
+    let (status, err) = vmm.finish();
+    assert_eq!(status, Some(6), "{err}");
+    assert_eq!(
+        err.matches("external placement lease expired").count(),
+        1,
+        "the expiry is logged once: {err}"
+    );
+}
+
+#[test]
+fn a_live_socket_is_refused_and_a_stale_one_replaced() {
+    let Some(vmm) = Vmm::start("api-socket-owner", &[]) else {
+        return;
+    };
+    let kernel = write_kernel(&vmm.dir, &HALT_LOOP);
+    let sock = vmm.socket.to_str().unwrap().to_string();
+    let k = kernel.to_str().unwrap().to_string();
+    let second = pvmm(&["--memory", "64", "--api-socket", &sock, &k]);
+    assert_eq!(second.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("another process is listening"), "{err}");
+    // A stale socket file (its listener gone) is replaced.
+    let stale = vmm.dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let name = "api-socket-stale";
+    let third = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+        .args(["--memory", "64", "--api-socket"])
+        .arg(&stale)
+        .arg(&kernel)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(name);
+    let other = Vmm {
+        child: third,
+        socket: stale,
+        dir: scratch(name),
+    };
+    let start = Instant::now();
+    while request(&other.socket, "GET", "/v1/vm", None).is_err() {
+        assert!(start.elapsed() < SOCKET_WAIT, "stale socket not replaced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    other.ok("PUT", "/v1/vm/shutdown", None);
+    assert_eq!(other.finish().0, Some(6));
+}
