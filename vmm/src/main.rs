@@ -4,7 +4,15 @@ use pvmm::cli::{parse, ParseOutcome};
 use pvmm::exit::{VmExit, EXIT_BAD_INPUT};
 
 fn main() {
-    let cli = match parse(std::env::args_os()) {
+    // `pvmm ctl ...` is `pvmm-ctl ...`: one static binary carries both (the nested rig's L1
+    // gets only `pvmm`).
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "ctl") {
+        args.remove(0);
+        args[0] = "pvmm ctl".into();
+        std::process::exit(i32::from(pvmm::api::ctl::run(args)));
+    }
+    let cli = match parse(args) {
         ParseOutcome::Run(cli) => cli,
         ParseOutcome::Print(text) => {
             print!("{text}");

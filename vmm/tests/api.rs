@@ -332,3 +332,37 @@ fn a_live_socket_is_refused_and_a_stale_one_replaced() {
     other.ok("PUT", "/v1/vm/shutdown", None);
     assert_eq!(other.finish().0, Some(6));
 }
+
+#[test]
+fn pvmm_ctl_prints_tables_and_reports_refusals() {
+    let Some(vmm) = Vmm::start("api-ctl", &[]) else {
+        return;
+    };
+    let ctl = |bin: &str, args: &[&str]| {
+        let mut cmd = Command::new(bin);
+        if bin.ends_with("/pvmm") {
+            cmd.arg("ctl");
+        }
+        cmd.arg("--socket").arg(&vmm.socket).args(args);
+        cmd.output().expect("run the client")
+    };
+    let ctl_bin = env!("CARGO_BIN_EXE_pvmm-ctl");
+    let out = ctl(ctl_bin, &["vcpus"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("vcpu  tid"), "{text}");
+    assert!(text.contains("pvmm-sched"), "{text}");
+    let out = ctl(env!("CARGO_BIN_EXE_pvmm"), &["--json", "vm"]);
+    assert!(out.status.success(), "{out:?}");
+    let vm: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(vm["vcpus"], 2);
+    let out = ctl(ctl_bin, &["policy", "fastest"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("400"), "{err}");
+    let out = ctl(ctl_bin, &["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+    vmm.ok("PUT", "/v1/vm/shutdown", None);
+    assert_eq!(vmm.finish().0, Some(6));
+}

@@ -9,6 +9,7 @@
 //! A request is checked completely before anything changes, so a bad one changes nothing.
 
 pub mod client;
+pub mod ctl;
 pub mod http;
 pub mod routes;
 

@@ -1,0 +1,169 @@
+//! `pvmm-ctl` (also `pvmm ctl`): talks to a running pvmm through its control socket
+//! (`pvmm --api-socket PATH`). See `pvmm-ctl --help`.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use super::client::{format_object, format_placement, format_vcpus, request, Answer};
+use clap::{Parser, Subcommand};
+
+/// Exit status when pvmm refused the request (a 4xx or 5xx answer) or could not be reached.
+const EXIT_REFUSED: u8 = 1;
+/// Exit status for bad flags or an unreadable assignments file.
+const EXIT_BAD_INPUT: u8 = 2;
+
+/// Talk to a running pvmm through its control socket.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pvmm-ctl",
+    version,
+    about,
+    after_help = "\
+Exit status: 0 the request succeeded; 1 pvmm refused it or could not be reached
+(the error is printed); 2 bad flags or an unreadable file.
+
+Examples:
+  pvmm-ctl --socket /run/pvmm/vm0.sock vcpus
+  pvmm-ctl --socket /run/pvmm/vm0.sock policy balance
+  echo '{\"assignments\":[{\"vcpu\":0,\"cpus\":\"2-3\",\"capacity\":512}]}' |
+    pvmm-ctl --socket /run/pvmm/vm0.sock external -"
+)]
+struct Cli {
+    /// The control socket (pvmm --api-socket PATH).
+    #[arg(long, short, value_name = "PATH")]
+    socket: PathBuf,
+    /// Print the JSON answer as it came, instead of tables.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The VM: pid, vCPUs, memory, kernel, policy, uptime, state.
+    Vm,
+    /// Each vCPU's thread, state, utilization, CPUs, package and capacity; pvmm's own threads.
+    Vcpus,
+    /// The latest placement tick.
+    Placement,
+    /// Change the placement policy (performance, balance, powersaving[:1|:2], none).
+    Policy {
+        /// The new policy.
+        policy: String,
+    },
+    /// Hand placement to an outside balancer: a JSON body {"assignments":[...]} from FILE or -.
+    External {
+        /// File holding the JSON body, or - for stdin.
+        file: PathBuf,
+    },
+    /// Give placement back to pvmm's own policy.
+    Release,
+    /// Stop running guest code.
+    Pause,
+    /// Run guest code again.
+    Resume,
+    /// Press the power button; stop the VM if it has not powered off after the timeout.
+    Shutdown {
+        /// Milliseconds to wait for the guest to power off.
+        #[arg(long, value_name = "MS")]
+        timeout_ms: Option<u64>,
+    },
+}
+
+fn read_body(file: &PathBuf) -> Result<String, String> {
+    let mut body = String::new();
+    let read = if file.as_os_str() == "-" {
+        std::io::stdin().read_to_string(&mut body)
+    } else {
+        std::fs::File::open(file).and_then(|mut f| f.read_to_string(&mut body))
+    };
+    read.map(|_| body)
+        .map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// The request a command makes: method, path, body.
+fn plan(command: &Command) -> Result<(&'static str, &'static str, Option<String>), String> {
+    Ok(match command {
+        Command::Vm => ("GET", "/v1/vm", None),
+        Command::Vcpus => ("GET", "/v1/vcpus", None),
+        Command::Placement => ("GET", "/v1/placement", None),
+        Command::Policy { policy } => (
+            "PUT",
+            "/v1/policy",
+            Some(serde_json::json!({ "policy": policy }).to_string()),
+        ),
+        Command::External { file } => ("PUT", "/v1/placement/external", Some(read_body(file)?)),
+        Command::Release => ("DELETE", "/v1/placement/external", None),
+        Command::Pause => ("PUT", "/v1/vm/pause", None),
+        Command::Resume => ("PUT", "/v1/vm/resume", None),
+        Command::Shutdown { timeout_ms } => (
+            "PUT",
+            "/v1/vm/shutdown",
+            timeout_ms.map(|ms| serde_json::json!({ "timeout_ms": ms }).to_string()),
+        ),
+    })
+}
+
+fn show(command: &Command, answer: &Answer, json: bool) -> String {
+    if json || answer.status >= 400 {
+        return format!("{}\n", answer.body);
+    }
+    match command {
+        Command::Vcpus => format_vcpus(&answer.body),
+        Command::Placement => format_placement(&answer.body),
+        _ => format_object(&answer.body),
+    }
+}
+
+/// Runs the client with `args` (the program name first); returns its exit status.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            let first = e.to_string();
+            let line = first.lines().next().unwrap_or("invalid arguments");
+            eprintln!(
+                "pvmm-ctl: {} (see pvmm-ctl --help)",
+                line.trim_start_matches("error: ")
+            );
+            return EXIT_BAD_INPUT;
+        }
+        Err(e) => {
+            print!("{e}");
+            return 0;
+        }
+    };
+    let (method, path, body) = match plan(&cli.command) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("pvmm-ctl: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
+    match request(&cli.socket, method, path, body.as_deref()) {
+        Ok(answer) => {
+            let text = show(&cli.command, &answer, cli.json);
+            if answer.status >= 400 {
+                let error = answer.body["error"].as_str().map(str::to_string);
+                eprintln!(
+                    "pvmm-ctl: {} {path}: {} {}",
+                    method,
+                    answer.status,
+                    error.unwrap_or(text.trim().to_string())
+                );
+                return EXIT_REFUSED;
+            }
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("pvmm-ctl: {e}");
+            EXIT_REFUSED
+        }
+    }
+}
