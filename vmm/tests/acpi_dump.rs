@@ -74,6 +74,10 @@ fn dumped_tables_disassemble_cleanly() {
         assert!(dsl.contains("Method (_OSC, 4"));
         assert!(dsl.contains("\"ACPI0013\""));
         assert!(dsl.contains("Method (_EVT, 1"));
+        // The control-method power button the GED notifies (0x80) on a shutdown request.
+        assert!(dsl.contains("Device (PWRB)"), "{dsl}");
+        assert!(dsl.contains("EisaId (\"PNP0C0C\")"), "{dsl}");
+        assert!(dsl.contains("Notify (\\_SB.PWRB, 0x80)"), "{dsl}");
         let madt = Command::new("iasl")
             .arg("-d")
             .arg("apic.dat")

@@ -366,3 +366,39 @@ fn pvmm_ctl_prints_tables_and_reports_refusals() {
     vmm.ok("PUT", "/v1/vm/shutdown", None);
     assert_eq!(vmm.finish().0, Some(6));
 }
+
+#[test]
+fn a_failed_start_leaves_no_socket_and_bad_paths_are_one_line() {
+    let dir = scratch("api-failed-start");
+    let kernel = write_kernel(&dir, &HALT_LOOP);
+    let sock = dir.join("s.sock");
+    let (k, s) = (kernel.to_str().unwrap(), sock.to_str().unwrap());
+    let out = pvmm(&[
+        "--memory",
+        "64",
+        "--kvm",
+        "/nonexistent-kvm",
+        "--api-socket",
+        s,
+        k,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!sock.exists(), "socket file left after a failed start");
+    // A path that is not a socket is never removed.
+    let out = pvmm(&["--memory", "64", "--api-socket", k, k]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a socket"), "{err}");
+    assert!(kernel.exists());
+    let out = pvmm(&[
+        "--memory",
+        "64",
+        "--api-socket",
+        "/nonexistent-dir/s.sock",
+        k,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -115,10 +115,19 @@ pub enum ApiError {
     },
 }
 
-/// A bound control socket, not yet serving.
+/// A bound control socket, not yet serving; dropped unserved (pvmm failed to start), it
+/// removes its file.
 pub struct ApiSocket {
-    listener: UnixListener,
+    listener: Option<UnixListener>,
     path: PathBuf,
+}
+
+impl Drop for ApiSocket {
+    fn drop(&mut self) {
+        if self.listener.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 impl ApiSocket {
@@ -150,22 +159,24 @@ impl ApiSocket {
         let listener = bound.map_err(io)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(io)?;
         Ok(Self {
-            listener,
+            listener: Some(listener),
             path: path.to_path_buf(),
         })
     }
 
     /// Serves requests against `vm` on a thread named `pvmm-api` until the returned server is
     /// stopped.
-    pub fn serve(self, vm: Arc<dyn VmControl>) -> std::io::Result<ApiServer> {
+    pub fn serve(mut self, vm: Arc<dyn VmControl>) -> std::io::Result<ApiServer> {
         let stop = Arc::new(AtomicBool::new(false));
         let accept_stop = stop.clone();
-        let listener = self.listener;
+        let Some(listener) = self.listener.take() else {
+            return Err(std::io::Error::other("control socket already served"));
+        };
         let thread = std::thread::Builder::new()
             .name("pvmm-api".into())
             .spawn(move || accept_loop(&listener, vm, &accept_stop))?;
         Ok(ApiServer {
-            path: self.path,
+            path: std::mem::take(&mut self.path),
             stop,
             thread: Some(thread),
         })

@@ -27,8 +27,7 @@ pub struct OwnThreads {
     task_dir: PathBuf,
     vcpu_tids: Vec<i32>,
     pinned: HashMap<i32, CpuSet>,
-    /// Threads whose affinity the host refuses (KVM's own worker threads in the process, for
-    /// one): tried once, not every tick.
+    /// Threads whose affinity the host refused: tried once, not every tick.
     refused: HashSet<i32>,
 }
 
