@@ -1,0 +1,199 @@
+//! The control socket end to end in the rig (L1 = 2 packages x 2 cores, a 4-vCPU guest under
+//! pvmm with `--api-socket`), everything read where it really is: thread affinity from L1's
+//! `/proc`, capacities from the guest's own sysfs.
+//!
+//! 1. An outside balancer (a loop in L1 calling `pvmm ctl ... external`, renewing every
+//!    0.5 s) puts vCPUs 0 and 1 on L1 CPU 3 with capacity 300: L1 shows their threads allowed
+//!    only CPU 3, and the guest reads 300 as their `highest_perf`.
+//! 2. The balancer stops renewing: after the lease pvmm places the vCPUs itself again (the
+//!    guest's `highest_perf` leaves 300, the threads leave CPU 3), and says so once.
+//! 3. The guest idles, consolidated on package 0, for 25 s: none of pvmm's own threads may run
+//!    on package 1 (their `Cpus_allowed_list` and last CPU in L1, sampled every 0.5 s).
+
+use std::sync::OnceLock;
+
+use pvmm_rig::RigOutcome;
+use pvmm_tests::{parse_cpu_list, run_placement_sequence_with_probe, run_trace, GUEST_HELPERS};
+
+/// The socket pvmm serves in L1.
+const SOCKET: &str = "/tmp/pvmm-api.sock";
+/// The lease: long enough for the renewal loop's 0.5 s period on a slow L1, short enough to
+/// keep the run short.
+const LEASE_MS: &str = "2000";
+/// The capacity the outside balancer gives vCPUs 0 and 1: not a value pvmm's own placement
+/// gives on this host (1024, or a share of a CPU near 512 or 1024 for idle packed vCPUs).
+const EXTERNAL_CAPACITY: u64 = 300;
+/// The L1 CPU the outside balancer puts vCPUs 0 and 1 on (package 1).
+const EXTERNAL_CPU: u32 = 3;
+/// Seconds the guest idles at the end; the own-thread check covers its last 20 s.
+const IDLE_SECS: u32 = 25;
+/// Seconds at the start of the idle window left out of the check: the first ticks after the
+/// lease ends re-place the vCPUs.
+const IDLE_SETTLE_SECS: f64 = 5.0;
+
+/// Guest side: announce readiness, wait (up to 2 min) until vCPU 0's `highest_perf` is the
+/// outside capacity and read all, ask the balancer to stop, wait until it changes and read
+/// again, then idle.
+fn guest_command() -> String {
+    format!(
+        "{GUEST_HELPERS}w(){{ i=0; while [ $i -lt 240 ]; do v=$(cat /sys/devices/system/cpu/cpu0/acpi_cppc/highest_perf); [ \"$v\" $1 {EXTERNAL_CAPACITY} ] && return 0; sleep 0.5; i=$((i+1)); done; return 1; }}\n\
+echo pvmm-mark: api-ready\nw = ; r ext\necho pvmm-mark: api-release\nw != ; r own\n\
+echo pvmm-mark: idle-begin\nsleep {IDLE_SECS}\necho pvmm-mark: idle-end\n"
+    )
+}
+
+/// L1 side, before the placement probe: the outside balancer's renewal loop, and a sampler of
+/// pvmm's non-vCPU threads (`O <L1 uptime> <comm> <Cpus_allowed_list> <last CPU>`), printed
+/// when pvmm has exited.
+fn probe_prefix() -> String {
+    format!(
+        r#"taskset -p 1 $$ >/dev/null 2>&1
+( until grep -q api-ready /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep 0.2; done
+  echo '{{"assignments":[{{"vcpu":0,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}},{{"vcpu":1,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}}]}}' > /tmp/ext.json
+  n=0
+  until grep -q api-release /tmp/rig-marks; do
+    /bin/pvmm ctl --socket {SOCKET} external /tmp/ext.json > /dev/null && n=$((n+1))
+    kill -0 $PVMM_PID 2>/dev/null || break
+    sleep 0.5
+  done
+  echo "RENEWALS $n" ) &
+( while kill -0 $PVMM_PID 2>/dev/null; do
+    awk 'BEGIN {{ if ((getline line < "/proc/uptime") > 0) {{ split(line, w, " "); up = w[1] }}
+      for (i = 1; i < ARGC; i++) {{
+        f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
+        if (path[n] == "stat") {{
+          if ((getline line < f) > 0) {{ split(line, w, " "); if (w[2] !~ /^\(vcpu[0-9]+\)$/) {{ comm[tid] = w[2]; last[tid] = w[39] }} }}
+        }} else {{
+          while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) {{ split(line, w, " "); allowed[tid] = w[2] }}
+        }}
+        close(f)
+      }}
+      for (tid in comm) if (tid in allowed) print "O", up, comm[tid], allowed[tid], last[tid] }}' \
+      /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status >> /tmp/own-samples
+    sleep 0.5
+  done
+  cat /tmp/own-samples ) &
+"#
+    )
+}
+
+fn outcome() -> Option<&'static RigOutcome> {
+    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
+    OUTCOME
+        .get_or_init(|| {
+            run_placement_sequence_with_probe(
+                "rig_api",
+                &[(
+                    "api",
+                    vec![
+                        "--vcpus",
+                        "4",
+                        "--policy",
+                        "powersaving",
+                        "--api-socket",
+                        SOCKET,
+                        "--external-lease-ms",
+                        LEASE_MS,
+                    ],
+                    guest_command(),
+                )],
+                &probe_prefix(),
+            )
+        })
+        .as_ref()
+}
+
+/// The guest's `CPPC LABEL v0 v1 v2 v3 GED n` line for `label`.
+fn cppc_line(guest: &[String], label: &str) -> Vec<u64> {
+    let prefix = format!("CPPC {label} ");
+    let line = guest
+        .iter()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line; the guest printed:\n{}", guest.join("\n")));
+    line.split_whitespace()
+        .take_while(|w| *w != "GED")
+        .map(|w| w.parse().expect("a highest_perf value"))
+        .collect()
+}
+
+#[test]
+fn external_placement_reaches_l1_and_the_guest_and_lapses_with_its_lease() {
+    let Some(outcome) = outcome() else {
+        return;
+    };
+    let (run, trace) = run_trace(outcome, "api");
+    let ext = cppc_line(run.guest, "ext");
+    assert_eq!(&ext[..2], &[EXTERNAL_CAPACITY; 2], "guest's highest_perf under external placement");
+    let renewals = run.probe.iter().find_map(|l| l.strip_prefix("RENEWALS "));
+    assert!(
+        renewals.and_then(|n| n.trim().parse::<u32>().ok()).is_some_and(|n| n > 0),
+        "the balancer loop never succeeded: {renewals:?}"
+    );
+    // L1's view while the guest read the outside capacity: vCPUs 0 and 1 allowed only CPU 3.
+    let read_at = trace.mark("cppc-ext").expect("the guest's cppc-ext mark");
+    let pinned = trace.samples.iter().filter(|s| s.t <= read_at).any(|s| {
+        s.threads
+            .iter()
+            .filter(|t| t.vcpu < 2)
+            .all(|t| t.allowed == [EXTERNAL_CPU])
+    });
+    assert!(pinned, "L1 never showed vCPUs 0-1 allowed only CPU {EXTERNAL_CPU} before the guest read {EXTERNAL_CAPACITY}:\n{}", trace.describe(0, trace.samples.len()));
+    // The lease lapses: pvmm places vCPU 0 itself again, off CPU 3, and logs it once.
+    let own = cppc_line(run.guest, "own");
+    assert_ne!(own[0], EXTERNAL_CAPACITY);
+    let released_at = trace.mark("cppc-own").expect("the guest's cppc-own mark");
+    let back = trace
+        .samples
+        .iter()
+        .filter(|s| s.t >= released_at)
+        .all(|s| s.threads.iter().all(|t| !t.allowed.contains(&EXTERNAL_CPU) || t.vcpu >= 2));
+    assert!(back, "vCPU 0 or 1 still on CPU {EXTERNAL_CPU} after the lease");
+    let expired = run
+        .vmm
+        .iter()
+        .filter(|l| l.contains("external placement lease expired"))
+        .count();
+    assert_eq!(expired, 1, "pvmm's stderr:\n{}", run.vmm.join("\n"));
+}
+
+#[test]
+fn pvmm_own_threads_stay_off_the_idle_package() {
+    let Some(outcome) = outcome() else {
+        return;
+    };
+    let (run, trace) = run_trace(outcome, "api");
+    let begin = trace.mark("idle-begin").expect("idle-begin mark") + IDLE_SETTLE_SECS;
+    let end = trace.mark("idle-end").expect("idle-end mark");
+    assert!(end - begin >= 19.0, "idle window only {:.1} s", end - begin);
+    let package0 = trace.package_cpus(0);
+    // The premise: the idle guest is consolidated on package 0 in that window.
+    for s in trace.samples.iter().filter(|s| s.t >= begin && s.t <= end) {
+        for t in &s.threads {
+            assert!(
+                t.allowed.iter().all(|c| package0.contains(c)),
+                "vCPU {} allowed {:?} at {:.1}: the idle guest is not consolidated",
+                t.vcpu,
+                t.allowed,
+                s.t
+            );
+        }
+    }
+    let mut checked = 0;
+    for line in run.probe.iter().filter(|l| l.starts_with("O ")) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let t: f64 = w[1].parse().expect("uptime");
+        if t < begin || t > end {
+            continue;
+        }
+        let allowed = parse_cpu_list(w[3]).expect("a CPU list");
+        let last: u32 = w[4].parse().expect("a CPU");
+        assert!(
+            allowed.iter().all(|c| package0.contains(c)) && package0.contains(&last),
+            "pvmm thread {} may run on {:?} (last ran on {last}) at {t:.1}, outside package 0 {package0:?}",
+            w[2],
+            allowed
+        );
+        checked += 1;
+    }
+    assert!(checked >= 20, "only {checked} own-thread samples in the idle window");
+}
