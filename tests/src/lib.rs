@@ -601,6 +601,7 @@ pub fn run_placement_sequence(
         run_limit_secs: SEQUENCE_TIMEOUT_PER_RUN.as_secs(),
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
         probe: Some(placement_probe(PROBE_INTERVAL)),
+        tuning: pvmm_rig::L1Tuning::default(),
     };
     let started = std::time::Instant::now();
     let outcome = retry_rig_crash(
