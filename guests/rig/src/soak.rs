@@ -97,9 +97,13 @@ pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (Boo
     for (vm, label) in vms.iter().zip(labels) {
         let kind = vm_kind(outcome, vm.vmm, label);
         if kind != BootKind::Clean && (worst.0 == BootKind::Clean || kind < worst.0) {
+            // pvmm's own report of the failure, else its last line.
             let detail = outcome
                 .run(label)
-                .and_then(|r| r.vmm.last().cloned())
+                .and_then(|r| {
+                    let reported = r.vmm.iter().rev().find(|l| l.contains("pvmm: guest"));
+                    reported.or(r.vmm.last()).cloned()
+                })
                 .unwrap_or_default();
             worst = (kind, format!("VM {label} ({}): {detail}", vm.vmm.name()));
         }
@@ -438,7 +442,7 @@ mod tests {
         assert!(lines[0].contains("triple fault"));
         let cells: Vec<&str> = lines[1].split('|').map(str::trim).collect();
         assert_eq!(&cells[1..4], ["single", "3", "2"]);
-        assert_eq!(cells[7], "1");
+        assert_eq!(cells[8], "1");
         assert_eq!(cells[cells.len() - 3..cells.len() - 1], ["8.5", "20.0"]);
     }
 }
