@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use pvmm_rig::images::{self, L1Images, L1Needs, Workspace, BUSYBOX, QEMU};
+use pvmm_rig::soak::{classify, BootKind};
 
 /// Environment variable that turns a rig test's skip into a failure.
 pub const REQUIRE_RIG_ENV: &str = "PVMM_REQUIRE_RIG";
@@ -601,28 +602,14 @@ pub fn run_placement_sequence(
         run_limit_secs: SEQUENCE_TIMEOUT_PER_RUN.as_secs(),
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
         probe: Some(placement_probe(PROBE_INTERVAL)),
+        tuning: pvmm_rig::L1Tuning::default(),
     };
+    let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();
     let started = std::time::Instant::now();
     let outcome = retry_rig_crash(
         test,
         || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs"),
-        |outcome| {
-            if l1_failed(outcome) {
-                return Some(format!("L1's kernel failed ({})", outcome.summary("pvmm")));
-            }
-            let crashed: Vec<&str> = outcome
-                .run_starts
-                .iter()
-                .filter(|r| {
-                    outcome
-                        .run(&r.label)
-                        .is_some_and(|run| run.status == Some(PVMM_EXIT_TRIPLE_FAULT))
-                })
-                .map(|r| r.label.as_str())
-                .collect();
-            (!crashed.is_empty())
-                .then(|| format!("pvmm runs {crashed:?} exited 4 (guest triple fault)"))
-        },
+        |outcome| pvmm_boot_kind(outcome, &labels),
     );
     if let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") {
         // Debugging aid: every classified line of the boot, for a failure's post-mortem.
@@ -662,15 +649,15 @@ const GUEST_TAIL_LINES: usize = 25;
 /// kernel's warnings (RCU stalls, lockups) and init's errors, few when all is well.
 const L1_TAIL_LINES: usize = 15;
 
-/// pvmm's exit status for a guest triple fault (`pvmm::exit::EXIT_TRIPLE_FAULT`).
-pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
+pub use pvmm_rig::soak::PVMM_EXIT_TRIPLE_FAULT;
 
 /// Rig boots a rig test may use for one outcome. The nested rig itself (QEMU TCG emulating
 /// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
 /// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
 /// the guest's boot (6 of 40 pvmm boots when counted), and L1 failing ([`l1_failed`]).
-/// Such an outcome is run again, with a loud message, up to 3 boots in all; a third crash
-/// fails the test like any other failure. Three, not two: on a loaded 2-CPU machine (CI's
+/// Such an outcome is run again, with a loud `!!! rig retry` line naming its kind, up to 3
+/// boots in all; a third crash fails the test like any other failure, and so does, at once, an
+/// outcome of a kind not seen before ([`retry_rig_crash`]). Three, not two: on a loaded 2-CPU machine (CI's
 /// speed) 3 of 12 sequence boots counted this session ended in an L1 failure, so two in a
 /// row would fail about one CI run in six over the three rig test binaries; a retried
 /// sequence costs its failure point plus at most 90 s, so CI stays well inside its limit.
@@ -698,28 +685,47 @@ pub fn l1_failed(outcome: &pvmm_rig::RigOutcome) -> bool {
     )
 }
 
-/// Runs `boot` up to [`RIG_ATTEMPTS`] times while `crash` says the guest crashed (its
-/// answer: what happened, for the loud `!!!` line); returns the last outcome, crashed or not.
+/// Runs `boot` up to [`RIG_ATTEMPTS`] times while `kind` says it ended in a known failure of
+/// the nested rig ([`BootKind::is_known_rig_failure`]; its answer also says what happened).
+/// Every rerun is logged on one `!!! rig retry` line with its kind, so the rig's failure rate
+/// stays visible in CI output. Any other outcome is returned at once: a clean one for the test
+/// to check, and a failure of a kind the rig has not shown before ([`BootKind::Other`]) for the
+/// test to fail on, not to hide by booting again.
 pub fn retry_rig_crash<T>(
     test: &str,
     mut boot: impl FnMut() -> T,
-    crash: impl Fn(&T) -> Option<String>,
+    kind: impl Fn(&T) -> (BootKind, String),
 ) -> T {
     let mut attempt = 1;
     loop {
         let outcome = boot();
-        match crash(&outcome) {
-            Some(what) if attempt < RIG_ATTEMPTS => {
-                attempt += 1;
-                eprintln!(
-                    "!!! {test}: {what}; the nested rig crashes guests of pvmm and QEMU alike \
-                     now and then (README, Known limitations): running it again (attempt \
-                     {attempt} of {RIG_ATTEMPTS})"
-                );
+        let (found, what) = kind(&outcome);
+        if !found.is_known_rig_failure() {
+            if found == BootKind::Other {
+                eprintln!("!!! {test}: not a known rig failure, not run again: {what}");
             }
-            _ => return outcome,
+            return outcome;
         }
+        if attempt == RIG_ATTEMPTS {
+            eprintln!(
+                "!!! rig retry: {test}: {} in boot {attempt} of {RIG_ATTEMPTS}, the last: {what}",
+                found.name()
+            );
+            return outcome;
+        }
+        attempt += 1;
+        eprintln!(
+            "!!! rig retry: {test}: {} (README, Rig reliability): {what}; booting again \
+             (attempt {attempt} of {RIG_ATTEMPTS})",
+            found.name()
+        );
     }
+}
+
+/// How a boot of pvmm runs `labels` (all pvmm) ended: see [`retry_rig_crash`].
+pub fn pvmm_boot_kind(outcome: &pvmm_rig::RigOutcome, labels: &[String]) -> (BootKind, String) {
+    let vms = vec![pvmm_rig::VmSpec::new(pvmm_rig::InnerVmm::Pvmm); labels.len()];
+    classify(outcome, &vms, labels)
 }
 
 /// The lines and parsed probe trace of run `label`; panics (with pvmm's stderr) when the run
@@ -791,8 +797,8 @@ pub fn cppc_reads(guest: &[String]) -> Vec<CppcRead> {
 mod tests {
     use super::*;
 
-    /// (boots made, the boot returned) when boot `b` (from 1) crashes while `crashes(b)`.
-    fn retried(crashes: impl Fn(u32) -> bool) -> (u32, u32) {
+    /// (boots made, the boot returned) when boot `b` (from 1) ends as `kind_of(b)`.
+    fn retried(kind_of: impl Fn(u32) -> BootKind) -> (u32, u32) {
         let mut boots = 0;
         let last = retry_rig_crash(
             "t",
@@ -800,7 +806,7 @@ mod tests {
                 boots += 1;
                 boots
             },
-            |&b| crashes(b).then(|| "crash".to_string()),
+            |&b| (kind_of(b), "what".to_string()),
         );
         (boots, last)
     }
@@ -885,9 +891,37 @@ mod tests {
 
     #[test]
     fn crashes_are_run_again_up_to_the_limit_and_a_clean_outcome_is_kept() {
-        assert_eq!(retried(|_| true), (RIG_ATTEMPTS, RIG_ATTEMPTS));
-        assert_eq!(retried(|b| b == 1), (2, 2));
-        assert_eq!(retried(|b| b < RIG_ATTEMPTS), (RIG_ATTEMPTS, RIG_ATTEMPTS));
-        assert_eq!(retried(|_| false), (1, 1));
+        let fault = |_| BootKind::TripleFault;
+        assert_eq!(retried(fault), (RIG_ATTEMPTS, RIG_ATTEMPTS));
+        let first = |b| {
+            if b == 1 {
+                BootKind::L1Lockup
+            } else {
+                BootKind::Clean
+            }
+        };
+        assert_eq!(retried(first), (2, 2));
+        let until_last = |b| {
+            if b < RIG_ATTEMPTS {
+                BootKind::L1Frozen
+            } else {
+                BootKind::Clean
+            }
+        };
+        assert_eq!(retried(until_last), (RIG_ATTEMPTS, RIG_ATTEMPTS));
+        assert_eq!(retried(|_| BootKind::Clean), (1, 1));
+    }
+
+    #[test]
+    fn a_failure_of_a_new_kind_is_not_run_again() {
+        assert_eq!(retried(|_| BootKind::Other), (1, 1));
+        let then_new = |b| {
+            if b == 1 {
+                BootKind::GuestReset
+            } else {
+                BootKind::Other
+            }
+        };
+        assert_eq!(retried(then_new), (2, 2));
     }
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
-use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology};
-use pvmm_tests::{l1_failed, prepare_rig, retry_rig_crash, rig_lock, PVMM_EXIT_TRIPLE_FAULT};
+use pvmm_rig::soak::{classify, BootKind};
+use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology, VmSpec};
+use pvmm_tests::{l1_failed, prepare_rig, retry_rig_crash, rig_lock};
 
 /// How the guest's CPU report line starts.
 const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
@@ -59,25 +60,7 @@ fn boot(
             eprintln!("{test}: {}", outcome.summary(vmm.name()));
             outcome
         },
-        |outcome| {
-            let reported = outcome
-                .guest_lines
-                .iter()
-                .any(|l| l.starts_with(CPU_REPORT_PREFIX));
-            // pvmm reports a triple fault as such; QEMU under -no-reboot exits 0 on the reset
-            // that follows one, before the guest could report.
-            let crashed = l1_failed(outcome)
-                || match vmm {
-                    InnerVmm::Pvmm => outcome.vmm_status == Some(PVMM_EXIT_TRIPLE_FAULT),
-                    InnerVmm::Qemu => outcome.vmm_status == Some(0) && !reported,
-                };
-            crashed.then(|| {
-                format!(
-                    "the guest crashed before its CPU report ({})",
-                    outcome.summary(vmm.name())
-                )
-            })
-        },
+        |outcome| classify(outcome, &[VmSpec::new(vmm)], &rig.labels()),
     );
     Some(outcome)
 }
@@ -175,6 +158,63 @@ fn rig_self_check_qemu_8_vcpus_on_2x2x2() {
     if let Some(outcome) = boot("qemu_8_vcpu", InnerVmm::Qemu, "2x2x2", 8, None) {
         assert_booted_with(&outcome, InnerVmm::Qemu, 8);
     }
+}
+
+/// Two VMs side by side in one L1, pvmm and QEMU, each with its own vCPUs, memory and
+/// command: each one's console, exit status and boot time are reported apart.
+#[test]
+fn two_vms_pvmm_and_qemu_side_by_side_report_apart() {
+    let _lock = rig_lock();
+    let needs = L1Needs {
+        pvmm: true,
+        qemu: true,
+    };
+    let Some((ws, images)) = prepare_rig("rig_two_vms", needs) else {
+        return;
+    };
+    let vm = |vmm, vcpus: &str, command: &str| VmSpec {
+        vmm,
+        args: ["--vcpus", vcpus, "--memory", "256"]
+            .map(String::from)
+            .to_vec(),
+        guest_command: Some(format!("echo \"{CPU_REPORT_PREFIX}{command} $(nproc)\"")),
+    };
+    let vms = vec![
+        vm(InnerVmm::Pvmm, "1", "pvmm-side"),
+        vm(InnerVmm::Qemu, "2", "qemu-side"),
+    ];
+    let rig = Rig::with_vms(vms.clone()).timeout(RIG_TIMEOUT).echo(true);
+    let labels = rig.labels();
+    assert_eq!(labels, ["0", "1"]);
+    let outcome = retry_rig_crash(
+        "rig_two_vms",
+        || rig.run(&ws, &images).expect("the rig runs"),
+        |outcome| classify(outcome, &vms, &labels),
+    );
+    assert_eq!(
+        classify(&outcome, &vms, &labels).0,
+        BootKind::Clean,
+        "{}",
+        outcome.summary("pvmm")
+    );
+    for (label, expected) in [("0", "pvmm-side 1"), ("1", "qemu-side 2")] {
+        let run = outcome.run(label).expect("the run started");
+        let report = format!("{CPU_REPORT_PREFIX}{expected}");
+        assert_eq!(run.command_output(), [report.as_str()], "VM {label}");
+        assert_eq!((run.status, run.command_status()), (Some(0), Some(0)));
+        assert!(outcome.boot_to_init_seconds(label).is_some());
+        // Each VM's console holds only its own guest's lines.
+        let other = if label == "0" {
+            "qemu-side"
+        } else {
+            "pvmm-side"
+        };
+        assert!(!run.guest.iter().any(|l| l.contains(other)), "VM {label}");
+    }
+    assert!(outcome
+        .run("1")
+        .is_some_and(|r| r.vmm.iter().all(|l| !l.contains("pvmm:"))));
+    assert_eq!(outcome.vmm_status, Some(0));
 }
 
 /// The rig's hard timeout kills QEMU and says so: an L1 given one second cannot finish.

@@ -180,8 +180,9 @@ pub fn run_bench(
         topology: options.topology,
         timeout,
         echo: options.echo,
-        tcg_multi_thread: true,
+        tuning: crate::tuning::L1Tuning::default(),
         vmm_name: "vmm",
+        vm_names: Vec::new(),
     };
     let outcome = run_l1(ws, images, &l1, &job)?;
     let collect = |name: &str| {

@@ -8,6 +8,8 @@
 //! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
 //! - [`placement_bench`]: the kernbench-like placement benchmark (`cargo xtask bench-placement`).
 //! - [`sequence`]: several pvmm runs (policies, loads) in one L1 boot.
+//! - [`tuning`]: L1's QEMU, kernel and KVM-module settings, by preset name.
+//! - [`soak`]: counting rig outcomes by kind over many boots (`cargo xtask rig-soak`).
 //! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
 
 pub mod bench;
@@ -17,6 +19,9 @@ pub mod placement_bench;
 pub mod rig;
 pub mod scripts;
 pub mod sequence;
+pub mod soak;
+pub mod tuning;
 
-pub use rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, RunLines, Topology};
+pub use rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, RunLines, Topology, VmSpec};
 pub use sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
+pub use tuning::L1Tuning;

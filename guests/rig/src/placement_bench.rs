@@ -232,6 +232,7 @@ pub fn run_placement_bench(
         run_limit_secs: per_run,
         echo: options.echo,
         probe: Some(bench_probe()),
+        tuning: crate::tuning::L1Tuning::default(),
     };
     crate::images::progress(&format!(
         "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crate::cpio::{CpioArchive, CpioError};
 use crate::images::{inside, progress, ImageError, L1Images, Workspace, QEMU};
 use crate::scripts::{base64_encode, shell_join};
+use crate::tuning::L1Tuning;
 
 /// Added to the guest's command line unless it is `quiet`: the decompressor and the kernel
 /// print on the serial port from their first instructions instead of from the console's
@@ -352,10 +353,13 @@ pub struct L1Options {
     pub timeout: Duration,
     /// Print classified lines on stdout as they arrive.
     pub echo: bool,
-    /// `-accel tcg,thread=multi` (true) or `thread=single`.
-    pub tcg_multi_thread: bool,
+    /// QEMU's and L1's settings.
+    pub tuning: L1Tuning,
     /// Prefix for the inner VMM's stderr lines, e.g. "pvmm".
     pub vmm_name: &'static str,
+    /// Runs whose lines are shown with their label (`[guest1]`, `[pvmm1]`): (label, VMM name).
+    /// Runs not listed are shown as `[guest]`, `[vmm_name]`.
+    pub vm_names: Vec<(String, &'static str)>,
 }
 
 /// An event the L1 scripts reported: `@@rig@@ KIND LABEL VALUE`.
@@ -426,6 +430,22 @@ pub struct RigOutcome {
     pub timeout: Duration,
     /// Where each inner VMM run (`vmm-start` event) began in the line vectors, in order.
     pub run_starts: Vec<RunStart>,
+    /// Each run's own lines, by label, in the order their first line arrived.
+    pub runs: Vec<RunOutput>,
+}
+
+/// The lines of one inner VMM run, told apart by their tags, so runs at the same time in one
+/// L1 do not mix.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunOutput {
+    /// The run's label.
+    pub label: String,
+    /// The guest's console.
+    pub guest: Vec<String>,
+    /// The inner VMM's stderr.
+    pub vmm: Vec<String>,
+    /// The probe's output.
+    pub probe: Vec<String>,
 }
 
 /// Where one inner VMM run of an L1 boot begins in [`RigOutcome`]'s line vectors: every line
@@ -456,25 +476,49 @@ pub struct RunLines<'a> {
     pub status: Option<i32>,
 }
 
+impl RunLines<'_> {
+    /// The guest's output between its "command begin" and "command exit status" markers.
+    pub fn command_output(&self) -> Vec<&str> {
+        command_output(self.guest)
+    }
+
+    /// The guest command's exit status, if the guest reported one.
+    pub fn command_status(&self) -> Option<i32> {
+        command_status(self.guest)
+    }
+}
+
+fn command_output(guest: &[String]) -> Vec<&str> {
+    guest
+        .iter()
+        .map(String::as_str)
+        .skip_while(|l| !l.starts_with("pvmm-guest: command begin"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("pvmm-guest: command exit status"))
+        .collect()
+}
+
+fn command_status(guest: &[String]) -> Option<i32> {
+    guest
+        .iter()
+        .find_map(|l| l.strip_prefix("pvmm-guest: command exit status "))
+        .and_then(|s| s.trim().parse().ok())
+}
+
 impl RigOutcome {
-    /// The lines of the run labelled `label` (the first with that label), if it started.
+    /// The lines and exit status of the run labelled `label`, if it started.
     pub fn run(&self, label: &str) -> Option<RunLines<'_>> {
-        let index = self.run_starts.iter().position(|r| r.label == label)?;
-        let start = &self.run_starts[index];
-        let next = self.run_starts.get(index + 1);
-        let guest =
-            &self.guest_lines[start.guest..next.map_or(self.guest_lines.len(), |n| n.guest)];
-        let vmm = &self.vmm_lines[start.vmm..next.map_or(self.vmm_lines.len(), |n| n.vmm)];
-        let probe =
-            &self.probe_lines[start.probe..next.map_or(self.probe_lines.len(), |n| n.probe)];
+        self.events_of("vmm-start").find(|e| e.label == label)?;
+        let empty: &[String] = &[];
+        let own = self.runs.iter().find(|r| r.label == label);
         let status = self
             .events_of("vmm-exit")
             .find(|e| e.label == label)
             .and_then(|e| e.value.trim().parse().ok());
         Some(RunLines {
-            guest,
-            vmm,
-            probe,
+            guest: own.map_or(empty, |r| &r.guest),
+            vmm: own.map_or(empty, |r| &r.vmm),
+            probe: own.map_or(empty, |r| &r.probe),
             status,
         })
     }
@@ -562,25 +606,64 @@ impl RigOutcome {
 
     /// The guest's output between its "command begin" and "command exit status" markers.
     pub fn guest_command_output(&self) -> Vec<&str> {
-        self.guest_lines
-            .iter()
-            .map(String::as_str)
-            .skip_while(|l| !l.starts_with("pvmm-guest: command begin"))
-            .skip(1)
-            .take_while(|l| !l.starts_with("pvmm-guest: command exit status"))
-            .collect()
+        command_output(&self.guest_lines)
     }
 
     /// The guest command's exit status, if the guest reported one.
     pub fn guest_command_status(&self) -> Option<i32> {
-        self.guest_lines
-            .iter()
-            .find_map(|l| l.strip_prefix("pvmm-guest: command exit status "))
-            .and_then(|s| s.trim().parse().ok())
+        command_status(&self.guest_lines)
     }
 }
 
-/// A rig run of one inner VMM on the guest images: the builder behind `cargo xtask rig`.
+/// One VM of a rig run: its VMM, that VMM's arguments and the guest's command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmSpec {
+    /// The VMM that runs it in L1.
+    pub vmm: InnerVmm,
+    /// pvmm's arguments (with [`InnerVmm::Qemu`] only `--vcpus` and `--memory` are used).
+    pub args: Vec<String>,
+    /// Shell command (or script) the guest's init runs before powering off.
+    pub guest_command: Option<String>,
+}
+
+impl VmSpec {
+    /// A VM of `vmm` with pvmm's default shape and no command.
+    pub fn new(vmm: InnerVmm) -> VmSpec {
+        VmSpec {
+            vmm,
+            args: Vec::new(),
+            guest_command: None,
+        }
+    }
+}
+
+impl FromStr for VmSpec {
+    type Err = RigError;
+    /// `VMM [ARGS...] [-- COMMAND]`, e.g. `pvmm --vcpus 2 --memory 256 -- nproc`: the VMM
+    /// (`pvmm` or `qemu`), its arguments split at white space, and the guest's command (the
+    /// rest, verbatim).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (head, command) = match text.split_once(" -- ") {
+            Some((head, command)) => (head, Some(command.trim().to_string())),
+            None => (text.strip_suffix(" --").unwrap_or(text), None),
+        };
+        let mut words = head.split_whitespace();
+        let vmm: InnerVmm = words
+            .next()
+            .ok_or_else(|| RigError::BadArgs(format!("invalid VM '{text}': no VMM named")))?
+            .parse()?;
+        let args: Vec<String> = words.map(String::from).collect();
+        vm_shape(&args)?;
+        Ok(VmSpec {
+            vmm,
+            args,
+            guest_command: command.filter(|c| !c.is_empty()),
+        })
+    }
+}
+
+/// A rig run of one or more VMs at the same time in one L1 boot: the builder behind
+/// `cargo xtask rig`.
 ///
 /// ```no_run
 /// use pvmm_rig::{images, Rig, InnerVmm};
@@ -593,30 +676,39 @@ impl RigOutcome {
 /// assert_eq!(outcome.vmm_status, Some(0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// With several VMs ([`Rig::with_vms`]) run `i` (from 0) is labelled `i`: its lines are in
+/// [`RigOutcome::run`]`("i")` and shown as `[guest i]`, `[pvmm i]` (without the space), and
+/// [`RigOutcome::vmm_status`] is the first non-zero VM status, 0 when all exited 0, None when
+/// one never reported.
 #[derive(Debug, Clone)]
 pub struct Rig {
-    vmm: InnerVmm,
+    vms: Vec<VmSpec>,
     topology: Topology,
     timeout: Duration,
-    guest_command: Option<String>,
-    pvmm_args: Vec<String>,
     probe: Option<String>,
     echo: bool,
-    tcg_multi_thread: bool,
+    tuning: L1Tuning,
 }
 
+/// The label of the only run of a one-VM rig.
+pub const SINGLE_RUN_LABEL: &str = "main";
+
 impl Rig {
-    /// A rig with the default topology (2x2x1) and timeout, running `vmm`.
+    /// A rig with the default topology (2x2x1), timeout and tuning, running one VM of `vmm`.
     pub fn new(vmm: InnerVmm) -> Rig {
+        Rig::with_vms(vec![VmSpec::new(vmm)])
+    }
+
+    /// A rig running `vms` side by side in one L1.
+    pub fn with_vms(vms: Vec<VmSpec>) -> Rig {
         Rig {
-            vmm,
+            vms,
             topology: Topology::default(),
             timeout: DEFAULT_TIMEOUT,
-            guest_command: None,
-            pvmm_args: Vec::new(),
             probe: None,
             echo: false,
-            tcg_multi_thread: true,
+            tuning: L1Tuning::default(),
         }
     }
 
@@ -632,24 +724,30 @@ impl Rig {
         self
     }
 
-    /// Shell command (or script) the guest's init runs before powering off.
+    /// Shell command (or script) every VM's guest runs before powering off.
     pub fn guest_command(mut self, command: impl Into<String>) -> Rig {
-        self.guest_command = Some(command.into());
+        let command = command.into();
+        for vm in &mut self.vms {
+            vm.guest_command = Some(command.clone());
+        }
         self
     }
 
-    /// Arguments for pvmm (before `--initrd`, `--cmdline` and the kernel, which the rig adds).
-    /// With [`InnerVmm::Qemu`] only `--vcpus` and `--memory` are used.
+    /// Arguments for every VM's pvmm (before `--initrd`, `--cmdline` and the kernel, which the
+    /// rig adds). With [`InnerVmm::Qemu`] only `--vcpus` and `--memory` are used.
     pub fn pvmm_args<I, S>(mut self, args: I) -> Rig
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.pvmm_args = args.into_iter().map(Into::into).collect();
+        let args: Vec<String> = args.into_iter().map(Into::into).collect();
+        for vm in &mut self.vms {
+            vm.args = args.clone();
+        }
         self
     }
 
-    /// A shell script L1 runs alongside the inner VMM, with `PVMM_PID` set to its pid; its
+    /// A shell script L1 runs alongside each inner VMM, with `PVMM_PID` set to its pid; its
     /// output lands in [`RigOutcome::probe_lines`]. L1 waits for it after the VMM exits, so
     /// it should end by itself (e.g. loop while `kill -0 $PVMM_PID`).
     pub fn l1_probe(mut self, script: impl Into<String>) -> Rig {
@@ -663,48 +761,104 @@ impl Rig {
         self
     }
 
-    /// Use `-accel tcg,thread=multi` (default) or `thread=single` for L1.
+    /// Use `-accel tcg,thread=multi` (true) or `thread=single` for L1, on top of the tuning.
     pub fn tcg_multi_thread(mut self, multi: bool) -> Rig {
-        self.tcg_multi_thread = multi;
+        self.tuning.tcg_multi_thread = multi;
         self
     }
 
-    /// Runs the rig once; needs L1 images with the layer for this rig's VMM.
-    pub fn run(&self, ws: &Workspace, images: &L1Images) -> Result<RigOutcome, RigError> {
-        match self.vmm {
-            InnerVmm::Pvmm if images.pvmm.is_none() => {
-                return Err(RigError::BadArgs(
-                    "the L1 images were built without pvmm".into(),
-                ))
-            }
-            InnerVmm::Qemu if images.qemu.is_none() => {
-                return Err(RigError::BadArgs(
-                    "the L1 images were built without qemu".into(),
-                ))
-            }
-            _ => {}
+    /// QEMU's and L1's settings (default: [`crate::tuning::DEFAULT_VARIANT`]).
+    pub fn tuning(mut self, tuning: L1Tuning) -> Rig {
+        self.tuning = tuning;
+        self
+    }
+
+    /// The run labels, in VM order.
+    pub fn labels(&self) -> Vec<String> {
+        match self.vms.len() {
+            1 => vec![SINGLE_RUN_LABEL.to_string()],
+            n => (0..n).map(|i| i.to_string()).collect(),
         }
-        let cmdline = guest_cmdline(self.vmm, self.guest_command.as_deref(), false)?;
-        let command = inner_vmm_command(self.vmm, &self.pvmm_args, &cmdline)?;
-        let (_, memory) = vm_shape(&self.pvmm_args)?;
-        let job = L1Job {
-            script: format!("rig_run main 0 {}\n", shell_join(&command)),
+    }
+
+    /// The L1 job: one `rig_run` per VM, in the background when there are several.
+    fn job(&self) -> Result<L1Job, RigError> {
+        let labels = self.labels();
+        let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
+        for (vm, label) in self.vms.iter().zip(&labels) {
+            let cmdline = guest_cmdline(vm.vmm, vm.guest_command.as_deref(), false)?;
+            let command = shell_join(&inner_vmm_command(vm.vmm, &vm.args, &cmdline)?);
+            memory += vm_shape(&vm.args)?.1;
+            if self.vms.len() == 1 {
+                script.push_str(&format!("rig_run {label} 0 {command}\n"));
+            } else {
+                script.push_str(&format!(
+                    "rig_run {label} 0 {command} &\nrig_vm_{label}=$!\n"
+                ));
+                waits.push_str(&format!(" $rig_vm_{label}"));
+            }
+        }
+        if !waits.is_empty() {
+            script.push_str(&format!("wait{waits}\n"));
+        }
+        Ok(L1Job {
+            script,
             probe: self.probe.clone(),
             guest_memory_mib: memory,
-        };
+        })
+    }
+
+    /// Runs the rig once; needs L1 images with the layers for this rig's VMMs.
+    pub fn run(&self, ws: &Workspace, images: &L1Images) -> Result<RigOutcome, RigError> {
+        if self.vms.is_empty() {
+            return Err(RigError::BadArgs("a rig run needs at least one VM".into()));
+        }
+        for vm in &self.vms {
+            if vm.vmm == InnerVmm::Pvmm && images.pvmm.is_none() {
+                return Err(RigError::BadArgs(
+                    "the L1 images were built without pvmm".into(),
+                ));
+            }
+            if vm.vmm == InnerVmm::Qemu && images.qemu.is_none() {
+                return Err(RigError::BadArgs(
+                    "the L1 images were built without qemu".into(),
+                ));
+            }
+        }
+        let labels = self.labels();
+        let several = self.vms.len() > 1;
         let options = L1Options {
             topology: self.topology,
             timeout: self.timeout,
             echo: self.echo,
-            tcg_multi_thread: self.tcg_multi_thread,
-            vmm_name: if self.vmm == InnerVmm::Pvmm {
-                "pvmm"
+            tuning: self.tuning.clone(),
+            vmm_name: self.vms[0].vmm.name(),
+            vm_names: if several {
+                labels
+                    .iter()
+                    .zip(&self.vms)
+                    .map(|(label, vm)| (label.clone(), vm.vmm.name()))
+                    .collect()
             } else {
-                "qemu-kvm"
+                Vec::new()
             },
         };
-        run_l1(ws, images, &options, &job)
+        let mut outcome = run_l1(ws, images, &options, &self.job()?)?;
+        if several {
+            outcome.vmm_status = combined_status(&outcome, &labels);
+        }
+        Ok(outcome)
     }
+}
+
+/// The first non-zero exit status of the runs `labels`, 0 when all exited 0, None when one did
+/// not report.
+pub fn combined_status(outcome: &RigOutcome, labels: &[String]) -> Option<i32> {
+    let statuses: Option<Vec<i32>> = labels
+        .iter()
+        .map(|l| outcome.run(l).and_then(|r| r.status))
+        .collect();
+    statuses.map(|s| s.into_iter().find(|&s| s != 0).unwrap_or(0))
 }
 
 /// Kills QEMU if the rig returns early (error or panic), so no L1 outlives its run.
@@ -774,9 +928,11 @@ fn write_run_initrd(
     dir: &Path,
     images: &L1Images,
     job: &L1Job,
+    tuning: &L1Tuning,
 ) -> Result<(PathBuf, u64), RigError> {
     let mut job_archive = CpioArchive::new(0);
     job_archive.add_file_bytes("rig/job.sh", job.script.as_bytes(), 0o644)?;
+    job_archive.add_file_bytes("rig/tuning.sh", tuning.module_script().as_bytes(), 0o644)?;
     if let Some(probe) = &job.probe {
         job_archive.add_file_bytes("rig/probe.sh", probe.as_bytes(), 0o755)?;
     }
@@ -792,8 +948,31 @@ fn write_run_initrd(
     Ok((initrd, total))
 }
 
-/// Tags the L1 scripts put at the start of their lines.
-const TAGS: [&str; 4] = ["@@guest@@ ", "@@vmm@@ ", "@@probe@@ ", "@@rig@@ "];
+/// Kinds of tagged lines: an inner VMM run's guest console, its stderr, its probe, and events.
+const TAG_KINDS: [&str; 4] = ["guest", "vmm", "probe", "rig"];
+
+/// A tagged console line: `@@KIND@@ TEXT` or `@@KIND/LABEL@@ TEXT`.
+#[derive(Debug, PartialEq)]
+struct Tagged<'a> {
+    kind: &'a str,
+    label: Option<&'a str>,
+    text: &'a str,
+}
+
+/// The tag and text of a line that starts with a tag.
+fn parse_tag(line: &str) -> Option<Tagged<'_>> {
+    let (tag, text) = line.strip_prefix("@@")?.split_once("@@ ")?;
+    let (kind, label) = match tag.split_once('/') {
+        Some((kind, label)) => (kind, Some(label)),
+        None => (tag, None),
+    };
+    let label_ok = label.is_none_or(|l| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+    });
+    (TAG_KINDS.contains(&kind) && label_ok).then_some(Tagged { kind, label, text })
+}
 
 /// The tagged part of a console line. A tag is normally at the start, but the first line of
 /// L1's init can follow the firmware's and kernel's terminal-control output on the same line.
@@ -801,7 +980,7 @@ fn tagged_tail(line: &str) -> Option<&str> {
     let mut search = 0;
     while let Some(found) = line[search..].find("@@") {
         let tail = &line[search + found..];
-        if TAGS.iter().any(|tag| tail.starts_with(tag)) {
+        if parse_tag(tail).is_some() {
             return Some(tail);
         }
         search += found + 2;
@@ -856,43 +1035,16 @@ pub fn run_l1(
     ));
     std::fs::create_dir_all(&scratch).map_err(io(&scratch))?;
     let scratch = ScratchDir(scratch);
-    let (initrd, initrd_bytes) = write_run_initrd(&scratch.0, images, job)?;
+    let (initrd, initrd_bytes) = write_run_initrd(&scratch.0, images, job, &options.tuning)?;
     let memory = l1_memory_mib(initrd_bytes, job.guest_memory_mib);
-    let topology = options.topology;
-    let mut command = Command::new(QEMU);
-    command
-        .arg("-accel")
-        .arg(if options.tcg_multi_thread {
-            "tcg,thread=multi"
-        } else {
-            "tcg,thread=single"
-        })
-        .args(["-cpu", "EPYC,+svm,+npt"])
-        .arg("-smp")
-        .arg(format!(
-            "{},sockets={},cores={},threads={}",
-            topology.cpus(),
-            topology.sockets,
-            topology.cores,
-            topology.threads
-        ))
-        .arg("-m")
-        .arg(memory.to_string())
-        // No NIC: L1 needs none, and it spares SeaBIOS loading iPXE.
-        .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
-        .arg(&images.guest.kernel)
-        .arg("-initrd")
-        .arg(&initrd)
-        .arg("-append")
-        .arg(L1_CMDLINE)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut command = l1_command(images, options, &initrd, memory);
     progress(&format!(
-        "booting L1: {QEMU} TCG, topology {topology} ({} CPUs), {memory} MiB, initramfs {} MiB, timeout {} s",
-        topology.cpus(),
+        "booting L1: {QEMU} TCG, topology {} ({} CPUs), {memory} MiB, initramfs {} MiB, timeout {} s, variant {}",
+        options.topology,
+        options.topology.cpus(),
         initrd_bytes >> 20,
-        options.timeout.as_secs()
+        options.timeout.as_secs(),
+        options.tuning
     ));
     let start = Instant::now();
     let mut child = KillOnDrop(command.spawn().map_err(RigError::Spawn)?);
@@ -903,41 +1055,26 @@ pub fn run_l1(
     if let Some(stderr) = child.0.stderr.take() {
         spawn_reader(stderr, Stream::Stderr, sender);
     }
-
-    let mut outcome = RigOutcome {
-        end: RigEnd::Completed,
-        vmm_status: None,
-        qemu_status: None,
-        l1_lines: Vec::new(),
-        guest_lines: Vec::new(),
-        vmm_lines: Vec::new(),
-        probe_lines: Vec::new(),
-        qemu_lines: Vec::new(),
-        events: Vec::new(),
-        elapsed: Duration::ZERO,
-        timeout: options.timeout,
-        run_starts: Vec::new(),
-    };
+    let mut collector = Collector::new(options, start);
     let deadline = start + options.timeout;
-    let mut poweroff_deadline: Option<Instant> = None;
-    let mut feature_warnings = 0usize;
-    let vmm_prefix = format!("[{}] ", options.vmm_name);
-    let mut last_output = start;
     loop {
-        let limit = poweroff_deadline.map_or(deadline, |p| p.min(deadline));
-        let silent_at = last_output + L1_SILENCE_LIMIT;
+        let limit = collector
+            .poweroff_deadline
+            .map_or(deadline, |p| p.min(deadline));
+        let silent_at = collector.last_output + L1_SILENCE_LIMIT;
         let now = Instant::now();
         if now >= limit {
-            outcome.end =
-                if poweroff_deadline.is_some_and(|p| p <= now) && outcome.vmm_status.is_some() {
-                    RigEnd::HungAtPowerOff
-                } else {
-                    RigEnd::TimedOut
-                };
+            let hung = collector.poweroff_deadline.is_some_and(|p| p <= now)
+                && collector.outcome.vmm_status.is_some();
+            collector.outcome.end = if hung {
+                RigEnd::HungAtPowerOff
+            } else {
+                RigEnd::TimedOut
+            };
             break;
         }
         if now >= silent_at {
-            outcome.end = RigEnd::L1Frozen;
+            collector.outcome.end = RigEnd::L1Frozen;
             break;
         }
         let (stream, line) = match receiver.recv_timeout(limit.min(silent_at) - now) {
@@ -945,78 +1082,18 @@ pub fn run_l1(
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
-        let shown: Option<String> = match stream {
-            Stream::Stderr => {
-                if line.contains(QEMU_FEATURE_WARNING) {
-                    feature_warnings += 1;
-                    None
-                } else {
-                    outcome.qemu_lines.push(line.clone());
-                    Some(format!("[qemu] {line}"))
-                }
-            }
-            Stream::Stdout => {
-                last_output = Instant::now();
-                let line = tagged_tail(&line)
-                    .map_or_else(|| strip_terminal_controls(&line), str::to_string);
-                if let Some(rest) = line.strip_prefix("@@guest@@ ") {
-                    outcome.guest_lines.push(rest.to_string());
-                    Some(format!("[guest] {rest}"))
-                } else if let Some(rest) = line.strip_prefix("@@vmm@@ ") {
-                    outcome.vmm_lines.push(rest.to_string());
-                    Some(format!("{vmm_prefix}{rest}"))
-                } else if let Some(rest) = line.strip_prefix("@@probe@@ ") {
-                    outcome.probe_lines.push(rest.to_string());
-                    Some(format!("[probe] {rest}"))
-                } else if let Some(rest) = line.strip_prefix("@@rig@@ ") {
-                    let mut parts = rest.splitn(3, ' ');
-                    let event = RigEvent {
-                        kind: parts.next().unwrap_or_default().to_string(),
-                        label: parts.next().unwrap_or_default().to_string(),
-                        value: parts.next().unwrap_or_default().to_string(),
-                    };
-                    if event.kind == "vmm-start" {
-                        outcome.run_starts.push(RunStart {
-                            label: event.label.clone(),
-                            guest: outcome.guest_lines.len(),
-                            vmm: outcome.vmm_lines.len(),
-                            probe: outcome.probe_lines.len(),
-                        });
-                    }
-                    if event.kind == "vmm-exit" {
-                        outcome.vmm_status = event.value.trim().parse().ok();
-                    }
-                    if event.kind == "l1-poweroff" && poweroff_deadline.is_none() {
-                        poweroff_deadline = Some(Instant::now() + POWEROFF_GRACE);
-                    }
-                    if event.kind == L1_ALIVE_EVENT {
-                        // Only its arrival counts (last_output).
-                        None
-                    } else {
-                        outcome.events.push(event);
-                        Some(format!("[rig] {rest}"))
-                    }
-                } else {
-                    if soft_lockup_seconds(&line).is_some_and(|s| s >= L1_LOCKUP_LIMIT.as_secs()) {
-                        outcome.end = RigEnd::L1Lockup;
-                    }
-                    if line.contains(L1_PANIC_MARK) {
-                        outcome.end = RigEnd::L1Panic;
-                    }
-                    outcome.l1_lines.push(line.clone());
-                    Some(format!("[L1] {line}"))
-                }
-            }
+        let shown = match stream {
+            Stream::Stderr => collector.stderr_line(line),
+            Stream::Stdout => collector.stdout_line(&line),
         };
-        if options.echo {
-            if let Some(shown) = shown {
-                println!("{shown}");
-            }
+        if let (true, Some(shown)) = (options.echo, shown) {
+            println!("{shown}");
         }
-        if matches!(outcome.end, RigEnd::L1Lockup | RigEnd::L1Panic) {
+        if matches!(collector.outcome.end, RigEnd::L1Lockup | RigEnd::L1Panic) {
             break;
         }
     }
+    let (mut outcome, feature_warnings) = (collector.outcome, collector.feature_warnings);
     if outcome.end == RigEnd::Completed {
         // Both pipes closed: QEMU is exiting; its status follows at once.
         outcome.qemu_status = child.0.wait().ok();
@@ -1034,6 +1111,179 @@ pub fn run_l1(
         ));
     }
     Ok(outcome)
+}
+
+/// QEMU's command line for L1.
+fn l1_command(images: &L1Images, options: &L1Options, initrd: &Path, memory: u64) -> Command {
+    let topology = options.topology;
+    let tuning = &options.tuning;
+    let mut cmdline = L1_CMDLINE.to_string();
+    for word in &tuning.cmdline_extra {
+        cmdline.push(' ');
+        cmdline.push_str(word);
+    }
+    let mut command = Command::new(QEMU);
+    command
+        .args(["-accel", &tuning.accel(), "-cpu", &tuning.cpu])
+        .arg("-smp")
+        .arg(format!(
+            "{},sockets={},cores={},threads={}",
+            topology.cpus(),
+            topology.sockets,
+            topology.cores,
+            topology.threads
+        ))
+        .arg("-m")
+        .arg(memory.to_string())
+        // No NIC: L1 needs none, and it spares SeaBIOS loading iPXE.
+        .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
+        .arg(&images.guest.kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(cmdline)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Sorts L1's console lines into a [`RigOutcome`] as they arrive and says how to show each.
+struct Collector<'a> {
+    options: &'a L1Options,
+    outcome: RigOutcome,
+    feature_warnings: usize,
+    poweroff_deadline: Option<Instant>,
+    last_output: Instant,
+}
+
+impl<'a> Collector<'a> {
+    fn new(options: &'a L1Options, start: Instant) -> Collector<'a> {
+        Collector {
+            options,
+            outcome: RigOutcome {
+                end: RigEnd::Completed,
+                vmm_status: None,
+                qemu_status: None,
+                l1_lines: Vec::new(),
+                guest_lines: Vec::new(),
+                vmm_lines: Vec::new(),
+                probe_lines: Vec::new(),
+                qemu_lines: Vec::new(),
+                events: Vec::new(),
+                elapsed: Duration::ZERO,
+                timeout: options.timeout,
+                run_starts: Vec::new(),
+                runs: Vec::new(),
+            },
+            feature_warnings: 0,
+            poweroff_deadline: None,
+            last_output: start,
+        }
+    }
+
+    /// A line of QEMU's stderr.
+    fn stderr_line(&mut self, line: String) -> Option<String> {
+        if line.contains(QEMU_FEATURE_WARNING) {
+            self.feature_warnings += 1;
+            return None;
+        }
+        let shown = format!("[qemu] {line}");
+        self.outcome.qemu_lines.push(line);
+        Some(shown)
+    }
+
+    /// A line of L1's console (QEMU's stdout).
+    fn stdout_line(&mut self, raw: &str) -> Option<String> {
+        self.last_output = Instant::now();
+        let line = tagged_tail(raw).map_or_else(|| strip_terminal_controls(raw), str::to_string);
+        match parse_tag(&line) {
+            Some(Tagged {
+                kind: "rig", text, ..
+            }) => self.event(text),
+            Some(tagged) => Some(self.run_line(tagged)),
+            None => Some(self.l1_line(line)),
+        }
+    }
+
+    fn event(&mut self, text: &str) -> Option<String> {
+        let mut parts = text.splitn(3, ' ');
+        let event = RigEvent {
+            kind: parts.next().unwrap_or_default().to_string(),
+            label: parts.next().unwrap_or_default().to_string(),
+            value: parts.next().unwrap_or_default().to_string(),
+        };
+        let outcome = &mut self.outcome;
+        match event.kind.as_str() {
+            "vmm-start" => outcome.run_starts.push(RunStart {
+                label: event.label.clone(),
+                guest: outcome.guest_lines.len(),
+                vmm: outcome.vmm_lines.len(),
+                probe: outcome.probe_lines.len(),
+            }),
+            "vmm-exit" => outcome.vmm_status = event.value.trim().parse().ok(),
+            "l1-poweroff" if self.poweroff_deadline.is_none() => {
+                self.poweroff_deadline = Some(Instant::now() + POWEROFF_GRACE);
+            }
+            // Only its arrival counts (last_output).
+            L1_ALIVE_EVENT => return None,
+            _ => {}
+        }
+        outcome.events.push(event);
+        Some(format!("[rig] {text}"))
+    }
+
+    /// A line of an inner VMM run: the guest's console, the VMM's stderr or the probe's.
+    fn run_line(&mut self, tagged: Tagged<'_>) -> String {
+        let outcome = &mut self.outcome;
+        let text = tagged.text.to_string();
+        let all = match tagged.kind {
+            "guest" => &mut outcome.guest_lines,
+            "vmm" => &mut outcome.vmm_lines,
+            _ => &mut outcome.probe_lines,
+        };
+        all.push(text.clone());
+        let label = tagged.label.unwrap_or("-");
+        let index = match outcome.runs.iter().position(|r| r.label == label) {
+            Some(index) => index,
+            None => {
+                outcome.runs.push(RunOutput {
+                    label: label.to_string(),
+                    ..RunOutput::default()
+                });
+                outcome.runs.len() - 1
+            }
+        };
+        let run = &mut outcome.runs[index];
+        let own = match tagged.kind {
+            "guest" => &mut run.guest,
+            "vmm" => &mut run.vmm,
+            _ => &mut run.probe,
+        };
+        own.push(text);
+        let labelled = self.options.vm_names.iter().find(|(l, _)| l == label);
+        let name = match tagged.kind {
+            "vmm" => labelled.map_or(self.options.vmm_name, |(_, name)| name),
+            kind => kind,
+        };
+        match labelled {
+            Some(_) => format!("[{name}{label}] {}", tagged.text),
+            None => format!("[{name}] {}", tagged.text),
+        }
+    }
+
+    /// L1's own line (its kernel and init).
+    fn l1_line(&mut self, line: String) -> String {
+        if soft_lockup_seconds(&line).is_some_and(|s| s >= L1_LOCKUP_LIMIT.as_secs()) {
+            self.outcome.end = RigEnd::L1Lockup;
+        }
+        if line.contains(L1_PANIC_MARK) {
+            self.outcome.end = RigEnd::L1Panic;
+        }
+        let shown = format!("[L1] {line}");
+        self.outcome.l1_lines.push(line);
+        shown
+    }
 }
 
 /// The seconds in an L1 kernel soft-lockup report (`watchdog: BUG: soft lockup - CPU#2 stuck
@@ -1166,6 +1416,7 @@ mod tests {
             elapsed: Duration::from_secs(1),
             timeout: Duration::from_secs(2),
             run_starts: vec![],
+            runs: vec![],
         };
         assert_eq!(outcome.guest_command_output(), ["4"]);
         assert_eq!(outcome.guest_command_status(), Some(0));

@@ -2,9 +2,10 @@
 //! the commands they run (shell quoting, base64 for the guest command).
 //!
 //! Protocol between the L1 scripts and [`crate::rig`]: every line the L1 init writes for the
-//! host on its console starts with `@@TAG@@ `: `@@guest@@` for the inner VMM's stdout (the
-//! guest's serial console), `@@vmm@@` for the inner VMM's stderr, `@@probe@@` for the optional
-//! L1 probe script, and `@@rig@@ EVENT LABEL VALUE` for events (`vmm-start` and `guest-init`
+//! host on its console starts with `@@TAG@@ `: `@@guest/LABEL@@` for the stdout of the inner
+//! VMM run labelled LABEL (the guest's serial console), `@@vmm/LABEL@@` for its stderr,
+//! `@@probe/LABEL@@` for the optional L1 probe script run alongside it, and
+//! `@@rig@@ EVENT LABEL VALUE` for events (`vmm-start` and `guest-init`
 //! with L1's uptime in seconds, `guest-uptime` with the guest's own uptime at its init,
 //! (guest lines with `pvmm-mark: TEXT` are also logged as `<L1 uptime> TEXT` in L1's
 //! `/tmp/rig-marks` for probes),
@@ -57,12 +58,26 @@ read -r up idle < /proc/uptime
 echo "@@rig@@ l1-init - $up"
 echo "@@rig@@ l1-cpus - $(nproc)"
 . /rig/lib.sh
-for module in irqbypass kvm kvm-amd; do
-    insmod /lib/modules/rig/$module.ko || echo "@@rig@@ error - insmod-$module-failed"
-done
+# The run's tuning (module parameters) comes with the job layer.
+RIG_KVM_PARAMS=
+RIG_KVM_AMD_PARAMS=
+if [ -f /rig/tuning.sh ]; then
+    . /rig/tuning.sh
+fi
+insmod /lib/modules/rig/irqbypass.ko || echo "@@rig@@ error - insmod-irqbypass-failed"
+insmod /lib/modules/rig/kvm.ko $RIG_KVM_PARAMS || echo "@@rig@@ error - insmod-kvm-failed"
+insmod /lib/modules/rig/kvm-amd.ko $RIG_KVM_AMD_PARAMS \
+    || echo "@@rig@@ error - insmod-kvm-amd-failed"
 if [ ! -c /dev/kvm ]; then
     echo "@@rig@@ error - no-dev-kvm"
 fi
+# What KVM actually runs with (a parameter the emulated CPU cannot back reads 0 or N).
+rig_params=
+for p in kvm/halt_poll_ns kvm_amd/npt kvm_amd/nested kvm_amd/vgif kvm_amd/vls kvm_amd/avic \
+    kvm_amd/pause_filter_count kvm_amd/nrips; do
+    rig_params="$rig_params ${p#*/}=$(cat /sys/module/${p%/*}/parameters/${p#*/} 2> /dev/null)"
+done
+echo "@@rig@@ kvm-params -$rig_params"
 # Heartbeat: the host ends the run as frozen when L1 prints nothing for long (see pvmm-rig's
 # L1_SILENCE_LIMIT). Pinned to CPU 0 with the rig's other plumbing.
 (
@@ -106,35 +121,39 @@ rig_tag() {
     done
 }
 
-# rig_run LABEL LIMIT_SECS CMD...: runs an inner VMM with its stdout and stderr tagged, kills it
-# after LIMIT_SECS (0: no limit), runs /rig/probe.sh alongside it when present (with PVMM_PID
-# set to the VMM's pid, its output tagged "probe"), and reports the VMM's exit status.
+# rig_run LABEL LIMIT_SECS CMD...: runs an inner VMM with its stdout and stderr tagged
+# "guest/LABEL" and "vmm/LABEL", kills it after LIMIT_SECS (0: no limit), runs /rig/probe.sh
+# alongside it when present (with PVMM_PID set to the VMM's pid, its output tagged
+# "probe/LABEL"), and reports the VMM's exit status. Runs with different labels may run at
+# the same time (`rig_run a 0 ... & rig_run b 0 ... &`): each has its own pipes.
 rig_run() {
     RIG_LABEL=$1
     rig_limit=$2
     shift 2
-    rm -f /tmp/rig-out /tmp/rig-err
-    mkfifo /tmp/rig-out /tmp/rig-err
+    rig_dir=/tmp/rig-run-$RIG_LABEL
+    rm -rf "$rig_dir"
+    mkdir -p "$rig_dir"
+    mkfifo "$rig_dir/out" "$rig_dir/err"
     # The tagging loops run on CPU 0 (package 0), as the probes do: the rig's own plumbing
     # must not wake the packages whose idleness is measured.
-    rig_tag guest < /tmp/rig-out &
+    rig_tag "guest/$RIG_LABEL" < "$rig_dir/out" &
     rig_tag_out=$!
     taskset -p 1 $rig_tag_out > /dev/null 2>&1
-    rig_tag vmm < /tmp/rig-err &
+    rig_tag "vmm/$RIG_LABEL" < "$rig_dir/err" &
     rig_tag_err=$!
     taskset -p 1 $rig_tag_err > /dev/null 2>&1
     read -r up idle < /proc/uptime
     echo "@@rig@@ vmm-start $RIG_LABEL $up"
     # busybox timeout execs the command in its own process, so $! is the VMM's pid.
     if [ "$rig_limit" -gt 0 ]; then
-        timeout -s KILL "$rig_limit" "$@" > /tmp/rig-out 2> /tmp/rig-err < /dev/null &
+        timeout -s KILL "$rig_limit" "$@" > "$rig_dir/out" 2> "$rig_dir/err" < /dev/null &
     else
-        "$@" > /tmp/rig-out 2> /tmp/rig-err < /dev/null &
+        "$@" > "$rig_dir/out" 2> "$rig_dir/err" < /dev/null &
     fi
     RIG_VMM_PID=$!
     rig_probe_pid=
     if [ -f /rig/probe.sh ]; then
-        PVMM_PID=$RIG_VMM_PID sh /rig/probe.sh < /dev/null 2>&1 | rig_tag probe &
+        PVMM_PID=$RIG_VMM_PID sh /rig/probe.sh < /dev/null 2>&1 | rig_tag "probe/$RIG_LABEL" &
         rig_probe_pid=$!
     fi
     wait $RIG_VMM_PID

@@ -14,6 +14,7 @@ use crate::rig::{
     RigOutcome, Topology,
 };
 use crate::scripts::{shell_join, shell_quote};
+use crate::tuning::L1Tuning;
 
 /// One pvmm run of a sequence.
 #[derive(Debug, Clone)]
@@ -39,6 +40,8 @@ pub struct SequenceOptions {
     pub echo: bool,
     /// The L1 probe script run alongside each pvmm.
     pub probe: Option<String>,
+    /// QEMU's and L1's settings.
+    pub tuning: L1Tuning,
 }
 
 fn valid_label(label: &str) -> bool {
@@ -88,8 +91,9 @@ pub fn run_pvmm_sequence(
         topology: options.topology,
         timeout: options.timeout,
         echo: options.echo,
-        tcg_multi_thread: true,
+        tuning: options.tuning.clone(),
         vmm_name: "pvmm",
+        vm_names: Vec::new(),
     };
     run_l1(ws, images, &l1, &job)
 }

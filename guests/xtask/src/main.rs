@@ -24,7 +24,9 @@ use pvmm_rig::placement_bench::{
     KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS,
 };
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
-use pvmm_rig::{InnerVmm, Rig, RigError, Topology};
+use pvmm_rig::soak::{format_tallies, run_soak, BusyLoops, SoakOptions};
+use pvmm_rig::tuning::DEFAULT_VARIANT;
+use pvmm_rig::{InnerVmm, L1Tuning, Rig, RigError, Topology, VmSpec};
 
 /// The guest command when none is given: the README's demo prints the guest's CPU count.
 const DEFAULT_GUEST_CMD: &str =
@@ -71,10 +73,58 @@ enum Task {
         /// Run L1 with -accel tcg,thread=single (slower; a fallback if L1 hangs).
         #[arg(long)]
         tcg_single: bool,
+        /// L1's settings: presets joined with '+' (see `cargo xtask rig-soak --help`).
+        #[arg(long, default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...]")]
+        variant: L1Tuning,
+        /// A VM to run, side by side with the other --vm ones in one L1, instead of the one VM
+        /// that --vmm, --guest-cmd and PVMM ARGS describe: "VMM [ARGS...] [-- CMD]", e.g.
+        /// "pvmm --vcpus 2 --memory 256 -- nproc" (CMD defaults to --guest-cmd). Repeatable.
+        #[arg(long = "vm", value_name = "SPEC")]
+        vms: Vec<VmSpec>,
         /// Arguments for pvmm, after `--` (e.g. -- --vcpus 4). The rig adds --initrd, --cmdline
         /// and the kernel.
         #[arg(last = true, value_name = "PVMM ARGS")]
         pvmm_args: Vec<String>,
+    },
+    /// Boot the rig many times and count the outcomes by kind, per variant (variants take
+    /// turns, one boot each per round). Presets: base, single, tb256, cpu-max, no-x2apic,
+    /// svm-lean, npt0, hpoll0, nothp, quiet-clock (see guests/README.md); join them with '+'.
+    RigSoak {
+        /// Boots per variant.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        boots: u32,
+        /// Variants, comma-separated, each presets joined with '+'.
+        #[arg(long = "variant", value_delimiter = ',', default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...],...")]
+        variants: Vec<L1Tuning>,
+        /// VMs side by side in each boot.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+        vms: u32,
+        /// Inner VMMs, comma-separated, used by the VMs in turn (e.g. pvmm,qemu).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "pvmm",
+            value_name = "pvmm|qemu,..."
+        )]
+        vmm: Vec<InnerVmm>,
+        /// vCPUs per VM (default 4 for one VM, 2 for several).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+        vcpus: Option<u32>,
+        /// Memory per VM in MiB (default 512 for one VM, 256 for several).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(64..=65536))]
+        memory: Option<u64>,
+        /// Busy loops to run on the host meanwhile (the rig fails more often under load).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+        load: u32,
+        /// L1 CPU topology.
+        #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+        topology: Topology,
+        /// Hard timeout of one boot in seconds.
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=3600))]
+        timeout: u64,
+        /// Folder for each boot's full log (default guests/out/soak/<unix time>).
+        #[arg(long, value_name = "DIR")]
+        log_dir: Option<PathBuf>,
     },
     /// Boot time to guest init: pvmm vs qemu -enable-kvm, alternating in one L1 boot.
     BenchBoot {
@@ -139,6 +189,88 @@ fn rig_error_exit(error: &RigError) -> u8 {
     }
 }
 
+/// Builds the L1 images the VMs need; None (after saying why) when that fails.
+fn l1_images(ws: &Workspace, vms: &[VmSpec]) -> Option<images::L1Images> {
+    let needs = L1Needs {
+        pvmm: vms.iter().any(|vm| vm.vmm == InnerVmm::Pvmm),
+        qemu: vms.iter().any(|vm| vm.vmm == InnerVmm::Qemu),
+    };
+    match images::build_l1(ws, needs) {
+        Ok(images) => Some(images),
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            None
+        }
+    }
+}
+
+/// Runs `cargo xtask rig`'s rig and reports how it ended (each VM apart when several).
+fn run_rig(ws: &Workspace, images: &images::L1Images, rig: &Rig, vms: &[VmSpec]) -> ExitCode {
+    let outcome = match rig.run(ws, images) {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            return ExitCode::from(rig_error_exit(&error));
+        }
+    };
+    if vms.len() > 1 {
+        for (vm, label) in vms.iter().zip(rig.labels()) {
+            let run = outcome.run(&label);
+            let status = |s: Option<i32>| s.map_or("none".to_string(), |s| s.to_string());
+            eprintln!(
+                "xtask: VM {label} ({}): exit status {}, guest command status {}, boot to init {}",
+                vm.vmm.name(),
+                status(run.and_then(|r| r.status)),
+                status(run.and_then(|r| r.command_status())),
+                outcome
+                    .boot_to_init_seconds(&label)
+                    .map_or("-".to_string(), |t| format!("{t:.1} s"))
+            );
+        }
+    }
+    eprintln!("xtask: {}", outcome.summary(vms[0].vmm.name()));
+    ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
+}
+
+/// Runs `cargo xtask rig-soak` under `load` busy loops and prints the table.
+fn soak(ws: &Workspace, images: &images::L1Images, options: &SoakOptions, load: u32) -> ExitCode {
+    let loops = match BusyLoops::start(load) {
+        Ok(loops) => loops,
+        Err(error) => {
+            eprintln!("xtask: error: cannot start the busy loops: {error}");
+            return ExitCode::from(EXIT_BUILD_FAILURE);
+        }
+    };
+    let vms: Vec<String> = options
+        .vms
+        .iter()
+        .map(|vm| format!("{} {}", vm.vmm.name(), vm.args.join(" ")))
+        .collect();
+    eprintln!(
+        "xtask: soak: {} boots of each of {} variants, VMs [{}], L1 {}, {load} busy loops; logs in {}",
+        options.boots,
+        options.variants.len(),
+        vms.join("; "),
+        options.topology,
+        options.log_dir.display()
+    );
+    for variant in &options.variants {
+        eprintln!("xtask: variant {variant}");
+    }
+    let result = run_soak(ws, images, options, |line| eprintln!("xtask: {line}"));
+    drop(loops);
+    match result {
+        Ok(tallies) => {
+            print!("{}", format_tallies(&tallies));
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            ExitCode::from(rig_error_exit(&error))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ws = match Workspace::locate() {
@@ -173,12 +305,10 @@ fn main() -> ExitCode {
             vmm,
             l1_probe,
             tcg_single,
+            variant,
+            vms,
             pvmm_args,
         } => {
-            let needs = L1Needs {
-                pvmm: vmm == InnerVmm::Pvmm,
-                qemu: vmm == InnerVmm::Qemu,
-            };
             let probe = match l1_probe.map(std::fs::read_to_string).transpose() {
                 Ok(probe) => probe,
                 Err(error) => {
@@ -186,37 +316,89 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let images = match images::build_l1(&ws, needs) {
-                Ok(images) => images,
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    return ExitCode::from(EXIT_BUILD_FAILURE);
-                }
+            let vms = if vms.is_empty() {
+                vec![VmSpec {
+                    vmm,
+                    args: pvmm_args,
+                    guest_command: None,
+                }]
+            } else if !pvmm_args.is_empty() {
+                eprintln!("xtask: error: give pvmm arguments inside each --vm, not after --");
+                return ExitCode::from(2);
+            } else {
+                vms
+            };
+            let vms: Vec<VmSpec> = vms
+                .into_iter()
+                .map(|vm| VmSpec {
+                    guest_command: vm.guest_command.or_else(|| Some(guest_cmd.clone())),
+                    ..vm
+                })
+                .collect();
+            let Some(images) = l1_images(&ws, &vms) else {
+                return ExitCode::from(EXIT_BUILD_FAILURE);
             };
             eprintln!(
                 "xtask: images ready in {:.1} s",
                 started.elapsed().as_secs_f64()
             );
-            let mut rig = Rig::new(vmm)
+            let mut rig = Rig::with_vms(vms.clone())
                 .topology(topology)
                 .timeout(Duration::from_secs(timeout))
-                .guest_command(guest_cmd)
-                .pvmm_args(pvmm_args)
-                .tcg_multi_thread(!tcg_single)
+                .tuning(variant)
                 .echo(true);
+            if tcg_single {
+                rig = rig.tcg_multi_thread(false);
+            }
             if let Some(probe) = probe {
                 rig = rig.l1_probe(probe);
             }
-            match rig.run(&ws, &images) {
-                Ok(outcome) => {
-                    eprintln!("xtask: {}", outcome.summary(vmm.name()));
-                    ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
-                }
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    ExitCode::from(rig_error_exit(&error))
-                }
-            }
+            run_rig(&ws, &images, &rig, &vms)
+        }
+        Task::RigSoak {
+            boots,
+            variants,
+            vms,
+            vmm,
+            vcpus,
+            memory,
+            load,
+            topology,
+            timeout,
+            log_dir,
+        } => {
+            let one = vms == 1;
+            let shape = [
+                "--vcpus".to_string(),
+                vcpus.unwrap_or(if one { 4 } else { 2 }).to_string(),
+                "--memory".to_string(),
+                memory.unwrap_or(if one { 512 } else { 256 }).to_string(),
+            ];
+            let specs: Vec<VmSpec> = (0..vms as usize)
+                .map(|i| VmSpec {
+                    vmm: vmm[i % vmm.len()],
+                    args: shape.to_vec(),
+                    guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
+                })
+                .collect();
+            let Some(images) = l1_images(&ws, &specs) else {
+                return ExitCode::from(EXIT_BUILD_FAILURE);
+            };
+            let log_dir = log_dir.unwrap_or_else(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                ws.out.join("soak").join(now.to_string())
+            });
+            let options = SoakOptions {
+                variants,
+                boots,
+                vms: specs,
+                topology,
+                timeout: Duration::from_secs(timeout),
+                log_dir,
+            };
+            soak(&ws, &images, &options, load)
         }
         Task::BenchBoot {
             vcpus,

@@ -1,0 +1,448 @@
+//! Counting the rig's outcomes by kind over many boots (`cargo xtask rig-soak`): each round
+//! boots every variant once, in turn, so load that comes and goes on a shared machine falls
+//! on all variants alike.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::images::{L1Images, Workspace};
+use crate::rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
+use crate::tuning::L1Tuning;
+
+/// pvmm's exit status for a guest triple fault (`pvmm::exit::EXIT_TRIPLE_FAULT`).
+pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
+
+/// How one rig boot ended, by the first thing that went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BootKind {
+    /// Every VM ran its command, exited 0, and L1 powered off.
+    Clean,
+    /// L1's kernel reported a CPU stuck ([`RigEnd::L1Lockup`]).
+    L1Lockup,
+    /// L1's kernel panicked ([`RigEnd::L1Panic`]).
+    L1Panic,
+    /// L1 printed nothing, its heartbeat included ([`RigEnd::L1Frozen`]).
+    L1Frozen,
+    /// QEMU exited while a VM was running ([`RigEnd::L1Reset`]).
+    L1Reset,
+    /// pvmm exited 4: its guest triple-faulted.
+    TripleFault,
+    /// QEMU (the inner VMM) exited 0 without its guest reporting the command's status: a
+    /// guest reset under `-no-reboot`, QEMU's view of a triple fault.
+    GuestReset,
+    /// The hard timeout passed ([`RigEnd::TimedOut`]).
+    Timeout,
+    /// Every VM reported, but L1 did not power off ([`RigEnd::HungAtPowerOff`]).
+    PowerOffHang,
+    /// Anything else: a VM exiting with another status, a guest command failing, L1 ending
+    /// without a status. Not a known rig failure: a test must not run it again.
+    Other,
+}
+
+impl BootKind {
+    /// Every kind, in table order.
+    pub const ALL: [BootKind; 10] = [
+        BootKind::Clean,
+        BootKind::L1Lockup,
+        BootKind::L1Panic,
+        BootKind::L1Frozen,
+        BootKind::L1Reset,
+        BootKind::TripleFault,
+        BootKind::GuestReset,
+        BootKind::Timeout,
+        BootKind::PowerOffHang,
+        BootKind::Other,
+    ];
+
+    /// Its name in progress lines and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            BootKind::Clean => "clean",
+            BootKind::L1Lockup => "L1 lockup",
+            BootKind::L1Panic => "L1 panic",
+            BootKind::L1Frozen => "L1 frozen",
+            BootKind::L1Reset => "L1 reset",
+            BootKind::TripleFault => "triple fault",
+            BootKind::GuestReset => "guest reset",
+            BootKind::Timeout => "timeout",
+            BootKind::PowerOffHang => "poweroff hang",
+            BootKind::Other => "other",
+        }
+    }
+
+    /// A failure of the nested rig itself (seen in its soaks, under pvmm and QEMU alike), which
+    /// a rig test may run again; [`BootKind::Clean`] and [`BootKind::Other`] are not.
+    pub fn is_known_rig_failure(self) -> bool {
+        !matches!(self, BootKind::Clean | BootKind::Other)
+    }
+}
+
+/// The kind of a boot of `vms` labelled `labels`, and a line saying what happened.
+pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (BootKind, String) {
+    let l1 = match outcome.end {
+        RigEnd::L1Lockup => Some(BootKind::L1Lockup),
+        RigEnd::L1Panic => Some(BootKind::L1Panic),
+        RigEnd::L1Frozen => Some(BootKind::L1Frozen),
+        RigEnd::L1Reset => Some(BootKind::L1Reset),
+        RigEnd::TimedOut => Some(BootKind::Timeout),
+        RigEnd::Completed | RigEnd::HungAtPowerOff => None,
+    };
+    if let Some(kind) = l1 {
+        return (kind, outcome.summary(vms[0].vmm.name()));
+    }
+    let mut worst = (BootKind::Clean, String::new());
+    for (vm, label) in vms.iter().zip(labels) {
+        let kind = vm_kind(outcome, vm.vmm, label);
+        if kind != BootKind::Clean && (worst.0 == BootKind::Clean || kind < worst.0) {
+            // pvmm's own report of the failure, else its last line.
+            let detail = outcome
+                .run(label)
+                .and_then(|r| {
+                    let reported = r.vmm.iter().rev().find(|l| l.contains("pvmm: guest"));
+                    reported.or(r.vmm.last()).cloned()
+                })
+                .unwrap_or_default();
+            worst = (kind, format!("VM {label} ({}): {detail}", vm.vmm.name()));
+        }
+    }
+    if worst.0 == BootKind::Clean && outcome.end == RigEnd::HungAtPowerOff {
+        worst = (BootKind::PowerOffHang, outcome.summary(vms[0].vmm.name()));
+    }
+    worst
+}
+
+fn vm_kind(outcome: &RigOutcome, vmm: InnerVmm, label: &str) -> BootKind {
+    let Some(run) = outcome.run(label) else {
+        return BootKind::Other;
+    };
+    match (vmm, run.status, run.command_status()) {
+        (_, Some(0), Some(0)) => BootKind::Clean,
+        (InnerVmm::Pvmm, Some(PVMM_EXIT_TRIPLE_FAULT), _) => BootKind::TripleFault,
+        (InnerVmm::Qemu, Some(0), None) => BootKind::GuestReset,
+        _ => BootKind::Other,
+    }
+}
+
+/// What a soak runs.
+#[derive(Debug, Clone)]
+pub struct SoakOptions {
+    /// The variants, booted in turn.
+    pub variants: Vec<L1Tuning>,
+    /// Boots per variant.
+    pub boots: u32,
+    /// The VMs of every boot, side by side in one L1.
+    pub vms: Vec<VmSpec>,
+    /// L1's topology.
+    pub topology: Topology,
+    /// Hard limit of one boot.
+    pub timeout: Duration,
+    /// Where each boot's full log goes (`NNN-VARIANT.log`).
+    pub log_dir: PathBuf,
+}
+
+/// One variant's counts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tally {
+    /// The variant's name.
+    pub variant: String,
+    /// Boots made.
+    pub boots: u32,
+    /// Boots by kind.
+    pub counts: BTreeMap<BootKind, u32>,
+    /// Boot to guest init (s, L1's clock) of every VM of every clean boot.
+    pub boot_seconds: Vec<f64>,
+    /// Wall time of every clean boot, QEMU's start to its exit (s).
+    pub rig_seconds: Vec<f64>,
+}
+
+impl Tally {
+    /// Boots of `kind`.
+    pub fn count(&self, kind: BootKind) -> u32 {
+        self.counts.get(&kind).copied().unwrap_or(0)
+    }
+}
+
+/// The median of `values` (None when empty).
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
+    }
+}
+
+/// Runs the soak, calling `progress` with one line per boot; returns one tally per variant.
+pub fn run_soak(
+    ws: &Workspace,
+    images: &L1Images,
+    options: &SoakOptions,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<Tally>, RigError> {
+    std::fs::create_dir_all(&options.log_dir).map_err(|source| RigError::Io {
+        path: options.log_dir.clone(),
+        source,
+    })?;
+    let mut tallies: Vec<Tally> = options
+        .variants
+        .iter()
+        .map(|v| Tally {
+            variant: v.name.clone(),
+            ..Tally::default()
+        })
+        .collect();
+    let total = options.boots as usize * options.variants.len();
+    for round in 0..options.boots as usize {
+        for (index, variant) in options.variants.iter().enumerate() {
+            let boot = round * options.variants.len() + index + 1;
+            let rig = Rig::with_vms(options.vms.clone())
+                .topology(options.topology)
+                .timeout(options.timeout)
+                .tuning(variant.clone());
+            let labels = rig.labels();
+            let outcome = rig.run(ws, images)?;
+            let (kind, detail) = classify(&outcome, &options.vms, &labels);
+            let log = options
+                .log_dir
+                .join(format!("{boot:03}-{}.log", variant.name));
+            let text = format!("{}\nkind: {}\n", outcome_log(&outcome), kind.name());
+            std::fs::write(&log, text).map_err(|source| RigError::Io { path: log, source })?;
+            let tally = &mut tallies[index];
+            tally.boots += 1;
+            *tally.counts.entry(kind).or_default() += 1;
+            let boot_times: Vec<f64> = labels
+                .iter()
+                .filter_map(|l| outcome.boot_to_init_seconds(l))
+                .collect();
+            if kind == BootKind::Clean {
+                tally.boot_seconds.extend(&boot_times);
+                tally.rig_seconds.push(outcome.elapsed.as_secs_f64());
+            }
+            let times = boot_times
+                .iter()
+                .map(|t| format!("{t:.1}"))
+                .collect::<Vec<_>>()
+                .join("/");
+            progress(&format!(
+                "boot {boot}/{total} {}: {} (boot-to-init {times} s, rig {:.1} s){}",
+                variant.name,
+                kind.name(),
+                outcome.elapsed.as_secs_f64(),
+                if kind == BootKind::Clean {
+                    String::new()
+                } else {
+                    format!(": {detail}")
+                }
+            ));
+        }
+    }
+    Ok(tallies)
+}
+
+/// Every classified line of a boot, tagged, for post-mortems: events, L1's console, each run's
+/// guest console and VMM stderr, QEMU's stderr, and the summary.
+pub fn outcome_log(outcome: &RigOutcome) -> String {
+    let mut text = String::new();
+    for event in &outcome.events {
+        let _ = writeln!(text, "[rig] {} {} {}", event.kind, event.label, event.value);
+    }
+    for line in &outcome.l1_lines {
+        let _ = writeln!(text, "[L1] {line}");
+    }
+    for run in &outcome.runs {
+        for (tag, lines) in [
+            ("guest", &run.guest),
+            ("vmm", &run.vmm),
+            ("probe", &run.probe),
+        ] {
+            for line in lines {
+                let _ = writeln!(text, "[{tag} {}] {line}", run.label);
+            }
+        }
+    }
+    for line in &outcome.qemu_lines {
+        let _ = writeln!(text, "[qemu] {line}");
+    }
+    let _ = writeln!(text, "summary: {}", outcome.summary("vmm"));
+    text
+}
+
+/// A table of tallies: boots, counts by kind, median boot-to-init and rig wall time.
+pub fn format_tallies(tallies: &[Tally]) -> String {
+    let mut header = vec!["variant".to_string(), "boots".to_string()];
+    header.extend(BootKind::ALL.iter().map(|k| k.name().to_string()));
+    header.extend(["boot-to-init s".to_string(), "rig s".to_string()]);
+    let mut rows = vec![header];
+    for tally in tallies {
+        let mut row = vec![tally.variant.clone(), tally.boots.to_string()];
+        row.extend(BootKind::ALL.iter().map(|&k| tally.count(k).to_string()));
+        for values in [&tally.boot_seconds, &tally.rig_seconds] {
+            row.push(median(values).map_or("-".into(), |m| format!("{m:.1}")));
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, &w)| format!("{cell:>w$}"))
+            .collect();
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
+/// Busy loops on the host (`sh -c 'while ...; do :; done'`), the load under which the rig
+/// fails more often; they end when this is dropped, or by themselves when this process dies.
+pub struct BusyLoops(Vec<Child>);
+
+impl BusyLoops {
+    /// Starts `count` busy loops.
+    pub fn start(count: u32) -> Result<BusyLoops, RigError> {
+        let script = format!(
+            "while kill -0 {} 2> /dev/null; do :; done",
+            std::process::id()
+        );
+        let mut loops = BusyLoops(Vec::new());
+        for _ in 0..count {
+            let child = Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .map_err(|source| RigError::Io {
+                    path: PathBuf::from("sh"),
+                    source,
+                })?;
+            loops.0.push(child);
+        }
+        Ok(loops)
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rig::{RigEvent, RunOutput};
+
+    fn event(kind: &str, label: &str, value: &str) -> RigEvent {
+        RigEvent {
+            kind: kind.into(),
+            label: label.into(),
+            value: value.into(),
+        }
+    }
+
+    /// A completed boot whose runs `labels` exited with `statuses`, each guest reporting its
+    /// command's status when `reported`.
+    fn boot(labels: &[&str], statuses: &[i32], reported: &[bool]) -> RigOutcome {
+        let mut events = Vec::new();
+        let mut runs = Vec::new();
+        for ((label, status), &reported) in labels.iter().zip(statuses).zip(reported) {
+            events.push(event("vmm-start", label, "3.0"));
+            events.push(event("vmm-exit", label, &status.to_string()));
+            let mut guest = vec!["pvmm-guest: command begin".to_string()];
+            if reported {
+                guest.push("pvmm-guest: command exit status 0".into());
+            }
+            runs.push(RunOutput {
+                label: label.to_string(),
+                guest,
+                vmm: vec![format!("exit {status}")],
+                probe: vec![],
+            });
+        }
+        RigOutcome {
+            end: RigEnd::Completed,
+            vmm_status: statuses.last().copied(),
+            qemu_status: None,
+            l1_lines: vec![],
+            guest_lines: vec![],
+            vmm_lines: vec![],
+            probe_lines: vec![],
+            qemu_lines: vec![],
+            events,
+            elapsed: Duration::from_secs(20),
+            timeout: Duration::from_secs(300),
+            run_starts: vec![],
+            runs,
+        }
+    }
+
+    #[test]
+    fn boots_are_classified_by_their_first_failure() {
+        let vms = [VmSpec::new(InnerVmm::Pvmm), VmSpec::new(InnerVmm::Qemu)];
+        let labels = ["0".to_string(), "1".to_string()];
+        let kind = |o: &RigOutcome| classify(o, &vms, &labels).0;
+        assert_eq!(
+            kind(&boot(&["0", "1"], &[0, 0], &[true, true])),
+            BootKind::Clean
+        );
+        let fault = boot(&["0", "1"], &[4, 0], &[false, true]);
+        assert_eq!(kind(&fault), BootKind::TripleFault);
+        assert!(classify(&fault, &vms, &labels).1.contains("exit 4"));
+        let reset = boot(&["0", "1"], &[0, 0], &[true, false]);
+        assert_eq!(kind(&reset), BootKind::GuestReset);
+        // Both: the earlier kind in table order is reported.
+        assert_eq!(
+            kind(&boot(&["0", "1"], &[4, 0], &[false, false])),
+            BootKind::TripleFault
+        );
+        assert_eq!(
+            kind(&boot(&["0", "1"], &[1, 0], &[true, true])),
+            BootKind::Other
+        );
+        // A VM that never started.
+        assert_eq!(kind(&boot(&["0"], &[0], &[true])), BootKind::Other);
+        let mut hung = boot(&["0", "1"], &[0, 0], &[true, true]);
+        hung.end = RigEnd::HungAtPowerOff;
+        assert_eq!(kind(&hung), BootKind::PowerOffHang);
+        let mut lockup = boot(&["0", "1"], &[4, 0], &[false, true]);
+        lockup.end = RigEnd::L1Lockup;
+        assert_eq!(kind(&lockup), BootKind::L1Lockup);
+        assert!(BootKind::L1Lockup.is_known_rig_failure());
+        assert!(!BootKind::Other.is_known_rig_failure());
+        assert!(!BootKind::Clean.is_known_rig_failure());
+    }
+
+    #[test]
+    fn medians_and_tables() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        let mut tally = Tally {
+            variant: "single".into(),
+            boots: 3,
+            boot_seconds: vec![8.0, 9.0],
+            rig_seconds: vec![20.0],
+            ..Tally::default()
+        };
+        tally.counts.insert(BootKind::Clean, 2);
+        tally.counts.insert(BootKind::TripleFault, 1);
+        let table = format_tallies(&[tally]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].contains("triple fault"));
+        let cells: Vec<&str> = lines[1].split('|').map(str::trim).collect();
+        assert_eq!(&cells[1..4], ["single", "3", "2"]);
+        assert_eq!(cells[8], "1");
+        assert_eq!(cells[cells.len() - 3..cells.len() - 1], ["8.5", "20.0"]);
+    }
+}

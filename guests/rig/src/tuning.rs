@@ -1,0 +1,250 @@
+//! How L1 is run: QEMU's `-cpu` and TCG settings, extra words for L1's kernel command line, and
+//! the parameters L1's init gives the KVM modules. A tuning is named by presets joined with
+//! `+` (e.g. `single+nothp`), each applied in order on top of [`BASE`], so soak runs and rig
+//! tests can name exactly what they ran.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::rig::RigError;
+
+/// QEMU's `-cpu` for L1 before any preset changes it: an EPYC with SVM and nested paging.
+pub const BASE_CPU: &str = "EPYC,+svm,+npt";
+
+/// The preset the rig uses when none is named (`cargo xtask rig`, the rig tests, the
+/// benchmarks). See the README's "Rig reliability" for the measurements behind it.
+pub const DEFAULT_VARIANT: &str = "base";
+
+/// One named change to L1's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Preset {
+    /// The name used in `--variant`.
+    pub name: &'static str,
+    /// What it changes, for `--help` and reports.
+    pub about: &'static str,
+    change: Change,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Nothing,
+    Cpu(&'static str),
+    SingleThread,
+    TbSize(u32),
+    Cmdline(&'static [&'static str]),
+    Kvm(&'static [&'static str]),
+    KvmAmd(&'static [&'static str]),
+}
+
+/// The presets, in the order `rig-soak --help` lists them.
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "base",
+        about: "the rig's settings before any tuning (EPYC,+svm,+npt, tcg thread=multi)",
+        change: Change::Nothing,
+    },
+    Preset {
+        name: "single",
+        about: "-accel tcg,thread=single: one host thread runs all L1 vCPUs in turn",
+        change: Change::SingleThread,
+    },
+    Preset {
+        name: "tb256",
+        about: "-accel tcg,tb-size=256 (MiB of translated code; QEMU's default is 1024)",
+        change: Change::TbSize(256),
+    },
+    Preset {
+        name: "cpu-max",
+        about: "-cpu max: every feature TCG implements (its SVM features included)",
+        change: Change::Cpu("max"),
+    },
+    Preset {
+        name: "no-x2apic",
+        about: "-cpu EPYC,+svm,+npt,-x2apic",
+        change: Change::Cpu("EPYC,+svm,+npt,-x2apic"),
+    },
+    Preset {
+        name: "svm-lean",
+        about: "kvm_amd vgif=0 vls=0 avic=0 pause_filter_count=0",
+        change: Change::KvmAmd(&["vgif=0", "vls=0", "avic=0", "pause_filter_count=0"]),
+    },
+    Preset {
+        name: "npt0",
+        about: "kvm_amd npt=0: L1's KVM shadows L2's page tables (a control, slow)",
+        change: Change::KvmAmd(&["npt=0"]),
+    },
+    Preset {
+        name: "hpoll0",
+        about: "kvm halt_poll_ns=0: L1's KVM blocks a halted vCPU at once instead of polling",
+        change: Change::Kvm(&["halt_poll_ns=0"]),
+    },
+    Preset {
+        name: "nothp",
+        about: "L1 transparent_hugepage=never: no huge pages, no khugepaged collapses under L2",
+        change: Change::Cmdline(&["transparent_hugepage=never"]),
+    },
+    Preset {
+        name: "quiet-clock",
+        about: "L1 nmi_watchdog=0 clocksource=tsc tsc=reliable nohz=off",
+        change: Change::Cmdline(&[
+            "nmi_watchdog=0",
+            "clocksource=tsc",
+            "tsc=reliable",
+            "nohz=off",
+        ]),
+    },
+];
+
+/// L1's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct L1Tuning {
+    /// The name it was parsed from (`base`, `single+nothp`).
+    pub name: String,
+    /// QEMU's `-cpu`.
+    pub cpu: String,
+    /// `-accel tcg,thread=multi` (true) or `thread=single`.
+    pub tcg_multi_thread: bool,
+    /// `-accel tcg,tb-size=N` in MiB, when set.
+    pub tb_size_mib: Option<u32>,
+    /// Words appended to L1's kernel command line.
+    pub cmdline_extra: Vec<String>,
+    /// `name=value` parameters for kvm.ko.
+    pub kvm_params: Vec<String>,
+    /// `name=value` parameters for kvm-amd.ko.
+    pub kvm_amd_params: Vec<String>,
+}
+
+impl L1Tuning {
+    /// The settings before any preset: [`BASE_CPU`], multi-threaded TCG, nothing else.
+    pub fn base() -> L1Tuning {
+        L1Tuning {
+            name: "base".into(),
+            cpu: BASE_CPU.into(),
+            tcg_multi_thread: true,
+            tb_size_mib: None,
+            cmdline_extra: Vec::new(),
+            kvm_params: Vec::new(),
+            kvm_amd_params: Vec::new(),
+        }
+    }
+
+    /// QEMU's `-accel` value.
+    pub fn accel(&self) -> String {
+        let mut accel = format!(
+            "tcg,thread={}",
+            if self.tcg_multi_thread {
+                "multi"
+            } else {
+                "single"
+            }
+        );
+        if let Some(size) = self.tb_size_mib {
+            accel.push_str(&format!(",tb-size={size}"));
+        }
+        accel
+    }
+
+    /// Shell assignments L1's init sources before loading the KVM modules.
+    pub fn module_script(&self) -> String {
+        format!(
+            "RIG_KVM_PARAMS='{}'\nRIG_KVM_AMD_PARAMS='{}'\n",
+            self.kvm_params.join(" "),
+            self.kvm_amd_params.join(" ")
+        )
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Nothing => {}
+            Change::Cpu(cpu) => self.cpu = cpu.into(),
+            Change::SingleThread => self.tcg_multi_thread = false,
+            Change::TbSize(size) => self.tb_size_mib = Some(size),
+            Change::Cmdline(words) => extend(&mut self.cmdline_extra, words),
+            Change::Kvm(params) => extend(&mut self.kvm_params, params),
+            Change::KvmAmd(params) => extend(&mut self.kvm_amd_params, params),
+        }
+    }
+}
+
+fn extend(list: &mut Vec<String>, words: &[&str]) {
+    list.extend(words.iter().map(|w| w.to_string()));
+}
+
+impl Default for L1Tuning {
+    /// [`DEFAULT_VARIANT`].
+    fn default() -> Self {
+        DEFAULT_VARIANT.parse().unwrap_or_else(|_| L1Tuning::base())
+    }
+}
+
+impl FromStr for L1Tuning {
+    type Err = RigError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut tuning = L1Tuning::base();
+        for part in text.split('+') {
+            let preset = PRESETS.iter().find(|p| p.name == part).ok_or_else(|| {
+                RigError::BadArgs(format!(
+                    "unknown variant '{part}' in '{text}': expected presets joined with '+', from {}",
+                    PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+            tuning.apply(preset.change);
+        }
+        tuning.name = text.into();
+        Ok(tuning)
+    }
+}
+
+impl fmt::Display for L1Tuning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (-cpu {} -accel {}",
+            self.name,
+            self.cpu,
+            self.accel()
+        )?;
+        for (what, words) in [
+            ("L1 cmdline +", &self.cmdline_extra),
+            ("kvm", &self.kvm_params),
+            ("kvm_amd", &self.kvm_amd_params),
+        ] {
+            if !words.is_empty() {
+                write!(f, "; {what} {}", words.join(" "))?;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_combine_in_order() {
+        let t: L1Tuning = "single+svm-lean+hpoll0+nothp+tb256".parse().unwrap();
+        assert_eq!(t.accel(), "tcg,thread=single,tb-size=256");
+        assert_eq!(t.cpu, BASE_CPU);
+        assert_eq!(t.kvm_params, ["halt_poll_ns=0"]);
+        assert_eq!(t.kvm_amd_params.len(), 4);
+        assert_eq!(t.cmdline_extra, ["transparent_hugepage=never"]);
+        assert_eq!(
+            t.module_script(),
+            "RIG_KVM_PARAMS='halt_poll_ns=0'\nRIG_KVM_AMD_PARAMS='vgif=0 vls=0 avic=0 pause_filter_count=0'\n"
+        );
+        let base: L1Tuning = "base".parse().unwrap();
+        assert_eq!(base, L1Tuning::base());
+        assert_eq!(base.accel(), "tcg,thread=multi");
+        assert_eq!("cpu-max".parse::<L1Tuning>().unwrap().cpu, "max");
+    }
+
+    #[test]
+    fn unknown_presets_are_refused() {
+        for bad in ["", "fast", "single+", "base+single+x"] {
+            assert!(bad.parse::<L1Tuning>().is_err(), "{bad}");
+        }
+        assert!(PRESETS.iter().all(|p| p.name.parse::<L1Tuning>().is_ok()));
+        assert!(DEFAULT_VARIANT.parse::<L1Tuning>().is_ok());
+    }
+}
