@@ -576,6 +576,17 @@ pub fn run_placement_sequence(
     test: &str,
     runs: &[(&str, Vec<&str>, String)],
 ) -> Option<pvmm_rig::RigOutcome> {
+    run_placement_sequence_with_probe(test, runs, "")
+}
+
+/// [`run_placement_sequence`] with `probe_prefix` (shell) run in L1 before the placement
+/// probe, in the same script: for background loops of the test's own (they share the probe's
+/// CPU 0 and its `$PVMM_PID`; their output joins the probe's lines).
+pub fn run_placement_sequence_with_probe(
+    test: &str,
+    runs: &[(&str, Vec<&str>, String)],
+    probe_prefix: &str,
+) -> Option<pvmm_rig::RigOutcome> {
     let _lock = rig_lock();
     let (ws, images) = prepare_rig(
         test,
@@ -601,7 +612,7 @@ pub fn run_placement_sequence(
         timeout: SEQUENCE_TIMEOUT_PER_RUN * runs.len() as u32,
         run_limit_secs: SEQUENCE_TIMEOUT_PER_RUN.as_secs(),
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
-        probe: Some(placement_probe(PROBE_INTERVAL)),
+        probe: Some(format!("{probe_prefix}{}", placement_probe(PROBE_INTERVAL))),
         tuning: pvmm_rig::L1Tuning::default(),
     };
     let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();

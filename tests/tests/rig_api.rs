@@ -43,11 +43,13 @@ echo pvmm-mark: idle-begin\nsleep {IDLE_SECS}\necho pvmm-mark: idle-end\n"
 }
 
 /// L1 side, before the placement probe: the outside balancer's renewal loop, and a sampler of
-/// pvmm's non-vCPU threads (`O <L1 uptime> <comm> <Cpus_allowed_list> <last CPU>`), printed
-/// when pvmm has exited.
+/// pvmm's non-vCPU threads (`O <L1 uptime> <comm> <Cpus_allowed_list> <last CPU>`). Both write
+/// to files that an exit trap prints after the placement probe's own output (two writers on
+/// the probe's pipe could split each other's lines).
 fn probe_prefix() -> String {
     format!(
         r#"taskset -p 1 $$ >/dev/null 2>&1
+trap 'wait; cat /tmp/api-renewals /tmp/own-samples 2>/dev/null' EXIT
 ( until grep -q api-ready /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep 0.2; done
   echo '{{"assignments":[{{"vcpu":0,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}},{{"vcpu":1,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}}]}}' > /tmp/ext.json
   n=0
@@ -56,7 +58,7 @@ fn probe_prefix() -> String {
     kill -0 $PVMM_PID 2>/dev/null || break
     sleep 0.5
   done
-  echo "RENEWALS $n" ) &
+  echo "RENEWALS $n" > /tmp/api-renewals ) &
 ( while kill -0 $PVMM_PID 2>/dev/null; do
     awk 'BEGIN {{ if ((getline line < "/proc/uptime") > 0) {{ split(line, w, " "); up = w[1] }}
       for (i = 1; i < ARGC; i++) {{
@@ -71,8 +73,7 @@ fn probe_prefix() -> String {
       for (tid in comm) if (tid in allowed) print "O", up, comm[tid], allowed[tid], last[tid] }}' \
       /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status >> /tmp/own-samples
     sleep 0.5
-  done
-  cat /tmp/own-samples ) &
+  done ) &
 "#
     )
 }
@@ -109,7 +110,12 @@ fn cppc_line(guest: &[String], label: &str) -> Vec<u64> {
     let line = guest
         .iter()
         .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} line; the guest printed:\n{}", guest.join("\n")));
+        .unwrap_or_else(|| {
+            panic!(
+                "no {prefix:?} line; the guest printed:\n{}",
+                guest.join("\n")
+            )
+        });
     line.split_whitespace()
         .take_while(|w| *w != "GED")
         .map(|w| w.parse().expect("a highest_perf value"))
@@ -123,10 +129,16 @@ fn external_placement_reaches_l1_and_the_guest_and_lapses_with_its_lease() {
     };
     let (run, trace) = run_trace(outcome, "api");
     let ext = cppc_line(run.guest, "ext");
-    assert_eq!(&ext[..2], &[EXTERNAL_CAPACITY; 2], "guest's highest_perf under external placement");
+    assert_eq!(
+        &ext[..2],
+        &[EXTERNAL_CAPACITY; 2],
+        "guest's highest_perf under external placement"
+    );
     let renewals = run.probe.iter().find_map(|l| l.strip_prefix("RENEWALS "));
     assert!(
-        renewals.and_then(|n| n.trim().parse::<u32>().ok()).is_some_and(|n| n > 0),
+        renewals
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .is_some_and(|n| n > 0),
         "the balancer loop never succeeded: {renewals:?}"
     );
     // L1's view while the guest read the outside capacity: vCPUs 0 and 1 allowed only CPU 3.
@@ -146,8 +158,15 @@ fn external_placement_reaches_l1_and_the_guest_and_lapses_with_its_lease() {
         .samples
         .iter()
         .filter(|s| s.t >= released_at)
-        .all(|s| s.threads.iter().all(|t| !t.allowed.contains(&EXTERNAL_CPU) || t.vcpu >= 2));
-    assert!(back, "vCPU 0 or 1 still on CPU {EXTERNAL_CPU} after the lease");
+        .all(|s| {
+            s.threads
+                .iter()
+                .all(|t| !t.allowed.contains(&EXTERNAL_CPU) || t.vcpu >= 2)
+        });
+    assert!(
+        back,
+        "vCPU 0 or 1 still on CPU {EXTERNAL_CPU} after the lease"
+    );
     let expired = run
         .vmm
         .iter()
@@ -195,5 +214,8 @@ fn pvmm_own_threads_stay_off_the_idle_package() {
         );
         checked += 1;
     }
-    assert!(checked >= 20, "only {checked} own-thread samples in the idle window");
+    assert!(
+        checked >= 20,
+        "only {checked} own-thread samples in the idle window"
+    );
 }

@@ -5,7 +5,8 @@
 //! ([`acpi`]), the kernel ([`boot`]), KVM objects ([`vstate`]) with per-vCPU CPUID
 //! ([`cpuid`]), and the devices from the `pvmm-devices` crate. How a run ends and its exit
 //! status are in [`exit`]. A started VM is a [`running::RunningVm`]; the control socket
-//! ([`api`]) acts on it through [`api::VmControl`].
+//! ([`api`]) acts on it through [`api::VmControl`]. [`host`] is `pvmm-host`, the daemon that
+//! places every VM of the host with one engine.
 
 pub mod acpi;
 pub mod api;
@@ -14,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub mod cpuid;
 pub mod exit;
+pub mod host;
 pub mod layout;
 pub mod live;
 pub mod memory;

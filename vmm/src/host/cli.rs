@@ -1,0 +1,118 @@
+//! `pvmm-host`'s command line.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use pvmm_scheduler::{CpuSet, Policy};
+
+use super::discover::Roots;
+use super::HostConfig;
+use crate::live::scheduler::{DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
+
+/// The runtime directory pvmm VMs put their control sockets in to join the daemon.
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/pvmm";
+
+const AFTER_HELP: &str = "\
+pvmm VMs join by serving their control socket in the runtime directory
+(pvmm --api-socket /run/pvmm/NAME.sock ...). The daemon places their vCPUs through
+it (PUT /v1/placement/external, renewed every tick), so their guests still see
+their capacity through CPPC; if the daemon dies, each pvmm places itself again
+when its lease runs out. With --adopt auto, VMs of other VMMs (any process holding
+KVM vCPU file descriptors) are placed too, by thread affinity: vCPU threads from
+debugfs (/sys/kernel/debug/kvm/PID-FD/vcpuN/pid) or QEMU's thread names
+(-name NAME,debug-threads=on), the VMM's other threads pinned to the active
+packages.
+
+SIGTERM or SIGINT: placement is handed back (pvmm VMs to their own policy, other
+VMs' threads to the affinity they had) and pvmm-host exits 0.
+
+Exit status: 0 stopped by a signal; 1 failure while running; 2 bad flags, or
+another pvmm-host already runs on the runtime directory.
+
+Example:
+  pvmm-host --policy powersaving --adopt auto --stats /var/log/pvmm-host.jsonl";
+
+/// pvmm-host: places the vCPUs of every VM on the host with one engine.
+#[derive(Debug, Parser)]
+#[command(name = "pvmm-host", version, about, after_help = AFTER_HELP)]
+pub struct HostCli {
+    /// Placement policy: performance | balance | powersaving[:1|:2].
+    #[arg(long, value_name = "POLICY", default_value_t = Policy::Powersaving { level: 1 })]
+    pub policy: Policy,
+
+    /// Host topology: auto (read sysfs), a spec SxCxT such as 2x4x2, or a topology file.
+    #[arg(long, value_name = "auto|SPEC|FILE", default_value = "auto")]
+    pub host_topology: String,
+
+    /// Host CPUs to place vCPUs on, e.g. 2-15,18 (default: all).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<CpuSet>,
+
+    /// Placement period in milliseconds (10-60000).
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_TICK_MS,
+          value_parser = clap::value_parser!(u64).range(MIN_TICK_MS..=MAX_TICK_MS))]
+    pub tick_ms: u64,
+
+    /// Where pvmm VMs' control sockets are (*.sock).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_RUNTIME_DIR)]
+    pub runtime_dir: PathBuf,
+
+    /// Adopt VMs of other VMMs: auto | none.
+    #[arg(long, value_name = "auto|none", default_value = "none",
+          value_parser = ["auto", "none"])]
+    pub adopt: String,
+
+    /// Write one JSON object per tick to FILE, or to stdout with '-'.
+    #[arg(long, value_name = "FILE|-")]
+    pub stats: Option<PathBuf>,
+
+    /// Log each VM that joins or leaves on stderr.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+impl HostCli {
+    /// The configuration these flags ask for; an error is one line for stderr.
+    pub fn into_config(self) -> Result<HostConfig, String> {
+        let topology = pvmm_scheduler::parse_host_topology_arg(&self.host_topology)
+            .map_err(|e| format!("--host-topology {}: {e}", self.host_topology))?;
+        let topology = match &self.cpus {
+            Some(set) => topology
+                .restrict(set)
+                .map_err(|e| format!("--cpus {set}: {e}"))?,
+            None => topology,
+        };
+        Ok(HostConfig {
+            policy: self.policy,
+            topology,
+            tick: std::time::Duration::from_millis(self.tick_ms),
+            runtime_dir: self.runtime_dir,
+            adopt: self.adopt == "auto",
+            roots: Roots::default(),
+            verbose: self.verbose,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_their_errors() {
+        let ok =
+            HostCli::try_parse_from(["pvmm-host", "--host-topology", "2x2x1", "--cpus", "0-2"])
+                .unwrap()
+                .into_config()
+                .unwrap();
+        assert_eq!(ok.topology.cpu_set(), CpuSet::range(0, 2));
+        assert!(!ok.adopt);
+        assert!(HostCli::try_parse_from(["pvmm-host", "--policy", "none"]).is_err());
+        assert!(HostCli::try_parse_from(["pvmm-host", "--adopt", "maybe"]).is_err());
+        assert!(HostCli::try_parse_from(["pvmm-host", "--tick-ms", "5"]).is_err());
+        let bad = HostCli::try_parse_from(["pvmm-host", "--host-topology", "9x"])
+            .unwrap()
+            .into_config();
+        assert!(bad.unwrap_err().starts_with("--host-topology 9x"));
+    }
+}

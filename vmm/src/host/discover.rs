@@ -1,0 +1,301 @@
+//! Finding the VMs on the host: pvmm VMs by their control sockets in the runtime directory,
+//! and VMs of other VMMs (QEMU, Firecracker, cloud-hypervisor, crosvm) by the KVM vCPU file
+//! descriptors they hold.
+//!
+//! A process is a KVM VMM when `/proc/<pid>/fd` holds `anon_inode:kvm-vcpu:N` links. Its vCPU
+//! N runs on the thread that debugfs names (`/sys/kernel/debug/kvm/<pid>-<fd>/vcpuN/pid`, any
+//! VMM), or failing that the thread QEMU names `CPU N/KVM`; its other threads are
+//! housekeeping. Every path is under a root, so tests run against a fake `/proc`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The prefix of a KVM vCPU file descriptor's link target.
+const KVM_VCPU_LINK: &str = "anon_inode:kvm-vcpu:";
+/// The link target of a KVM VM file descriptor.
+const KVM_VM_LINK: &str = "anon_inode:kvm-vm";
+
+/// Where discovery looks (real paths by default, a fake tree in tests).
+#[derive(Debug, Clone)]
+pub struct Roots {
+    /// `/proc`.
+    pub proc: PathBuf,
+    /// debugfs's `kvm` directory (`/sys/kernel/debug/kvm`).
+    pub kvm_debugfs: PathBuf,
+}
+
+impl Default for Roots {
+    fn default() -> Self {
+        Self {
+            proc: "/proc".into(),
+            kvm_debugfs: "/sys/kernel/debug/kvm".into(),
+        }
+    }
+}
+
+/// A VM of another VMM, as found in `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignVm {
+    /// The VMM's pid.
+    pub pid: i32,
+    /// Its command name.
+    pub comm: String,
+    /// vCPU index -> thread id, for the vCPUs whose thread was found.
+    pub vcpu_tids: BTreeMap<u32, i32>,
+    /// vCPUs whose thread could not be found (no debugfs entry, no QEMU thread name).
+    pub unmapped: Vec<u32>,
+}
+
+fn read_trimmed(path: &Path) -> Option<String> {
+    Some(std::fs::read_to_string(path).ok()?.trim_end().to_string())
+}
+
+/// The pids under `proc`, ascending.
+fn pids(proc: &Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The KVM file descriptors of `pid`: (the VM fd, vCPU index per vCPU fd). None when the
+/// process holds no vCPU fd (or is gone).
+fn kvm_fds(proc: &Path, pid: i32) -> Option<(Option<u32>, Vec<u32>)> {
+    let entries = std::fs::read_dir(proc.join(pid.to_string()).join("fd")).ok()?;
+    let mut vm_fd = None;
+    let mut vcpus = Vec::new();
+    for e in entries.flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy();
+        if let Some(n) = target.strip_prefix(KVM_VCPU_LINK) {
+            if let Ok(n) = n.parse() {
+                vcpus.push(n);
+            }
+        } else if target == KVM_VM_LINK {
+            vm_fd = e.file_name().to_str().and_then(|f| f.parse().ok());
+        }
+    }
+    vcpus.sort_unstable();
+    vcpus.dedup();
+    (!vcpus.is_empty()).then_some((vm_fd, vcpus))
+}
+
+/// QEMU's vCPU thread name (`-name ...,debug-threads=on`): `CPU <n>/KVM`.
+fn qemu_vcpu_index(comm: &str) -> Option<u32> {
+    comm.strip_prefix("CPU ")?
+        .strip_suffix("/KVM")?
+        .parse()
+        .ok()
+}
+
+/// The threads of `pid` with their names.
+pub fn threads(proc: &Path, pid: i32) -> Vec<(i32, String)> {
+    let task = proc.join(pid.to_string()).join("task");
+    let Ok(entries) = std::fs::read_dir(&task) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(i32, String)> = entries
+        .filter_map(|e| {
+            let tid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            Some((tid, read_trimmed(&task.join(tid.to_string()).join("comm"))?))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Maps each vCPU of `pid` to its thread: debugfs first, then QEMU's thread names.
+fn map_vcpus(roots: &Roots, pid: i32, vm_fd: Option<u32>, vcpus: &[u32]) -> ForeignVm {
+    let debug_dir = vm_fd.map(|fd| roots.kvm_debugfs.join(format!("{pid}-{fd}")));
+    let named: BTreeMap<u32, i32> = threads(&roots.proc, pid)
+        .into_iter()
+        .filter_map(|(tid, comm)| Some((qemu_vcpu_index(&comm)?, tid)))
+        .collect();
+    let mut vcpu_tids = BTreeMap::new();
+    let mut unmapped = Vec::new();
+    for &n in vcpus {
+        let from_debugfs = debug_dir
+            .as_ref()
+            .and_then(|d| read_trimmed(&d.join(format!("vcpu{n}")).join("pid")))
+            .and_then(|t| t.parse::<i32>().ok())
+            .filter(|tid| *tid > 0);
+        match from_debugfs.or_else(|| named.get(&n).copied()) {
+            Some(tid) => {
+                vcpu_tids.insert(n, tid);
+            }
+            None => unmapped.push(n),
+        }
+    }
+    ForeignVm {
+        pid,
+        comm: read_trimmed(&roots.proc.join(pid.to_string()).join("comm")).unwrap_or_default(),
+        vcpu_tids,
+        unmapped,
+    }
+}
+
+/// Every KVM VMM process under `roots.proc` except those in `skip` (pvmm VMs, which join
+/// through their sockets, and this process).
+pub fn foreign_vms(roots: &Roots, skip: &[i32]) -> Vec<ForeignVm> {
+    pids(&roots.proc)
+        .into_iter()
+        .filter(|pid| !skip.contains(pid))
+        .filter_map(|pid| {
+            let (vm_fd, vcpus) = kvm_fds(&roots.proc, pid)?;
+            Some(map_vcpus(roots, pid, vm_fd, &vcpus))
+        })
+        .collect()
+}
+
+/// The control sockets in `dir` (`*.sock`), sorted.
+pub fn pvmm_sockets(dir: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A thread's demand so far, from `/proc/<tid>/schedstat`: nanoseconds on a CPU plus waiting
+/// for one. Works for any thread on the host, not only this process's.
+pub fn thread_wanted_ns(proc: &Path, tid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(proc.join(tid.to_string()).join("schedstat")).ok()?;
+    pvmm_devices::cppc::parse_schedstat(&text).map(|(wanted, _)| wanted)
+}
+
+#[cfg(test)]
+pub mod fake {
+    //! A fake `/proc` and debugfs for discovery tests.
+    use super::*;
+
+    /// A fake tree under a fresh temporary directory.
+    pub struct FakeHost {
+        /// Its roots.
+        pub roots: Roots,
+        dir: PathBuf,
+    }
+
+    impl FakeHost {
+        /// An empty host named `name`.
+        pub fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("pvmm-host-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self {
+                roots: Roots {
+                    proc: dir.join("proc"),
+                    kvm_debugfs: dir.join("debugfs-kvm"),
+                },
+                dir,
+            }
+        }
+
+        /// A process with `threads` (tid, comm) and fd links (fd, target).
+        pub fn process(&self, pid: i32, threads: &[(i32, &str)], fds: &[(u32, &str)]) {
+            let p = self.roots.proc.join(pid.to_string());
+            std::fs::create_dir_all(p.join("fd")).unwrap();
+            std::fs::write(p.join("comm"), format!("{}\n", threads[0].1)).unwrap();
+            for (tid, comm) in threads {
+                let t = p.join("task").join(tid.to_string());
+                std::fs::create_dir_all(&t).unwrap();
+                std::fs::write(t.join("comm"), format!("{comm}\n")).unwrap();
+            }
+            for (fd, target) in fds {
+                std::os::unix::fs::symlink(target, p.join("fd").join(fd.to_string())).unwrap();
+            }
+        }
+
+        /// debugfs's `vcpuN/pid` for VM fd `fd` of `pid`.
+        pub fn debugfs_vcpu(&self, pid: i32, fd: u32, vcpu: u32, tid: i32) {
+            let d = self
+                .roots
+                .kvm_debugfs
+                .join(format!("{pid}-{fd}"))
+                .join(format!("vcpu{vcpu}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("pid"), format!("{tid}\n")).unwrap();
+        }
+    }
+
+    impl Drop for FakeHost {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::FakeHost;
+    use super::*;
+
+    #[test]
+    fn qemu_threads_by_name_and_any_vmm_through_debugfs() {
+        let host = FakeHost::new("discover");
+        // QEMU with debug-threads: vCPUs found by thread name.
+        host.process(
+            100,
+            &[
+                (100, "qemu-system-x86"),
+                (101, "worker"),
+                (102, "CPU 0/KVM"),
+                (103, "CPU 1/KVM"),
+            ],
+            &[
+                (9, "anon_inode:kvm-vm"),
+                (10, "anon_inode:kvm-vcpu:0"),
+                (11, "anon_inode:kvm-vcpu:1"),
+            ],
+        );
+        // Another VMM with unhelpful names: debugfs maps vCPU 0; vCPU 1 stays unmapped.
+        host.process(
+            200,
+            &[(200, "vmm"), (201, "fc_vcpu 0"), (202, "fc_vcpu 1")],
+            &[
+                (4, "anon_inode:kvm-vm"),
+                (5, "anon_inode:kvm-vcpu:0"),
+                (6, "anon_inode:kvm-vcpu:1"),
+            ],
+        );
+        host.debugfs_vcpu(200, 4, 0, 201);
+        // A process without KVM, and a pvmm VM that joins through its socket.
+        host.process(300, &[(300, "bash")], &[(0, "/dev/null")]);
+        host.process(
+            400,
+            &[(400, "pvmm"), (401, "vcpu0")],
+            &[(7, "anon_inode:kvm-vcpu:0")],
+        );
+        let vms = foreign_vms(&host.roots, &[400]);
+        assert_eq!(vms.len(), 2, "{vms:?}");
+        assert_eq!(vms[0].pid, 100);
+        assert_eq!(vms[0].comm, "qemu-system-x86");
+        assert_eq!(vms[0].vcpu_tids, BTreeMap::from([(0, 102), (1, 103)]));
+        assert!(vms[0].unmapped.is_empty());
+        assert_eq!(vms[1].vcpu_tids, BTreeMap::from([(0, 201)]));
+        assert_eq!(vms[1].unmapped, vec![1]);
+    }
+
+    #[test]
+    fn names_and_schedstat() {
+        assert_eq!(qemu_vcpu_index("CPU 12/KVM"), Some(12));
+        assert_eq!(qemu_vcpu_index("CPU x/KVM"), None);
+        assert_eq!(qemu_vcpu_index("vcpu0"), None);
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        assert!(thread_wanted_ns(Path::new("/proc"), tid).is_some());
+        assert_eq!(thread_wanted_ns(Path::new("/proc"), -5), None);
+    }
+}

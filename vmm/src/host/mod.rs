@@ -1,0 +1,552 @@
+//! `pvmm-host`: one placement engine for every VM on the host.
+//!
+//! Each pvmm process places only its own vCPUs, so two of them under `powersaving` both pick
+//! the lowest package and its lowest CPUs and stack their busy vCPUs there. The daemon runs
+//! the same [`Engine`] as pvmm and `pvmm-sim`, over the vCPUs of all VMs at once: pvmm VMs
+//! found by their control sockets in the runtime directory, and (with `--adopt auto`) VMs of
+//! other VMMs found by their KVM vCPU file descriptors ([`discover`], [`members`]).
+//!
+//! Every tick: discover, read each vCPU's utilization, decide, apply (pvmm VMs through
+//! `PUT /v1/placement/external`, which renews their lease; foreign VMs by thread affinity),
+//! pin foreign VMMs' housekeeping threads to the active packages, and report. A daemon that
+//! dies leaves pvmm VMs to their lease: they place themselves again. One that is told to stop
+//! (SIGTERM, SIGINT) hands placement back and restores foreign threads' affinity first.
+
+pub mod cli;
+pub mod discover;
+pub mod members;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use pvmm_scheduler::{
+    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LinuxExecutor, Policy, VcpuId,
+    VcpuLoad,
+};
+use serde_json::{json, Value};
+
+use self::discover::{foreign_vms, pvmm_sockets, Roots};
+use self::members::{ForeignMember, MemberVcpu, PvmmMember};
+
+/// The lock file in the runtime directory that keeps a second daemon out.
+pub const LOCK_FILE: &str = "pvmm-host.lock";
+
+/// What the daemon is asked to do.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The balancing policy.
+    pub policy: Policy,
+    /// The host CPUs it places on (topology restricted to `--cpus`).
+    pub topology: HostTopology,
+    /// Placement period.
+    pub tick: Duration,
+    /// Where pvmm control sockets are.
+    pub runtime_dir: PathBuf,
+    /// Whether to adopt VMs of other VMMs.
+    pub adopt: bool,
+    /// Where `/proc` and debugfs are.
+    pub roots: Roots,
+    /// Log each VM that joins or leaves on stderr.
+    pub verbose: bool,
+}
+
+/// Errors that stop the daemon before it runs.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// Another daemon holds the runtime directory.
+    #[error("{0}: another pvmm-host is running on this runtime directory")]
+    AlreadyRunning(PathBuf),
+    /// The runtime directory or lock file is unusable.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Error.
+        source: std::io::Error,
+    },
+}
+
+/// Set by SIGTERM and SIGINT: stop at the end of the tick.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// A managed VM.
+enum Member {
+    Pvmm(PvmmMember),
+    Foreign(ForeignMember),
+}
+
+struct Managed {
+    /// The engine's VM number.
+    id: u32,
+    member: Member,
+    /// vCPUs read at this tick.
+    vcpus: Vec<MemberVcpu>,
+}
+
+/// Running totals.
+#[derive(Debug, Default, Clone)]
+struct Totals {
+    ticks: u64,
+    migrations: u64,
+    apply_errors: u64,
+}
+
+/// The daemon.
+pub struct HostDaemon {
+    config: HostConfig,
+    engine: Engine,
+    executor: Box<dyn Executor>,
+    /// By pid.
+    vms: BTreeMap<i32, Managed>,
+    next_id: u32,
+    start: Instant,
+    stats: Option<Box<dyn Write>>,
+    /// Affinity each foreign thread had before the daemon touched it, restored at stop.
+    original: HashMap<i32, CpuSet>,
+    /// What the daemon last applied to each foreign thread.
+    applied: HashMap<i32, CpuSet>,
+    /// Threads whose affinity the host refused (reported once).
+    refused: HashSet<i32>,
+    totals: Totals,
+    _lock: std::fs::File,
+}
+
+/// Takes the runtime directory's lock (flock), so that one daemon manages a host.
+fn lock(dir: &std::path::Path) -> Result<std::fs::File, HostError> {
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let io = |source| HostError::Io {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    // SAFETY: flock on a file descriptor this function owns; the result is checked.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(HostError::AlreadyRunning(path));
+    }
+    Ok(file)
+}
+
+impl HostDaemon {
+    /// A daemon for `config`, holding its runtime directory's lock, writing a JSON line per
+    /// tick to `stats`.
+    pub fn new(config: HostConfig, stats: Option<Box<dyn Write>>) -> Result<Self, HostError> {
+        let lock = lock(&config.runtime_dir)?;
+        Ok(Self::with_executor(
+            config,
+            stats,
+            Box::new(LinuxExecutor),
+            lock,
+        ))
+    }
+
+    fn with_executor(
+        config: HostConfig,
+        stats: Option<Box<dyn Write>>,
+        executor: Box<dyn Executor>,
+        lock: std::fs::File,
+    ) -> Self {
+        Self {
+            engine: Engine::new(
+                config.topology.clone(),
+                config.policy,
+                EngineConfig::default(),
+            ),
+            config,
+            executor,
+            vms: BTreeMap::new(),
+            next_id: 0,
+            start: Instant::now(),
+            stats,
+            original: HashMap::new(),
+            applied: HashMap::new(),
+            refused: HashSet::new(),
+            totals: Totals::default(),
+            _lock: lock,
+        }
+    }
+
+    fn log(&self, msg: impl AsRef<str>) {
+        if self.config.verbose {
+            eprintln!("pvmm-host: {}", msg.as_ref());
+        }
+    }
+
+    /// Finds the VMs now: joins new ones, forgets those that ended.
+    fn discover(&mut self) {
+        let mut seen: HashSet<i32> = HashSet::new();
+        for socket in pvmm_sockets(&self.config.runtime_dir) {
+            let known = self.vms.iter().find_map(|(pid, m)| match &m.member {
+                Member::Pvmm(p) if p.socket == socket => Some(*pid),
+                _ => None,
+            });
+            match known {
+                Some(pid) => {
+                    seen.insert(pid);
+                }
+                None => {
+                    // A socket nobody answers on is a VM that ended (or has not started).
+                    if let Ok(member) = PvmmMember::join(&socket) {
+                        seen.insert(member.pid);
+                        self.add(member.pid, Member::Pvmm(member));
+                    }
+                }
+            }
+        }
+        if self.config.adopt {
+            let mut skip: Vec<i32> = seen.iter().copied().collect();
+            skip.push(std::process::id() as i32);
+            for found in foreign_vms(&self.config.roots, &skip) {
+                let pid = found.pid;
+                seen.insert(pid);
+                match self.vms.get_mut(&pid).map(|m| &mut m.member) {
+                    Some(Member::Foreign(f)) => f.update(found),
+                    _ => self.add(pid, Member::Foreign(ForeignMember::adopt(found))),
+                }
+            }
+        }
+        let gone: Vec<i32> = self
+            .vms
+            .keys()
+            .filter(|p| !seen.contains(p))
+            .copied()
+            .collect();
+        for pid in gone {
+            self.vms.remove(&pid);
+            self.log(format!("VM pid {pid} is gone"));
+        }
+    }
+
+    fn add(&mut self, pid: i32, member: Member) {
+        let what = match &member {
+            Member::Pvmm(p) => format!("pvmm VM pid {pid} ({})", p.socket.display()),
+            Member::Foreign(f) => format!(
+                "{} VM pid {pid} ({} vCPUs{})",
+                f.found.comm,
+                f.found.vcpu_tids.len(),
+                if f.found.unmapped.is_empty() {
+                    String::new()
+                } else {
+                    format!(", vCPUs {:?} without a known thread", f.found.unmapped)
+                }
+            ),
+        };
+        self.log(format!("joined {what}"));
+        let id = self.next_id;
+        self.next_id += 1;
+        self.vms.insert(
+            pid,
+            Managed {
+                id,
+                member,
+                vcpus: Vec::new(),
+            },
+        );
+    }
+
+    /// Reads every VM's vCPUs; a pvmm that does not answer is dropped until it does.
+    fn read(&mut self, now_ns: u64) {
+        let proc = self.config.roots.proc.clone();
+        let mut lost = Vec::new();
+        for (pid, m) in &mut self.vms {
+            m.vcpus = match &mut m.member {
+                Member::Pvmm(p) => match p.read() {
+                    Ok(v) => v,
+                    Err(_) => {
+                        lost.push(*pid);
+                        Vec::new()
+                    }
+                },
+                Member::Foreign(f) => f.read(&proc, now_ns),
+            };
+        }
+        for pid in lost {
+            self.vms.remove(&pid);
+        }
+    }
+
+    /// One tick: discover, read, decide, apply, report.
+    pub fn tick(&mut self) -> Result<(), String> {
+        let now_ns = self.start.elapsed().as_nanos() as u64;
+        self.discover();
+        self.read(now_ns);
+        let loads: Vec<VcpuLoad> = self
+            .vms
+            .values()
+            .flat_map(|m| {
+                m.vcpus.iter().map(|v| VcpuLoad {
+                    id: VcpuId {
+                        vm: m.id,
+                        vcpu: v.vcpu,
+                    },
+                    util: v.util,
+                    busy: v.busy,
+                })
+            })
+            .collect();
+        let decision = self
+            .engine
+            .place(now_ns / 1_000_000, &loads)
+            .map_err(|e| format!("placement engine: {e}"))?;
+        self.apply(&decision);
+        self.totals.ticks += 1;
+        self.totals.migrations += decision.migrations.len() as u64;
+        self.report(now_ns, &decision);
+        Ok(())
+    }
+
+    /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
+    /// affinity; a refusal is reported once.
+    fn pin_foreign(&mut self, tid: i32, cpus: &CpuSet) {
+        if self.applied.get(&tid) == Some(cpus) || self.refused.contains(&tid) {
+            return;
+        }
+        if let Ok(before) = self.executor.read(tid) {
+            self.original.entry(tid).or_insert(before);
+        }
+        match self.executor.apply(tid, cpus) {
+            Ok(()) => {
+                self.applied.insert(tid, cpus.clone());
+            }
+            Err(e) => {
+                eprintln!("pvmm-host: cannot place thread {tid}: {e} (not tried again)");
+                self.refused.insert(tid);
+                self.totals.apply_errors += 1;
+            }
+        }
+    }
+
+    fn apply(&mut self, decision: &Decision) {
+        let by_id: HashMap<VcpuId, (&CpuSet, u32)> = decision
+            .assignments
+            .iter()
+            .map(|a| (a.id, (&a.cpus, a.capacity)))
+            .collect();
+        let active: CpuSet = decision
+            .assignments
+            .iter()
+            .map(|a| self.config.topology.package_cpus(a.package))
+            .fold(CpuSet::default(), |acc, cpus| acc.union(&cpus));
+        let mut foreign_pins: Vec<(i32, CpuSet)> = Vec::new();
+        let mut failed = Vec::new();
+        for (pid, m) in &self.vms {
+            let mine: Vec<(u32, CpuSet, u32)> = m
+                .vcpus
+                .iter()
+                .filter_map(|v| {
+                    let (cpus, cap) = by_id.get(&VcpuId {
+                        vm: m.id,
+                        vcpu: v.vcpu,
+                    })?;
+                    Some((v.vcpu, (*cpus).clone(), *cap))
+                })
+                .collect();
+            match &m.member {
+                Member::Pvmm(p) => {
+                    if !mine.is_empty() && p.place(&mine).is_err() {
+                        failed.push(*pid);
+                    }
+                }
+                Member::Foreign(f) => {
+                    for (vcpu, cpus, _) in &mine {
+                        if let Some(tid) = f.found.vcpu_tids.get(vcpu) {
+                            foreign_pins.push((*tid, cpus.clone()));
+                        }
+                    }
+                    if !active.is_empty() {
+                        for tid in f.housekeeping(&self.config.roots.proc) {
+                            foreign_pins.push((tid, active.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        for (tid, cpus) in foreign_pins {
+            self.pin_foreign(tid, &cpus);
+        }
+        self.totals.apply_errors += failed.len() as u64;
+        for pid in failed {
+            // Read again next tick if it still answers; gone otherwise.
+            self.vms.remove(&pid);
+        }
+    }
+
+    fn report(&mut self, now_ns: u64, decision: &Decision) {
+        let Some(out) = self.stats.as_mut() else {
+            return;
+        };
+        let mut by_id: HashMap<VcpuId, &pvmm_scheduler::Assignment> = HashMap::new();
+        for a in &decision.assignments {
+            by_id.insert(a.id, a);
+        }
+        let vms: Vec<Value> = self
+            .vms
+            .iter()
+            .map(|(pid, m)| {
+                let vcpus: Vec<Value> = m
+                    .vcpus
+                    .iter()
+                    .map(|v| {
+                        let a = by_id.get(&VcpuId {
+                            vm: m.id,
+                            vcpu: v.vcpu,
+                        });
+                        json!({
+                            "vcpu": v.vcpu, "tid": v.tid,
+                            "util": (f64::from(v.util) / 1.024).round() / 1000.0,
+                            "busy": v.busy,
+                            "cpus": a.map(|a| a.cpus.to_string()),
+                            "package": a.map(|a| a.package),
+                            "capacity": a.map(|a| a.capacity),
+                        })
+                    })
+                    .collect();
+                let (kind, name) = match &m.member {
+                    Member::Pvmm(p) => ("pvmm", p.socket.display().to_string()),
+                    Member::Foreign(f) => ("foreign", f.found.comm.clone()),
+                };
+                json!({ "id": m.id, "pid": pid, "kind": kind, "name": name, "vcpus": vcpus })
+            })
+            .collect();
+        let active: BTreeMap<u32, usize> =
+            decision
+                .assignments
+                .iter()
+                .fold(BTreeMap::new(), |mut acc, a| {
+                    *acc.entry(a.package).or_default() += 1;
+                    acc
+                });
+        let packages: Vec<Value> = self
+            .config
+            .topology
+            .packages()
+            .iter()
+            .map(|p| json!({ "id": p.id, "vcpus": active.get(&p.id).copied().unwrap_or(0) }))
+            .collect();
+        let line = json!({
+            "t_ms": now_ns / 1_000_000,
+            "policy": self.config.policy.to_string(),
+            "vms": vms,
+            "packages": packages,
+            "migrations": decision.migrations.len(),
+            "migrations_total": self.totals.migrations,
+            "apply_errors": self.totals.apply_errors,
+        });
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            self.stats = None;
+        }
+    }
+
+    /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the
+    /// affinity it had before.
+    pub fn release(&mut self) {
+        for m in self.vms.values() {
+            if let Member::Pvmm(p) = &m.member {
+                if let Err(e) = p.release() {
+                    eprintln!("pvmm-host: {e}");
+                }
+            }
+        }
+        for (tid, cpus) in std::mem::take(&mut self.original) {
+            // A thread that has ended needs nothing.
+            let _ = self.executor.apply(tid, &cpus);
+        }
+    }
+
+    /// Ticks until SIGTERM or SIGINT, then releases everything.
+    pub fn run(&mut self) -> Result<(), String> {
+        for signal in [libc::SIGTERM, libc::SIGINT] {
+            vmm_sys_util::signal::register_signal_handler(signal, on_stop)
+                .map_err(|e| format!("signal handler: {e}"))?;
+        }
+        let mut next = Instant::now();
+        while !STOP.load(Ordering::Relaxed) {
+            self.tick()?;
+            next += self.config.tick;
+            // std's sleep resumes after a signal; a stop waits out at most one tick.
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        self.release();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::discover::fake::FakeHost;
+    use super::*;
+    use pvmm_scheduler::RecordingExecutor;
+
+    fn daemon(host: &FakeHost, policy: &str) -> HostDaemon {
+        let dir = host.roots.proc.parent().unwrap().join("run");
+        let config = HostConfig {
+            policy: policy.parse().unwrap(),
+            topology: HostTopology::from_spec("2x2x1").unwrap(),
+            tick: Duration::from_millis(100),
+            runtime_dir: dir.clone(),
+            adopt: true,
+            roots: host.roots.clone(),
+            verbose: false,
+        };
+        let lock = lock(&dir).unwrap();
+        HostDaemon::with_executor(config, None, Box::new(RecordingExecutor::new()), lock)
+    }
+
+    #[test]
+    fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
+        let host = FakeHost::new("daemon");
+        for (pid, base) in [(100, 110), (200, 210)] {
+            host.process(
+                pid,
+                &[
+                    (pid, "qemu"),
+                    (pid + 1, "io"),
+                    (base, "CPU 0/KVM"),
+                    (base + 1, "CPU 1/KVM"),
+                ],
+                &[
+                    (3, "anon_inode:kvm-vm"),
+                    (4, "anon_inode:kvm-vcpu:0"),
+                    (5, "anon_inode:kvm-vcpu:1"),
+                ],
+            );
+        }
+        let mut d = daemon(&host, "powersaving");
+        d.tick().unwrap();
+        assert_eq!(d.vms.len(), 2);
+        // Idle VMs: every vCPU thread and both VMMs' housekeeping on package 0 (CPUs 0-1).
+        let package0 = CpuSet::range(0, 1);
+        for tid in [110, 111, 210, 211, 100, 101, 200, 201] {
+            let cpus = d
+                .applied
+                .get(&tid)
+                .unwrap_or_else(|| panic!("thread {tid} not placed"));
+            assert!(cpus.is_subset(&package0), "thread {tid} on {cpus}");
+        }
+        // The second VM ends: it is dropped, no error.
+        std::fs::remove_dir_all(host.roots.proc.join("200")).unwrap();
+        d.tick().unwrap();
+        assert_eq!(d.vms.len(), 1);
+    }
+
+    #[test]
+    fn a_second_daemon_on_the_same_directory_is_refused() {
+        let host = FakeHost::new("lock");
+        let dir = host.roots.proc.parent().unwrap().join("run");
+        let _first = lock(&dir).unwrap();
+        assert!(matches!(lock(&dir), Err(HostError::AlreadyRunning(_))));
+    }
+}

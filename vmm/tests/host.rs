@@ -1,0 +1,233 @@
+//! `pvmm-host` against real pvmm VMs: tiny guests on this machine's /dev/kvm, the daemon told
+//! the host has two packages of one CPU each (`--host-topology 2x1x1`: CPU 0 is package 0,
+//! CPU 1 package 1), every placement read back from `/proc`.
+//!
+//! A busy vCPU here is a guest spinning on `jmp $` in kernel mode, which this machine's KVM
+//! emulates instruction by instruction: the vCPU thread never sleeps. An idle one halts.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pvmm::api::client::request;
+use serde_json::Value;
+
+/// Long enough for several daemon ticks on a loaded machine.
+const SETTLE: Duration = Duration::from_secs(20);
+/// 32-bit code: spin forever (`jmp $`).
+const SPIN: [u8; 2] = [0xeb, 0xfe];
+/// The lease the test VMs give an outside balancer.
+const LEASE_MS: &str = "600";
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+fn start_vm(dir: &Path, name: &str, code: &[u8], vcpus: &str) -> (Proc, PathBuf) {
+    let kernel = dir.join(format!("{name}.elf"));
+    std::fs::write(&kernel, tiny_pvh_kernel(code)).unwrap();
+    std::fs::create_dir_all(dir.join("run")).unwrap();
+    let socket = dir.join("run").join(format!("{name}.sock"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+        .args([
+            "--vcpus",
+            vcpus,
+            "--memory",
+            "64",
+            "--external-lease-ms",
+            LEASE_MS,
+        ])
+        .arg("--api-socket")
+        .arg(&socket)
+        .arg(&kernel)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start pvmm");
+    let start = Instant::now();
+    while request(&socket, "GET", "/v1/vm", None).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name}: pvmm exited before serving its socket: {status}");
+        }
+        assert!(start.elapsed() < SETTLE, "{name}: no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (Proc(child), socket)
+}
+
+fn start_daemon(dir: &Path, extra: &[&str]) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_pvmm-host"))
+            .args([
+                "--host-topology",
+                "2x1x1",
+                "--tick-ms",
+                "50",
+                "--runtime-dir",
+            ])
+            .arg(dir.join("run"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pvmm-host"),
+    )
+}
+
+fn placement(socket: &Path) -> Value {
+    request(socket, "GET", "/v1/placement", None)
+        .map(|a| a.body)
+        .unwrap_or(Value::Null)
+}
+
+/// Each vCPU thread's `Cpus_allowed_list`, from /proc.
+fn allowed(socket: &Path) -> Vec<String> {
+    let p = placement(socket);
+    let empty = Vec::new();
+    p["vcpus"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|v| {
+            let tid = v["tid"].as_i64().unwrap_or(0);
+            let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap_or("?")
+                .trim()
+                .to_string()
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, cond: impl Fn() -> bool, show: impl Fn() -> String) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < SETTLE, "{what}: {}", show());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn two_busy_vms_are_spread_where_each_alone_would_stack_them() {
+    if !kvm_available("host-spread") {
+        return;
+    }
+    let dir = scratch("host-spread");
+    let (_a, sa) = start_vm(&dir, "a", &SPIN, "1");
+    let (_b, sb) = start_vm(&dir, "b", &SPIN, "1");
+    // Each pvmm alone packs its one busy vCPU onto the lowest CPU: both on CPU 0.
+    wait_for(
+        "each VM on its own",
+        || allowed(&sa) == ["0"] && allowed(&sb) == ["0"],
+        || format!("{:?} {:?}", allowed(&sa), allowed(&sb)),
+    );
+    let _daemon = start_daemon(&dir, &["--policy", "powersaving"]);
+    // One engine for both: two busy vCPUs need two CPUs.
+    wait_for(
+        "spread by pvmm-host",
+        || {
+            let (a, b) = (allowed(&sa), allowed(&sb));
+            placement(&sa)["external"] == true
+                && placement(&sb)["external"] == true
+                && a.len() == 1
+                && b.len() == 1
+                && a != b
+        },
+        || {
+            format!(
+                "{:?} {:?} {} {}",
+                allowed(&sa),
+                allowed(&sb),
+                placement(&sa),
+                placement(&sb)
+            )
+        },
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
+    if !kvm_available("host-idle") {
+        return;
+    }
+    let dir = scratch("host-idle");
+    let (_a, sa) = start_vm(&dir, "a", &HALT_LOOP, "2");
+    let (_b, sb) = start_vm(&dir, "b", &HALT_LOOP, "2");
+    let mut daemon = start_daemon(&dir, &["--policy", "powersaving"]);
+    wait_for(
+        "idle VMs packed on package 0",
+        || {
+            placement(&sa)["external"] == true
+                && placement(&sb)["external"] == true
+                && allowed(&sa) == ["0", "0"]
+                && allowed(&sb) == ["0", "0"]
+        },
+        || format!("{:?} {:?}", allowed(&sa), allowed(&sb)),
+    );
+    // A second daemon on the same runtime directory is refused.
+    let second = Command::new(env!("CARGO_BIN_EXE_pvmm-host"))
+        .args(["--host-topology", "2x1x1", "--runtime-dir"])
+        .arg(dir.join("run"))
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("another pvmm-host"), "{err}");
+    // SIGTERM: placement handed back at once (DELETE), not at the lease's end.
+    // SAFETY: kill on a child's pid; the result is checked.
+    assert_eq!(
+        unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let status = daemon.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    for s in [&sa, &sb] {
+        let vm = request(s, "GET", "/v1/vm", None).unwrap().body;
+        assert_eq!(vm["external_placement"], false, "{vm}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_killed_daemon_leaves_each_vm_to_its_lease() {
+    if !kvm_available("host-kill") {
+        return;
+    }
+    let dir = scratch("host-kill");
+    let (_a, sa) = start_vm(&dir, "a", &HALT_LOOP, "1");
+    let mut daemon = start_daemon(&dir, &[]);
+    wait_for(
+        "adopted",
+        || placement(&sa)["external"] == true,
+        || placement(&sa).to_string(),
+    );
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    wait_for(
+        "the VM places itself after its lease",
+        || placement(&sa)["external"] == false,
+        || placement(&sa).to_string(),
+    );
+    // A restarted daemon adopts it again.
+    let _again = start_daemon(&dir, &[]);
+    wait_for(
+        "adopted again",
+        || placement(&sa)["external"] == true,
+        || placement(&sa).to_string(),
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
