@@ -22,6 +22,14 @@ const SPIN: [u8; 2] = [0xeb, 0xfe];
 /// The lease the test VMs give an outside balancer.
 const LEASE_MS: &str = "600";
 
+/// The tests of this file run one at a time: a daemon with `--adopt auto` adopts every KVM
+/// process of the machine, other tests' QEMU included.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Proc(Child);
 
 impl Drop for Proc {
@@ -121,6 +129,7 @@ fn wait_for(what: &str, cond: impl Fn() -> bool, show: impl Fn() -> String) {
 
 #[test]
 fn two_busy_vms_are_spread_where_each_alone_would_stack_them() {
+    let _serial = serial();
     if !kvm_available("host-spread") {
         return;
     }
@@ -160,6 +169,7 @@ fn two_busy_vms_are_spread_where_each_alone_would_stack_them() {
 
 #[test]
 fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
+    let _serial = serial();
     if !kvm_available("host-idle") {
         return;
     }
@@ -204,6 +214,7 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
 
 #[test]
 fn a_killed_daemon_leaves_each_vm_to_its_lease() {
+    let _serial = serial();
     if !kvm_available("host-kill") {
         return;
     }
@@ -228,6 +239,119 @@ fn a_killed_daemon_leaves_each_vm_to_its_lease() {
         "adopted again",
         || placement(&sa)["external"] == true,
         || placement(&sa).to_string(),
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Whether QEMU can run here; without it the adoption test skips loudly, unless the rig (which
+/// needs QEMU too) is required.
+fn qemu_available(test: &str) -> bool {
+    let ok = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("PVMM_REQUIRE_RIG").as_deref() == Ok("1") {
+            panic!("{test}: qemu-system-x86_64 is missing and PVMM_REQUIRE_RIG=1");
+        }
+        eprintln!("\n!!! SKIPPED {test}: qemu-system-x86_64 is not installed !!!\n");
+    }
+    ok
+}
+
+#[test]
+fn a_qemu_vm_is_adopted_packed_with_pvmm_and_restored_at_sigterm() {
+    let _serial = serial();
+    if !kvm_available("host-adopt") || !qemu_available("host-adopt") {
+        return;
+    }
+    let dir = scratch("host-adopt");
+    let kernel = dir.join("halt.elf");
+    std::fs::write(&kernel, tiny_pvh_kernel(&HALT_LOOP)).unwrap();
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args([
+        "-enable-kvm",
+        "-cpu",
+        "max",
+        "-name",
+        "adopt,debug-threads=on",
+    ])
+    .args([
+        "-smp",
+        "2",
+        "-m",
+        "64",
+        "-display",
+        "none",
+        "-nodefaults",
+        "-no-reboot",
+    ])
+    .arg("-kernel")
+    .arg(&kernel)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let qemu = Proc(qemu.spawn().expect("start QEMU"));
+    let qpid = qemu.0.id();
+    let threads = || -> Vec<(String, String)> {
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{qpid}/task")) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .map(|e| {
+                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+                let allowed = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .unwrap_or("?")
+                    .trim()
+                    .to_string();
+                (comm.trim().to_string(), allowed)
+            })
+            .collect()
+    };
+    wait_for(
+        "QEMU's vCPU threads",
+        || {
+            threads()
+                .iter()
+                .filter(|(c, _)| c.ends_with("/KVM"))
+                .count()
+                == 2
+        },
+        || format!("{:?}", threads()),
+    );
+    let before = threads();
+    let (_vm, socket) = start_vm(&dir, "p", &HALT_LOOP, "1");
+    let mut daemon = start_daemon(&dir, &["--adopt", "auto"]);
+    // Idle: QEMU's vCPUs and its other threads join pvmm's vCPU on package 0 (CPU 0).
+    wait_for(
+        "QEMU adopted and packed",
+        || {
+            let t = threads();
+            !t.is_empty()
+                && t.iter().all(|(_, a)| a == "0")
+                && placement(&socket)["external"] == true
+                && allowed(&socket) == ["0"]
+        },
+        || format!("QEMU {:?}, pvmm {:?}", threads(), allowed(&socket)),
+    );
+    // SAFETY: kill on a child's pid; the result is checked.
+    assert_eq!(
+        unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) },
+        0
+    );
+    assert_eq!(daemon.0.wait().unwrap().code(), Some(0));
+    // Every thread is back where it was (KVM's recovery worker may have started meanwhile: it
+    // inherited the same affinity).
+    let original = &before[0].1;
+    assert!(before.iter().all(|(_, a)| a == original), "{before:?}");
+    let after = threads();
+    assert!(
+        after.iter().all(|(_, a)| a == original),
+        "QEMU's threads' affinity is not restored: {after:?}, was {original}"
     );
     std::fs::remove_dir_all(&dir).ok();
 }

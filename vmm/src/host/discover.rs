@@ -140,15 +140,20 @@ fn map_vcpus(roots: &Roots, pid: i32, vm_fd: Option<u32>, vcpus: &[u32]) -> Fore
     }
 }
 
-/// Every KVM VMM process under `roots.proc` except those in `skip` (pvmm VMs, which join
-/// through their sockets, and this process).
+/// The command name of pvmm processes: they join through their sockets, never by adoption
+/// (a pvmm places its own vCPUs, and two placers would fight over the same threads).
+pub const PVMM_COMM: &str = "pvmm";
+
+/// Every KVM VMM process under `roots.proc` except those in `skip` (pvmm VMs that joined, and
+/// this process) and pvmm processes.
 pub fn foreign_vms(roots: &Roots, skip: &[i32]) -> Vec<ForeignVm> {
     pids(&roots.proc)
         .into_iter()
         .filter(|pid| !skip.contains(pid))
         .filter_map(|pid| {
             let (vm_fd, vcpus) = kvm_fds(&roots.proc, pid)?;
-            Some(map_vcpus(roots, pid, vm_fd, &vcpus))
+            let vm = map_vcpus(roots, pid, vm_fd, &vcpus);
+            (vm.comm != PVMM_COMM).then_some(vm)
         })
         .collect()
 }
@@ -276,6 +281,12 @@ mod tests {
         host.process(
             400,
             &[(400, "pvmm"), (401, "vcpu0")],
+            &[(7, "anon_inode:kvm-vcpu:0")],
+        );
+        // A pvmm outside the runtime directory is not adopted either.
+        host.process(
+            500,
+            &[(500, "pvmm"), (501, "vcpu0")],
             &[(7, "anon_inode:kvm-vcpu:0")],
         );
         let vms = foreign_vms(&host.roots, &[400]);
