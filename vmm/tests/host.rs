@@ -187,6 +187,37 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
         },
         || format!("{:?} {:?}", allowed(&sa), allowed(&sb)),
     );
+    // What operators see: `pvmm-host status`, and the metrics on the status socket.
+    let status = Command::new(env!("CARGO_BIN_EXE_pvmm-host"))
+        .args(["status", "--runtime-dir"])
+        .arg(dir.join("run"))
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert_eq!(
+        text.lines().filter(|l| l.contains(" pvmm ")).count(),
+        4,
+        "{text}"
+    );
+    let metrics = {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(dir.join("run/pvmm-host.api")).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(metrics.contains("pvmm_vms 2\n"), "{metrics}");
+    assert!(
+        metrics.contains("pvmm_package_active{package=\"1\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("pvmm_package_power_watts_model{package=\"0\"}"),
+        "{metrics}"
+    );
     // A second daemon on the same runtime directory is refused.
     let second = Command::new(env!("CARGO_BIN_EXE_pvmm-host"))
         .args(["--host-topology", "2x1x1", "--runtime-dir"])

@@ -4,8 +4,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use pvmm::host::cli::HostCli;
-use pvmm::host::{HostDaemon, HostError};
+use pvmm::host::cli::{HostCli, HostCommand};
+use pvmm::host::metrics::format_status;
+use pvmm::host::{HostDaemon, HostError, STATUS_SOCKET};
 
 /// Exit status for failures while running.
 const EXIT_FAILURE: u8 = 1;
@@ -29,6 +30,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    if let Some(HostCommand::Status { json }) = &cli.command {
+        return status(&cli.runtime_dir.join(STATUS_SOCKET), *json);
+    }
     let stats_path = cli.stats.clone();
     let config = match cli.into_config() {
         Ok(c) => c,
@@ -63,6 +67,33 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("pvmm-host: {e}");
             daemon.release();
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// `pvmm-host status`: the running daemon's latest tick.
+fn status(socket: &std::path::Path, json: bool) -> ExitCode {
+    match pvmm::api::client::request(socket, "GET", "/v1/host", None) {
+        Ok(answer) if answer.status == 200 => {
+            if json {
+                println!("{}", answer.body);
+            } else {
+                print!("{}", format_status(&answer.body));
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            eprintln!(
+                "pvmm-host: {}: {} {}",
+                socket.display(),
+                answer.status,
+                answer.body
+            );
+            ExitCode::from(EXIT_FAILURE)
+        }
+        Err(e) => {
+            eprintln!("pvmm-host: no daemon answers ({e})");
             ExitCode::from(EXIT_FAILURE)
         }
     }

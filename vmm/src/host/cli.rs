@@ -11,6 +11,9 @@ use crate::live::scheduler::{DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
 
 /// The runtime directory pvmm VMs put their control sockets in to join the daemon.
 pub const DEFAULT_RUNTIME_DIR: &str = "/run/pvmm";
+/// Where `--metrics` without an address listens: localhost only, node_exporter's habit of a
+/// fixed port (9477 is not one of the well-known exporters').
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9477";
 
 const AFTER_HELP: &str = "\
 pvmm VMs join by serving their control socket in the runtime directory
@@ -22,6 +25,12 @@ KVM vCPU file descriptors) are placed too, by thread affinity: vCPU threads from
 debugfs (/sys/kernel/debug/kvm/PID-FD/vcpuN/pid) or QEMU's thread names
 (-name NAME,debug-threads=on), the VMM's other threads pinned to the active
 packages.
+
+The daemon answers GET /v1/host (JSON) and GET /metrics (Prometheus text) on
+DIR/pvmm-host.api; `pvmm-host status` prints it. --metrics serves /metrics over
+TCP too (127.0.0.1:9477 when no address is given). Package energy comes from RAPL
+where readable (pvmm_package_energy_joules_total); pvmm_package_power_watts_model
+is a model, never a measurement.
 
 SIGTERM or SIGINT: placement is handed back (pvmm VMs to their own policy, other
 VMs' threads to the affinity they had) and pvmm-host exits 0.
@@ -53,8 +62,9 @@ pub struct HostCli {
           value_parser = clap::value_parser!(u64).range(MIN_TICK_MS..=MAX_TICK_MS))]
     pub tick_ms: u64,
 
-    /// Where pvmm VMs' control sockets are (*.sock).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_RUNTIME_DIR)]
+    /// Where pvmm VMs' control sockets are (*.sock), and the daemon's own lock and status
+    /// socket.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_RUNTIME_DIR, global = true)]
     pub runtime_dir: PathBuf,
 
     /// Adopt VMs of other VMMs: auto | none.
@@ -66,9 +76,27 @@ pub struct HostCli {
     #[arg(long, value_name = "FILE|-")]
     pub stats: Option<PathBuf>,
 
+    /// Serve Prometheus metrics (GET /metrics) over TCP at ADDR.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_METRICS_ADDR)]
+    pub metrics: Option<std::net::SocketAddr>,
+
     /// Log each VM that joins or leaves on stderr.
     #[arg(short, long)]
     pub verbose: bool,
+
+    #[command(subcommand)]
+    pub command: Option<HostCommand>,
+}
+
+/// Commands other than running the daemon.
+#[derive(Debug, clap::Subcommand)]
+pub enum HostCommand {
+    /// Show what the running daemon does: packages, VMs, and where each vCPU is.
+    Status {
+        /// Print the JSON snapshot instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 impl HostCli {
@@ -90,6 +118,7 @@ impl HostCli {
             adopt: self.adopt == "auto",
             roots: Roots::default(),
             verbose: self.verbose,
+            metrics: self.metrics,
         })
     }
 }

@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod discover;
 pub mod members;
+pub mod metrics;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
@@ -33,6 +34,9 @@ use self::members::{ForeignMember, MemberVcpu, PvmmMember};
 
 /// The lock file in the runtime directory that keeps a second daemon out.
 pub const LOCK_FILE: &str = "pvmm-host.lock";
+/// The daemon's own socket in the runtime directory (`GET /v1/host`, `GET /metrics`; what
+/// `pvmm-host status` reads). Not `*.sock`, which names pvmm VMs.
+pub const STATUS_SOCKET: &str = "pvmm-host.api";
 
 /// What the daemon is asked to do.
 #[derive(Debug, Clone)]
@@ -51,6 +55,8 @@ pub struct HostConfig {
     pub roots: Roots,
     /// Log each VM that joins or leaves on stderr.
     pub verbose: bool,
+    /// Serve `GET /metrics` (Prometheus text) over TCP here.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Errors that stop the daemon before it runs.
@@ -115,6 +121,7 @@ pub struct HostDaemon {
     /// Threads whose affinity the host refused (reported once).
     refused: HashSet<i32>,
     totals: Totals,
+    latest: metrics::Latest,
     _lock: std::fs::File,
 }
 
@@ -175,6 +182,7 @@ impl HostDaemon {
             applied: HashMap::new(),
             refused: HashSet::new(),
             totals: Totals::default(),
+            latest: Default::default(),
             _lock: lock,
         }
     }
@@ -385,13 +393,21 @@ impl HostDaemon {
     }
 
     fn report(&mut self, now_ns: u64, decision: &Decision) {
-        let Some(out) = self.stats.as_mut() else {
-            return;
-        };
-        let mut by_id: HashMap<VcpuId, &pvmm_scheduler::Assignment> = HashMap::new();
-        for a in &decision.assignments {
-            by_id.insert(a.id, a);
+        let line = self.snapshot(now_ns, decision);
+        if let Some(out) = self.stats.as_mut() {
+            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+                self.stats = None;
+            }
         }
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
+    }
+
+    /// This tick as JSON: every VM's vCPUs (utilization, placement, capacity) and every
+    /// package (vCPUs, utilization, modelled power).
+    fn snapshot(&self, now_ns: u64, decision: &Decision) -> Value {
+        let by_id: HashMap<VcpuId, &pvmm_scheduler::Assignment> =
+            decision.assignments.iter().map(|a| (a.id, a)).collect();
+        let mut cpu_load: HashMap<u32, f64> = HashMap::new();
         let vms: Vec<Value> = self
             .vms
             .iter()
@@ -404,9 +420,13 @@ impl HostDaemon {
                             vm: m.id,
                             vcpu: v.vcpu,
                         });
+                        let util = f64::from(v.util) / 1024.0;
+                        if let Some(cpu) = a.and_then(|a| a.cpus.first()) {
+                            *cpu_load.entry(cpu).or_default() += util;
+                        }
                         json!({
                             "vcpu": v.vcpu, "tid": v.tid,
-                            "util": (f64::from(v.util) / 1.024).round() / 1000.0,
+                            "util": (util * 1000.0).round() / 1000.0,
                             "busy": v.busy,
                             "cpus": a.map(|a| a.cpus.to_string()),
                             "package": a.map(|a| a.package),
@@ -421,22 +441,27 @@ impl HostDaemon {
                 json!({ "id": m.id, "pid": pid, "kind": kind, "name": name, "vcpus": vcpus })
             })
             .collect();
-        let active: BTreeMap<u32, usize> =
-            decision
-                .assignments
-                .iter()
-                .fold(BTreeMap::new(), |mut acc, a| {
-                    *acc.entry(a.package).or_default() += 1;
-                    acc
-                });
-        let packages: Vec<Value> = self
-            .config
-            .topology
+        let topology = &self.config.topology;
+        let load = |cpu: u32| cpu_load.get(&cpu).copied().unwrap_or(0.0).min(1.0);
+        let power: HashMap<u32, f64> = metrics::package_power_model(topology, &load)
+            .into_iter()
+            .collect();
+        let packages: Vec<Value> = topology
             .packages()
             .iter()
-            .map(|p| json!({ "id": p.id, "vcpus": active.get(&p.id).copied().unwrap_or(0) }))
+            .map(|p| {
+                let cpus = p.cpus();
+                let on = decision
+                    .assignments
+                    .iter()
+                    .filter(|a| a.package == p.id)
+                    .count();
+                let util: f64 = cpus.iter().map(load).sum::<f64>() / cpus.len().max(1) as f64;
+                let watts = power.get(&p.id).copied().unwrap_or(0.0);
+                metrics::package_json(p.id, on, util, watts)
+            })
             .collect();
-        let line = json!({
+        json!({
             "t_ms": now_ns / 1_000_000,
             "policy": self.config.policy.to_string(),
             "vms": vms,
@@ -444,10 +469,27 @@ impl HostDaemon {
             "migrations": decision.migrations.len(),
             "migrations_total": self.totals.migrations,
             "apply_errors": self.totals.apply_errors,
-        });
-        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-            self.stats = None;
+        })
+    }
+
+    /// Starts the status socket in the runtime directory and, with `--metrics`, the TCP
+    /// metrics endpoint.
+    fn start_servers(&self) -> Result<(), String> {
+        let powercap = PathBuf::from(metrics::POWERCAP_ROOT);
+        let path = self.config.runtime_dir.join(STATUS_SOCKET);
+        // The lock is held: a socket file left here is a dead daemon's.
+        let _ = std::fs::remove_file(&path);
+        let unix = std::os::unix::net::UnixListener::bind(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        metrics::spawn_server("pvmm-host-api", unix, self.latest.clone(), powercap.clone())
+            .map_err(|e| format!("status thread: {e}"))?;
+        if let Some(addr) = self.config.metrics {
+            let tcp =
+                std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
+            metrics::spawn_server("pvmm-host-metrics", tcp, self.latest.clone(), powercap)
+                .map_err(|e| format!("metrics thread: {e}"))?;
         }
+        Ok(())
     }
 
     /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the
@@ -472,6 +514,7 @@ impl HostDaemon {
             vmm_sys_util::signal::register_signal_handler(signal, on_stop)
                 .map_err(|e| format!("signal handler: {e}"))?;
         }
+        self.start_servers()?;
         let mut next = Instant::now();
         while !STOP.load(Ordering::Relaxed) {
             self.tick()?;
@@ -480,6 +523,7 @@ impl HostDaemon {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
         }
         self.release();
+        let _ = std::fs::remove_file(self.config.runtime_dir.join(STATUS_SOCKET));
         Ok(())
     }
 }
@@ -500,6 +544,7 @@ mod tests {
             adopt: true,
             roots: host.roots.clone(),
             verbose: false,
+            metrics: None,
         };
         let lock = lock(&dir).unwrap();
         HostDaemon::with_executor(config, None, Box::new(RecordingExecutor::new()), lock)
