@@ -4,13 +4,19 @@ use pvmm::cli::{parse, ParseOutcome};
 use pvmm::exit::{VmExit, EXIT_BAD_INPUT};
 
 fn main() {
-    // `pvmm ctl ...` is `pvmm-ctl ...`: one static binary carries both (the nested rig's L1
-    // gets only `pvmm`).
+    // `pvmm ctl ...` is `pvmm-ctl ...` and `pvmm host ...` is `pvmm-host ...`: one static
+    // binary carries all three (the nested rig's L1 gets only `pvmm`).
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == "ctl") {
+    let tool: Option<fn(Vec<std::ffi::OsString>) -> u8> = match args.get(1).and_then(|a| a.to_str())
+    {
+        Some("ctl") => Some(pvmm::api::ctl::run),
+        Some("host") => Some(pvmm::host::main::run),
+        _ => None,
+    };
+    if let Some(run) = tool {
         args.remove(0);
-        args[0] = "pvmm ctl".into();
-        std::process::exit(i32::from(pvmm::api::ctl::run(args)));
+        args[0] = format!("pvmm {}", args[0].to_string_lossy()).into();
+        std::process::exit(i32::from(run(args)));
     }
     let cli = match parse(args) {
         ParseOutcome::Run(cli) => cli,

@@ -183,3 +183,19 @@ fn placement_flags() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn pvmm_carries_ctl_and_host_as_subcommands() {
+    let out = pvmm(&["ctl", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("control socket"));
+    let out = pvmm(&["host", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("runtime directory"));
+    // Bad flags of either: one line, exit 2.
+    for tool in ["ctl", "host"] {
+        let out = pvmm(&[tool, "--frobnicate"]);
+        assert_eq!(out.status.code(), Some(2), "{tool}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1, "{tool}");
+    }
+}

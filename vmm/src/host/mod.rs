@@ -14,6 +14,7 @@
 
 pub mod cli;
 pub mod discover;
+pub mod main;
 pub mod members;
 pub mod metrics;
 
