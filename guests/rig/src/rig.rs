@@ -787,7 +787,11 @@ impl Rig {
         let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
         for (vm, label) in self.vms.iter().zip(&labels) {
             let cmdline = guest_cmdline(vm.vmm, vm.guest_command.as_deref(), false)?;
-            let command = shell_join(&inner_vmm_command(vm.vmm, &vm.args, &cmdline)?);
+            let mut args = vm.args.clone();
+            if vm.vmm == InnerVmm::Pvmm {
+                args.extend(self.tuning.pvmm_args.iter().cloned());
+            }
+            let command = shell_join(&inner_vmm_command(vm.vmm, &args, &cmdline)?);
             memory += vm_shape(&vm.args)?.1;
             if self.vms.len() == 1 {
                 script.push_str(&format!("rig_run {label} 0 {command}\n"));
@@ -1376,6 +1380,114 @@ mod tests {
             strip_terminal_controls("\u{1b}c\u{1b}[?7l\u{1b}[2J\u{1b}[0mSeaBIOS"),
             "SeaBIOS"
         );
+    }
+
+    #[test]
+    fn vm_specs_parse_and_refuse() {
+        let vm: VmSpec = "pvmm --vcpus 2 --memory 256 -- echo a -- b"
+            .parse()
+            .unwrap();
+        assert_eq!(vm.vmm, InnerVmm::Pvmm);
+        assert_eq!(vm.args, ["--vcpus", "2", "--memory", "256"]);
+        assert_eq!(vm.guest_command.as_deref(), Some("echo a -- b"));
+        let bare: VmSpec = "qemu".parse().unwrap();
+        assert_eq!(bare, VmSpec::new(InnerVmm::Qemu));
+        for bad in ["", "kvmtool", "pvmm --vcpus", "pvmm --memory x -- nproc"] {
+            assert!(bad.parse::<VmSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn several_vms_start_together_with_their_own_labels_and_memory() {
+        let vm = |text: &str| text.parse::<VmSpec>().unwrap();
+        let rig = Rig::with_vms(vec![
+            vm("pvmm --vcpus 2 --memory 256 -- nproc"),
+            vm("qemu --vcpus 1 --memory 300 -- uname"),
+        ])
+        .tuning("policy-none".parse().unwrap());
+        assert_eq!(rig.labels(), ["0", "1"]);
+        let job = rig.job().unwrap();
+        assert_eq!(job.guest_memory_mib, 556);
+        let lines: Vec<&str> = job.script.lines().collect();
+        assert_eq!(lines.len(), 5, "{}", job.script);
+        assert!(lines[0].starts_with("rig_run 0 0 /bin/pvmm --vcpus 2 --memory 256 --policy none"));
+        assert!(lines[0].ends_with(" &"));
+        assert_eq!(lines[1], "rig_vm_0=$!");
+        assert!(lines[2].starts_with(&format!("rig_run 1 0 {} ", inside::QEMU)));
+        assert!(!lines[2].contains("--policy"));
+        assert_eq!(lines[4], "wait $rig_vm_0 $rig_vm_1");
+        let one = Rig::new(InnerVmm::Pvmm)
+            .guest_command("nproc")
+            .job()
+            .unwrap();
+        assert!(one.script.starts_with("rig_run main 0 /bin/pvmm --initrd"));
+        assert_eq!(one.script.lines().count(), 1);
+    }
+
+    #[test]
+    fn labelled_tags_split_runs_apart() {
+        assert_eq!(
+            parse_tag("@@guest/1@@ hello"),
+            Some(Tagged {
+                kind: "guest",
+                label: Some("1"),
+                text: "hello"
+            })
+        );
+        assert_eq!(
+            parse_tag("@@rig@@ vmm-exit 0 4").map(|t| t.kind),
+            Some("rig")
+        );
+        for other in [
+            "@@guest/a b@@ x",
+            "@@other@@ x",
+            "@@guest/@@ x",
+            "guest@@ x",
+        ] {
+            assert_eq!(parse_tag(other), None, "{other}");
+        }
+        let options = L1Options {
+            topology: Topology::default(),
+            timeout: Duration::from_secs(1),
+            echo: false,
+            tuning: L1Tuning::base(),
+            vmm_name: "pvmm",
+            vm_names: vec![("0".into(), "pvmm"), ("1".into(), "qemu-kvm")],
+        };
+        let mut collector = Collector::new(&options, Instant::now());
+        let shown: Vec<Option<String>> = [
+            "@@rig@@ vmm-start 0 1.0",
+            "@@rig@@ vmm-start 1 1.1",
+            "@@guest/1@@ from one",
+            "@@guest/0@@ from zero",
+            "@@vmm/1@@ qemu says",
+            "@@rig@@ l1-alive - 2.0",
+            "@@rig@@ vmm-exit 1 0",
+            "plain L1 line",
+        ]
+        .iter()
+        .map(|l| collector.stdout_line(l))
+        .collect();
+        assert_eq!(shown[2].as_deref(), Some("[guest1] from one"));
+        assert_eq!(shown[4].as_deref(), Some("[qemu-kvm1] qemu says"));
+        assert_eq!(shown[5], None);
+        assert_eq!(shown[7].as_deref(), Some("[L1] plain L1 line"));
+        let outcome = collector.outcome;
+        let one = outcome.run("1").unwrap();
+        assert_eq!(
+            (one.guest, one.vmm, one.status),
+            (
+                &["from one".to_string()][..],
+                &["qemu says".to_string()][..],
+                Some(0)
+            )
+        );
+        let zero = outcome.run("0").unwrap();
+        assert_eq!((zero.guest.len(), zero.status), (1, None));
+        assert!(outcome.run_in_progress());
+        assert_eq!(combined_status(&outcome, &["1".into()]), Some(0));
+        assert_eq!(combined_status(&outcome, &["0".into(), "1".into()]), None);
+        assert_eq!(outcome.guest_lines.len(), 2);
     }
 
     #[test]

@@ -88,7 +88,8 @@ enum Task {
     },
     /// Boot the rig many times and count the outcomes by kind, per variant (variants take
     /// turns, one boot each per round). Presets: base, single, tb256, cpu-max, no-x2apic,
-    /// svm-lean, npt0, hpoll0, nothp, quiet-clock (see guests/README.md); join them with '+'.
+    /// svm-lean, npt0, hpoll0, nothp, quiet-clock, policy-none (see guests/README.md); join
+    /// them with '+'.
     RigSoak {
         /// Boots per variant.
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
