@@ -1060,43 +1060,7 @@ pub fn run_l1(
         spawn_reader(stderr, Stream::Stderr, sender);
     }
     let mut collector = Collector::new(options, start);
-    let deadline = start + options.timeout;
-    loop {
-        let limit = collector
-            .poweroff_deadline
-            .map_or(deadline, |p| p.min(deadline));
-        let silent_at = collector.last_output + L1_SILENCE_LIMIT;
-        let now = Instant::now();
-        if now >= limit {
-            let hung = collector.poweroff_deadline.is_some_and(|p| p <= now)
-                && collector.outcome.vmm_status.is_some();
-            collector.outcome.end = if hung {
-                RigEnd::HungAtPowerOff
-            } else {
-                RigEnd::TimedOut
-            };
-            break;
-        }
-        if now >= silent_at {
-            collector.outcome.end = RigEnd::L1Frozen;
-            break;
-        }
-        let (stream, line) = match receiver.recv_timeout(limit.min(silent_at) - now) {
-            Ok(item) => item,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        };
-        let shown = match stream {
-            Stream::Stderr => collector.stderr_line(line),
-            Stream::Stdout => collector.stdout_line(&line),
-        };
-        if let (true, Some(shown)) = (options.echo, shown) {
-            println!("{shown}");
-        }
-        if matches!(collector.outcome.end, RigEnd::L1Lockup | RigEnd::L1Panic) {
-            break;
-        }
-    }
+    collector.watch(&receiver, start + options.timeout);
     let (mut outcome, feature_warnings) = (collector.outcome, collector.feature_warnings);
     if outcome.end == RigEnd::Completed {
         // Both pipes closed: QEMU is exiting; its status follows at once.
@@ -1183,6 +1147,45 @@ impl<'a> Collector<'a> {
             feature_warnings: 0,
             poweroff_deadline: None,
             last_output: start,
+        }
+    }
+
+    /// Takes QEMU's lines until it exits, a limit passes, or L1 locks up or panics; sets
+    /// `outcome.end` for all but a plain exit.
+    fn watch(&mut self, receiver: &mpsc::Receiver<(Stream, String)>, deadline: Instant) {
+        loop {
+            let limit = self.poweroff_deadline.map_or(deadline, |p| p.min(deadline));
+            let silent_at = self.last_output + L1_SILENCE_LIMIT;
+            let now = Instant::now();
+            if now >= limit {
+                let hung = self.poweroff_deadline.is_some_and(|p| p <= now)
+                    && self.outcome.vmm_status.is_some();
+                self.outcome.end = if hung {
+                    RigEnd::HungAtPowerOff
+                } else {
+                    RigEnd::TimedOut
+                };
+                return;
+            }
+            if now >= silent_at {
+                self.outcome.end = RigEnd::L1Frozen;
+                return;
+            }
+            let (stream, line) = match receiver.recv_timeout(limit.min(silent_at) - now) {
+                Ok(item) => item,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            let shown = match stream {
+                Stream::Stderr => self.stderr_line(line),
+                Stream::Stdout => self.stdout_line(&line),
+            };
+            if let (true, Some(shown)) = (self.options.echo, shown) {
+                println!("{shown}");
+            }
+            if matches!(self.outcome.end, RigEnd::L1Lockup | RigEnd::L1Panic) {
+                return;
+            }
         }
     }
 
