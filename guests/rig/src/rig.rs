@@ -398,7 +398,14 @@ pub enum RigEnd {
     /// L1 reset (QEMU runs with `-no-reboot`), e.g. a triple fault of L1 itself (seen under
     /// load, L1's console silent).
     L1Reset,
+    /// Something outside the rig sent QEMU a signal (QEMU says `terminating on signal N from
+    /// pid P`; seen once: another session on the machine ending QEMU processes by name).
+    /// Neither L1 nor the inner VMM failed.
+    KilledOutside,
 }
+
+/// What QEMU prints on stderr when a signal ends it.
+pub const QEMU_SIGNAL_MARK: &str = "terminating on signal";
 
 /// What L1's kernel prints when it panics.
 pub const L1_PANIC_MARK: &str = "Kernel panic - not syncing";
@@ -528,9 +535,14 @@ impl RigOutcome {
     pub fn exit_code(&self) -> i32 {
         match (self.end, self.vmm_status) {
             (RigEnd::TimedOut, _) => EXIT_TIMEOUT,
-            (RigEnd::L1Lockup | RigEnd::L1Panic | RigEnd::L1Frozen | RigEnd::L1Reset, _) => {
-                EXIT_RIG_FAILURE
-            }
+            (
+                RigEnd::L1Lockup
+                | RigEnd::L1Panic
+                | RigEnd::L1Frozen
+                | RigEnd::L1Reset
+                | RigEnd::KilledOutside,
+                _,
+            ) => EXIT_RIG_FAILURE,
             (_, Some(status)) => status,
             (_, None) => EXIT_RIG_FAILURE,
         }
@@ -559,6 +571,13 @@ impl RigOutcome {
                     .iter()
                     .rev()
                     .find(|l| l.contains(L1_PANIC_MARK))
+                    .map_or("no line kept", |l| l.trim())
+            ),
+            (RigEnd::KilledOutside, _) => format!(
+                "KILLED OUTSIDE: {}; killed after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                self.qemu_lines
+                    .iter()
+                    .find(|l| l.contains(QEMU_SIGNAL_MARK))
                     .map_or("no line kept", |l| l.trim())
             ),
             (RigEnd::L1Reset, _) => format!(
@@ -1065,7 +1084,13 @@ pub fn run_l1(
     if outcome.end == RigEnd::Completed {
         // Both pipes closed: QEMU is exiting; its status follows at once.
         outcome.qemu_status = child.0.wait().ok();
-        if outcome.run_in_progress() {
+        if outcome
+            .qemu_lines
+            .iter()
+            .any(|l| l.contains(QEMU_SIGNAL_MARK))
+        {
+            outcome.end = RigEnd::KilledOutside;
+        } else if outcome.run_in_progress() {
             outcome.end = RigEnd::L1Reset;
         }
     } else {
@@ -1564,6 +1589,11 @@ mod tests {
         outcome.end = RigEnd::L1Reset;
         assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
         assert!(outcome.summary("pvmm").starts_with("L1 RESET"));
+        outcome.end = RigEnd::KilledOutside;
+        outcome.qemu_lines =
+            vec!["qemu-system-x86_64: terminating on signal 15 from pid 27815 (bash)".into()];
+        assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
+        assert!(outcome.summary("pvmm").contains("signal 15 from pid 27815"));
         outcome.end = RigEnd::L1Panic;
         outcome.l1_lines.push(
             "[  204.228331] Kernel panic - not syncing: corrupted stack end detected inside scheduler"
