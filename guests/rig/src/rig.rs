@@ -398,7 +398,14 @@ pub enum RigEnd {
     /// L1 reset (QEMU runs with `-no-reboot`), e.g. a triple fault of L1 itself (seen under
     /// load, L1's console silent).
     L1Reset,
+    /// Something outside the rig sent QEMU a signal (QEMU says `terminating on signal N from
+    /// pid P`; seen once: another session on the machine ending QEMU processes by name).
+    /// Neither L1 nor the inner VMM failed.
+    KilledOutside,
 }
+
+/// What QEMU prints on stderr when a signal ends it.
+pub const QEMU_SIGNAL_MARK: &str = "terminating on signal";
 
 /// What L1's kernel prints when it panics.
 pub const L1_PANIC_MARK: &str = "Kernel panic - not syncing";
@@ -528,9 +535,14 @@ impl RigOutcome {
     pub fn exit_code(&self) -> i32 {
         match (self.end, self.vmm_status) {
             (RigEnd::TimedOut, _) => EXIT_TIMEOUT,
-            (RigEnd::L1Lockup | RigEnd::L1Panic | RigEnd::L1Frozen | RigEnd::L1Reset, _) => {
-                EXIT_RIG_FAILURE
-            }
+            (
+                RigEnd::L1Lockup
+                | RigEnd::L1Panic
+                | RigEnd::L1Frozen
+                | RigEnd::L1Reset
+                | RigEnd::KilledOutside,
+                _,
+            ) => EXIT_RIG_FAILURE,
             (_, Some(status)) => status,
             (_, None) => EXIT_RIG_FAILURE,
         }
@@ -559,6 +571,13 @@ impl RigOutcome {
                     .iter()
                     .rev()
                     .find(|l| l.contains(L1_PANIC_MARK))
+                    .map_or("no line kept", |l| l.trim())
+            ),
+            (RigEnd::KilledOutside, _) => format!(
+                "KILLED OUTSIDE: {}; killed after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                self.qemu_lines
+                    .iter()
+                    .find(|l| l.contains(QEMU_SIGNAL_MARK))
                     .map_or("no line kept", |l| l.trim())
             ),
             (RigEnd::L1Reset, _) => format!(
@@ -787,7 +806,11 @@ impl Rig {
         let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
         for (vm, label) in self.vms.iter().zip(&labels) {
             let cmdline = guest_cmdline(vm.vmm, vm.guest_command.as_deref(), false)?;
-            let command = shell_join(&inner_vmm_command(vm.vmm, &vm.args, &cmdline)?);
+            let mut args = vm.args.clone();
+            if vm.vmm == InnerVmm::Pvmm {
+                args.extend(self.tuning.pvmm_args.iter().cloned());
+            }
+            let command = shell_join(&inner_vmm_command(vm.vmm, &args, &cmdline)?);
             memory += vm_shape(&vm.args)?.1;
             if self.vms.len() == 1 {
                 script.push_str(&format!("rig_run {label} 0 {command}\n"));
@@ -1056,48 +1079,18 @@ pub fn run_l1(
         spawn_reader(stderr, Stream::Stderr, sender);
     }
     let mut collector = Collector::new(options, start);
-    let deadline = start + options.timeout;
-    loop {
-        let limit = collector
-            .poweroff_deadline
-            .map_or(deadline, |p| p.min(deadline));
-        let silent_at = collector.last_output + L1_SILENCE_LIMIT;
-        let now = Instant::now();
-        if now >= limit {
-            let hung = collector.poweroff_deadline.is_some_and(|p| p <= now)
-                && collector.outcome.vmm_status.is_some();
-            collector.outcome.end = if hung {
-                RigEnd::HungAtPowerOff
-            } else {
-                RigEnd::TimedOut
-            };
-            break;
-        }
-        if now >= silent_at {
-            collector.outcome.end = RigEnd::L1Frozen;
-            break;
-        }
-        let (stream, line) = match receiver.recv_timeout(limit.min(silent_at) - now) {
-            Ok(item) => item,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        };
-        let shown = match stream {
-            Stream::Stderr => collector.stderr_line(line),
-            Stream::Stdout => collector.stdout_line(&line),
-        };
-        if let (true, Some(shown)) = (options.echo, shown) {
-            println!("{shown}");
-        }
-        if matches!(collector.outcome.end, RigEnd::L1Lockup | RigEnd::L1Panic) {
-            break;
-        }
-    }
+    collector.watch(&receiver, start + options.timeout);
     let (mut outcome, feature_warnings) = (collector.outcome, collector.feature_warnings);
     if outcome.end == RigEnd::Completed {
         // Both pipes closed: QEMU is exiting; its status follows at once.
         outcome.qemu_status = child.0.wait().ok();
-        if outcome.run_in_progress() {
+        if outcome
+            .qemu_lines
+            .iter()
+            .any(|l| l.contains(QEMU_SIGNAL_MARK))
+        {
+            outcome.end = RigEnd::KilledOutside;
+        } else if outcome.run_in_progress() {
             outcome.end = RigEnd::L1Reset;
         }
     } else {
@@ -1179,6 +1172,45 @@ impl<'a> Collector<'a> {
             feature_warnings: 0,
             poweroff_deadline: None,
             last_output: start,
+        }
+    }
+
+    /// Takes QEMU's lines until it exits, a limit passes, or L1 locks up or panics; sets
+    /// `outcome.end` for all but a plain exit.
+    fn watch(&mut self, receiver: &mpsc::Receiver<(Stream, String)>, deadline: Instant) {
+        loop {
+            let limit = self.poweroff_deadline.map_or(deadline, |p| p.min(deadline));
+            let silent_at = self.last_output + L1_SILENCE_LIMIT;
+            let now = Instant::now();
+            if now >= limit {
+                let hung = self.poweroff_deadline.is_some_and(|p| p <= now)
+                    && self.outcome.vmm_status.is_some();
+                self.outcome.end = if hung {
+                    RigEnd::HungAtPowerOff
+                } else {
+                    RigEnd::TimedOut
+                };
+                return;
+            }
+            if now >= silent_at {
+                self.outcome.end = RigEnd::L1Frozen;
+                return;
+            }
+            let (stream, line) = match receiver.recv_timeout(limit.min(silent_at) - now) {
+                Ok(item) => item,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            let shown = match stream {
+                Stream::Stderr => self.stderr_line(line),
+                Stream::Stdout => self.stdout_line(&line),
+            };
+            if let (true, Some(shown)) = (self.options.echo, shown) {
+                println!("{shown}");
+            }
+            if matches!(self.outcome.end, RigEnd::L1Lockup | RigEnd::L1Panic) {
+                return;
+            }
         }
     }
 
@@ -1379,6 +1411,114 @@ mod tests {
     }
 
     #[test]
+    fn vm_specs_parse_and_refuse() {
+        let vm: VmSpec = "pvmm --vcpus 2 --memory 256 -- echo a -- b"
+            .parse()
+            .unwrap();
+        assert_eq!(vm.vmm, InnerVmm::Pvmm);
+        assert_eq!(vm.args, ["--vcpus", "2", "--memory", "256"]);
+        assert_eq!(vm.guest_command.as_deref(), Some("echo a -- b"));
+        let bare: VmSpec = "qemu".parse().unwrap();
+        assert_eq!(bare, VmSpec::new(InnerVmm::Qemu));
+        for bad in ["", "kvmtool", "pvmm --vcpus", "pvmm --memory x -- nproc"] {
+            assert!(bad.parse::<VmSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn several_vms_start_together_with_their_own_labels_and_memory() {
+        let vm = |text: &str| text.parse::<VmSpec>().unwrap();
+        let rig = Rig::with_vms(vec![
+            vm("pvmm --vcpus 2 --memory 256 -- nproc"),
+            vm("qemu --vcpus 1 --memory 300 -- uname"),
+        ])
+        .tuning("policy-none".parse().unwrap());
+        assert_eq!(rig.labels(), ["0", "1"]);
+        let job = rig.job().unwrap();
+        assert_eq!(job.guest_memory_mib, 556);
+        let lines: Vec<&str> = job.script.lines().collect();
+        assert_eq!(lines.len(), 5, "{}", job.script);
+        assert!(lines[0].starts_with("rig_run 0 0 /bin/pvmm --vcpus 2 --memory 256 --policy none"));
+        assert!(lines[0].ends_with(" &"));
+        assert_eq!(lines[1], "rig_vm_0=$!");
+        assert!(lines[2].starts_with(&format!("rig_run 1 0 {} ", inside::QEMU)));
+        assert!(!lines[2].contains("--policy"));
+        assert_eq!(lines[4], "wait $rig_vm_0 $rig_vm_1");
+        let one = Rig::new(InnerVmm::Pvmm)
+            .guest_command("nproc")
+            .job()
+            .unwrap();
+        assert!(one.script.starts_with("rig_run main 0 /bin/pvmm --initrd"));
+        assert_eq!(one.script.lines().count(), 1);
+    }
+
+    #[test]
+    fn labelled_tags_split_runs_apart() {
+        assert_eq!(
+            parse_tag("@@guest/1@@ hello"),
+            Some(Tagged {
+                kind: "guest",
+                label: Some("1"),
+                text: "hello"
+            })
+        );
+        assert_eq!(
+            parse_tag("@@rig@@ vmm-exit 0 4").map(|t| t.kind),
+            Some("rig")
+        );
+        for other in [
+            "@@guest/a b@@ x",
+            "@@other@@ x",
+            "@@guest/@@ x",
+            "guest@@ x",
+        ] {
+            assert_eq!(parse_tag(other), None, "{other}");
+        }
+        let options = L1Options {
+            topology: Topology::default(),
+            timeout: Duration::from_secs(1),
+            echo: false,
+            tuning: L1Tuning::base(),
+            vmm_name: "pvmm",
+            vm_names: vec![("0".into(), "pvmm"), ("1".into(), "qemu-kvm")],
+        };
+        let mut collector = Collector::new(&options, Instant::now());
+        let shown: Vec<Option<String>> = [
+            "@@rig@@ vmm-start 0 1.0",
+            "@@rig@@ vmm-start 1 1.1",
+            "@@guest/1@@ from one",
+            "@@guest/0@@ from zero",
+            "@@vmm/1@@ qemu says",
+            "@@rig@@ l1-alive - 2.0",
+            "@@rig@@ vmm-exit 1 0",
+            "plain L1 line",
+        ]
+        .iter()
+        .map(|l| collector.stdout_line(l))
+        .collect();
+        assert_eq!(shown[2].as_deref(), Some("[guest1] from one"));
+        assert_eq!(shown[4].as_deref(), Some("[qemu-kvm1] qemu says"));
+        assert_eq!(shown[5], None);
+        assert_eq!(shown[7].as_deref(), Some("[L1] plain L1 line"));
+        let outcome = collector.outcome;
+        let one = outcome.run("1").unwrap();
+        assert_eq!(
+            (one.guest, one.vmm, one.status),
+            (
+                &["from one".to_string()][..],
+                &["qemu says".to_string()][..],
+                Some(0)
+            )
+        );
+        let zero = outcome.run("0").unwrap();
+        assert_eq!((zero.guest.len(), zero.status), (1, None));
+        assert!(outcome.run_in_progress());
+        assert_eq!(combined_status(&outcome, &["1".into()]), Some(0));
+        assert_eq!(combined_status(&outcome, &["0".into(), "1".into()]), None);
+        assert_eq!(outcome.guest_lines.len(), 2);
+    }
+
+    #[test]
     fn l1_memory_covers_initrd_and_guest() {
         assert_eq!(l1_memory_mib(100 << 20, 512), 1280);
         assert_eq!(l1_memory_mib(0, 0), 512);
@@ -1449,6 +1589,11 @@ mod tests {
         outcome.end = RigEnd::L1Reset;
         assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
         assert!(outcome.summary("pvmm").starts_with("L1 RESET"));
+        outcome.end = RigEnd::KilledOutside;
+        outcome.qemu_lines =
+            vec!["qemu-system-x86_64: terminating on signal 15 from pid 27815 (bash)".into()];
+        assert_eq!(outcome.exit_code(), EXIT_RIG_FAILURE);
+        assert!(outcome.summary("pvmm").contains("signal 15 from pid 27815"));
         outcome.end = RigEnd::L1Panic;
         outcome.l1_lines.push(
             "[  204.228331] Kernel panic - not syncing: corrupted stack end detected inside scheduler"

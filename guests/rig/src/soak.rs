@@ -37,6 +37,9 @@ pub enum BootKind {
     Timeout,
     /// Every VM reported, but L1 did not power off ([`RigEnd::HungAtPowerOff`]).
     PowerOffHang,
+    /// Something outside the rig ended QEMU with a signal ([`RigEnd::KilledOutside`]): not a
+    /// failure of the rig, left out of its failure rate.
+    KilledOutside,
     /// Anything else: a VM exiting with another status, a guest command failing, L1 ending
     /// without a status. Not a known rig failure: a test must not run it again.
     Other,
@@ -44,7 +47,7 @@ pub enum BootKind {
 
 impl BootKind {
     /// Every kind, in table order.
-    pub const ALL: [BootKind; 10] = [
+    pub const ALL: [BootKind; 11] = [
         BootKind::Clean,
         BootKind::L1Lockup,
         BootKind::L1Panic,
@@ -54,6 +57,7 @@ impl BootKind {
         BootKind::GuestReset,
         BootKind::Timeout,
         BootKind::PowerOffHang,
+        BootKind::KilledOutside,
         BootKind::Other,
     ];
 
@@ -69,12 +73,14 @@ impl BootKind {
             BootKind::GuestReset => "guest reset",
             BootKind::Timeout => "timeout",
             BootKind::PowerOffHang => "poweroff hang",
+            BootKind::KilledOutside => "killed outside",
             BootKind::Other => "other",
         }
     }
 
-    /// A failure of the nested rig itself (seen in its soaks, under pvmm and QEMU alike), which
-    /// a rig test may run again; [`BootKind::Clean`] and [`BootKind::Other`] are not.
+    /// A failure of the nested rig itself (seen in its soaks, under pvmm and QEMU alike), or
+    /// QEMU killed from outside: a rig test may run it again. [`BootKind::Clean`] and
+    /// [`BootKind::Other`] are not.
     pub fn is_known_rig_failure(self) -> bool {
         !matches!(self, BootKind::Clean | BootKind::Other)
     }
@@ -88,6 +94,7 @@ pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (Boo
         RigEnd::L1Frozen => Some(BootKind::L1Frozen),
         RigEnd::L1Reset => Some(BootKind::L1Reset),
         RigEnd::TimedOut => Some(BootKind::Timeout),
+        RigEnd::KilledOutside => Some(BootKind::KilledOutside),
         RigEnd::Completed | RigEnd::HungAtPowerOff => None,
     };
     if let Some(kind) = l1 {

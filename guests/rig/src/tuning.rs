@@ -1,5 +1,5 @@
-//! How L1 is run: QEMU's `-cpu` and TCG settings, extra words for L1's kernel command line, and
-//! the parameters L1's init gives the KVM modules. A tuning is named by presets joined with
+//! How L1 is run: QEMU's `-cpu` and TCG settings, extra words for L1's kernel command line, the
+//! parameters L1's init gives the KVM modules, and extra pvmm arguments. A tuning is named by presets joined with
 //! `+` (e.g. `single+nothp`), each applied in order on top of [`BASE`], so soak runs and rig
 //! tests can name exactly what they ran.
 
@@ -34,6 +34,7 @@ enum Change {
     Cmdline(&'static [&'static str]),
     Kvm(&'static [&'static str]),
     KvmAmd(&'static [&'static str]),
+    Pvmm(&'static [&'static str]),
 }
 
 /// The presets, in the order `rig-soak --help` lists them.
@@ -93,6 +94,11 @@ pub const PRESETS: &[Preset] = &[
             "nohz=off",
         ]),
     },
+    Preset {
+        name: "policy-none",
+        about: "pvmm --policy none: pvmm never moves its vCPU threads between L1 CPUs",
+        change: Change::Pvmm(&["--policy", "none"]),
+    },
 ];
 
 /// L1's settings.
@@ -112,6 +118,9 @@ pub struct L1Tuning {
     pub kvm_params: Vec<String>,
     /// `name=value` parameters for kvm-amd.ko.
     pub kvm_amd_params: Vec<String>,
+    /// Arguments appended to every pvmm VM's own (the inner VMM's choices that change what
+    /// the emulated SVM sees).
+    pub pvmm_args: Vec<String>,
 }
 
 impl L1Tuning {
@@ -125,6 +134,7 @@ impl L1Tuning {
             cmdline_extra: Vec::new(),
             kvm_params: Vec::new(),
             kvm_amd_params: Vec::new(),
+            pvmm_args: Vec::new(),
         }
     }
 
@@ -162,6 +172,7 @@ impl L1Tuning {
             Change::Cmdline(words) => extend(&mut self.cmdline_extra, words),
             Change::Kvm(params) => extend(&mut self.kvm_params, params),
             Change::KvmAmd(params) => extend(&mut self.kvm_amd_params, params),
+            Change::Pvmm(args) => extend(&mut self.pvmm_args, args),
         }
     }
 }
@@ -208,6 +219,7 @@ impl fmt::Display for L1Tuning {
             ("L1 cmdline +", &self.cmdline_extra),
             ("kvm", &self.kvm_params),
             ("kvm_amd", &self.kvm_amd_params),
+            ("pvmm", &self.pvmm_args),
         ] {
             if !words.is_empty() {
                 write!(f, "; {what} {}", words.join(" "))?;
@@ -237,6 +249,8 @@ mod tests {
         assert_eq!(base, L1Tuning::base());
         assert_eq!(base.accel(), "tcg,thread=multi");
         assert_eq!("cpu-max".parse::<L1Tuning>().unwrap().cpu, "max");
+        let pinned: L1Tuning = "policy-none".parse().unwrap();
+        assert_eq!(pinned.pvmm_args, ["--policy", "none"]);
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! - `cargo xtask rig [--topology SxCxT] [--timeout SECS] [--guest-cmd CMD] [--vmm pvmm|qemu]
 //!   -- [PVMM ARGS]`: boots L1 under QEMU TCG and runs pvmm (or QEMU with KVM) in it; exits
 //!   with pvmm's exit status, 124 on timeout, 125 when L1 ended without reporting a status.
+//!   `--vm "VMM [ARGS] [-- CMD]"` (repeatable) runs several VMs side by side instead;
+//!   `--variant` picks L1's settings.
+//! - `cargo xtask rig-soak [--boots N] [--variant A,B] [--vms K] [--load N]`: boots the rig
+//!   many times, the variants taking turns, and counts the outcomes by kind.
 //! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--qemu-only]`: boot time to
 //!   guest init, pvmm vs QEMU, in one L1 boot.
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
@@ -16,7 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
 use pvmm_rig::images::{self, L1Needs, Workspace};
 use pvmm_rig::placement_bench::{
@@ -54,78 +58,12 @@ enum Task {
     /// Exits with pvmm's exit status; 124 when the timeout killed QEMU; 125 when L1 ended
     /// without reporting pvmm's status. Console lines are prefixed [L1], [guest], [pvmm]
     /// (pvmm's stderr), [rig] (events), [qemu] (QEMU's stderr).
-    Rig {
-        /// L1 CPU topology: sockets x cores x threads.
-        #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
-        topology: Topology,
-        /// Hard timeout in seconds for the whole run; QEMU is killed when it passes.
-        #[arg(long, default_value_t = 300, value_name = "SECS")]
-        timeout: u64,
-        /// Shell command the guest runs before powering off.
-        #[arg(long, value_name = "CMD", default_value = DEFAULT_GUEST_CMD)]
-        guest_cmd: String,
-        /// The VMM inside L1: pvmm, or qemu (-enable-kvm, same kernel, initrd, vCPUs, memory).
-        #[arg(long, default_value = "pvmm", value_name = "pvmm|qemu")]
-        vmm: InnerVmm,
-        /// Shell script file L1 runs alongside the VMM (PVMM_PID is set); output tagged [probe].
-        #[arg(long, value_name = "FILE")]
-        l1_probe: Option<PathBuf>,
-        /// Run L1 with -accel tcg,thread=single (slower; a fallback if L1 hangs).
-        #[arg(long)]
-        tcg_single: bool,
-        /// L1's settings: presets joined with '+' (see `cargo xtask rig-soak --help`).
-        #[arg(long, default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...]")]
-        variant: L1Tuning,
-        /// A VM to run, side by side with the other --vm ones in one L1, instead of the one VM
-        /// that --vmm, --guest-cmd and PVMM ARGS describe: "VMM [ARGS...] [-- CMD]", e.g.
-        /// "pvmm --vcpus 2 --memory 256 -- nproc" (CMD defaults to --guest-cmd). Repeatable.
-        #[arg(long = "vm", value_name = "SPEC")]
-        vms: Vec<VmSpec>,
-        /// Arguments for pvmm, after `--` (e.g. -- --vcpus 4). The rig adds --initrd, --cmdline
-        /// and the kernel.
-        #[arg(last = true, value_name = "PVMM ARGS")]
-        pvmm_args: Vec<String>,
-    },
+    Rig(RigArgs),
     /// Boot the rig many times and count the outcomes by kind, per variant (variants take
     /// turns, one boot each per round). Presets: base, single, tb256, cpu-max, no-x2apic,
-    /// svm-lean, npt0, hpoll0, nothp, quiet-clock (see guests/README.md); join them with '+'.
-    RigSoak {
-        /// Boots per variant.
-        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
-        boots: u32,
-        /// Variants, comma-separated, each presets joined with '+'.
-        #[arg(long = "variant", value_delimiter = ',', default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...],...")]
-        variants: Vec<L1Tuning>,
-        /// VMs side by side in each boot.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
-        vms: u32,
-        /// Inner VMMs, comma-separated, used by the VMs in turn (e.g. pvmm,qemu).
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "pvmm",
-            value_name = "pvmm|qemu,..."
-        )]
-        vmm: Vec<InnerVmm>,
-        /// vCPUs per VM (default 4 for one VM, 2 for several).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
-        vcpus: Option<u32>,
-        /// Memory per VM in MiB (default 512 for one VM, 256 for several).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(64..=65536))]
-        memory: Option<u64>,
-        /// Busy loops to run on the host meanwhile (the rig fails more often under load).
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
-        load: u32,
-        /// L1 CPU topology.
-        #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
-        topology: Topology,
-        /// Hard timeout of one boot in seconds.
-        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=3600))]
-        timeout: u64,
-        /// Folder for each boot's full log (default guests/out/soak/<unix time>).
-        #[arg(long, value_name = "DIR")]
-        log_dir: Option<PathBuf>,
-    },
+    /// svm-lean, npt0, hpoll0, nothp, quiet-clock, policy-none (see guests/README.md); join
+    /// them with '+'.
+    RigSoak(SoakArgs),
     /// Boot time to guest init: pvmm vs qemu -enable-kvm, alternating in one L1 boot.
     BenchBoot {
         /// Guest vCPUs (both VMMs).
@@ -179,6 +117,79 @@ enum Task {
         #[arg(long)]
         verbose: bool,
     },
+}
+
+#[derive(Debug, Args)]
+struct RigArgs {
+    /// L1 CPU topology: sockets x cores x threads.
+    #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+    topology: Topology,
+    /// Hard timeout in seconds for the whole run; QEMU is killed when it passes.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    timeout: u64,
+    /// Shell command the guest runs before powering off.
+    #[arg(long, value_name = "CMD", default_value = DEFAULT_GUEST_CMD)]
+    guest_cmd: String,
+    /// The VMM inside L1: pvmm, or qemu (-enable-kvm, same kernel, initrd, vCPUs, memory).
+    #[arg(long, default_value = "pvmm", value_name = "pvmm|qemu")]
+    vmm: InnerVmm,
+    /// Shell script file L1 runs alongside the VMM (PVMM_PID is set); output tagged [probe].
+    #[arg(long, value_name = "FILE")]
+    l1_probe: Option<PathBuf>,
+    /// Run L1 with -accel tcg,thread=single (slower; a fallback if L1 hangs).
+    #[arg(long)]
+    tcg_single: bool,
+    /// L1's settings: presets joined with '+' (see `cargo xtask rig-soak --help`).
+    #[arg(long, default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...]")]
+    variant: L1Tuning,
+    /// A VM to run, side by side with the other --vm ones in one L1, instead of the one VM
+    /// that --vmm, --guest-cmd and PVMM ARGS describe: "VMM [ARGS...] [-- CMD]", e.g.
+    /// "pvmm --vcpus 2 --memory 256 -- nproc" (CMD defaults to --guest-cmd). Repeatable.
+    #[arg(long = "vm", value_name = "SPEC")]
+    vms: Vec<VmSpec>,
+    /// Arguments for pvmm, after `--` (e.g. -- --vcpus 4). The rig adds --initrd, --cmdline
+    /// and the kernel.
+    #[arg(last = true, value_name = "PVMM ARGS")]
+    pvmm_args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct SoakArgs {
+    /// Boots per variant.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    boots: u32,
+    /// Variants, comma-separated, each presets joined with '+'.
+    #[arg(long = "variant", value_delimiter = ',', default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...],...")]
+    variants: Vec<L1Tuning>,
+    /// VMs side by side in each boot.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    vms: u32,
+    /// Inner VMMs, comma-separated, used by the VMs in turn (e.g. pvmm,qemu).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "pvmm",
+        value_name = "pvmm|qemu,..."
+    )]
+    vmm: Vec<InnerVmm>,
+    /// vCPUs per VM (default 4 for one VM, 2 for several).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    vcpus: Option<u32>,
+    /// Memory per VM in MiB (default 512 for one VM, 256 for several).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(64..=65536))]
+    memory: Option<u64>,
+    /// Busy loops to run on the host meanwhile (the rig fails more often under load).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    load: u32,
+    /// L1 CPU topology.
+    #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+    topology: Topology,
+    /// Hard timeout of one boot in seconds.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=3600))]
+    timeout: u64,
+    /// Folder for each boot's full log (default guests/out/soak/<unix time>).
+    #[arg(long, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
 }
 
 /// Exit code for a rig that could not run: 2 for bad arguments, else [`EXIT_RIG_FAILURE`].
@@ -271,6 +282,114 @@ fn soak(ws: &Workspace, images: &images::L1Images, options: &SoakOptions, load: 
     }
 }
 
+/// `cargo xtask rig`.
+fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
+    let RigArgs {
+        topology,
+        timeout,
+        guest_cmd,
+        vmm,
+        l1_probe,
+        tcg_single,
+        variant,
+        vms,
+        pvmm_args,
+    } = args;
+    let probe = match l1_probe.map(std::fs::read_to_string).transpose() {
+        Ok(probe) => probe,
+        Err(error) => {
+            eprintln!("xtask: error: cannot read --l1-probe: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let vms = if vms.is_empty() {
+        vec![VmSpec {
+            vmm,
+            args: pvmm_args,
+            guest_command: None,
+        }]
+    } else if !pvmm_args.is_empty() {
+        eprintln!("xtask: error: give pvmm arguments inside each --vm, not after --");
+        return ExitCode::from(2);
+    } else {
+        vms
+    };
+    let vms: Vec<VmSpec> = vms
+        .into_iter()
+        .map(|vm| VmSpec {
+            guest_command: vm.guest_command.or_else(|| Some(guest_cmd.clone())),
+            ..vm
+        })
+        .collect();
+    let Some(images) = l1_images(ws, &vms) else {
+        return ExitCode::from(EXIT_BUILD_FAILURE);
+    };
+    eprintln!(
+        "xtask: images ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut rig = Rig::with_vms(vms.clone())
+        .topology(topology)
+        .timeout(Duration::from_secs(timeout))
+        .tuning(variant)
+        .echo(true);
+    if tcg_single {
+        rig = rig.tcg_multi_thread(false);
+    }
+    if let Some(probe) = probe {
+        rig = rig.l1_probe(probe);
+    }
+    run_rig(ws, &images, &rig, &vms)
+}
+
+/// `cargo xtask rig-soak`.
+fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
+    let SoakArgs {
+        boots,
+        variants,
+        vms,
+        vmm,
+        vcpus,
+        memory,
+        load,
+        topology,
+        timeout,
+        log_dir,
+    } = args;
+    let one = vms == 1;
+    let shape = [
+        "--vcpus".to_string(),
+        vcpus.unwrap_or(if one { 4 } else { 2 }).to_string(),
+        "--memory".to_string(),
+        memory.unwrap_or(if one { 512 } else { 256 }).to_string(),
+    ];
+    let specs: Vec<VmSpec> = (0..vms as usize)
+        .map(|i| VmSpec {
+            vmm: vmm[i % vmm.len()],
+            args: shape.to_vec(),
+            guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
+        })
+        .collect();
+    let Some(images) = l1_images(ws, &specs) else {
+        return ExitCode::from(EXIT_BUILD_FAILURE);
+    };
+    let log_dir = log_dir.unwrap_or_else(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        ws.out.join("soak").join(now.to_string())
+    });
+    let options = SoakOptions {
+        variants,
+        boots,
+        vms: specs,
+        topology,
+        timeout: Duration::from_secs(timeout),
+        log_dir,
+    };
+    soak(ws, &images, &options, load)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ws = match Workspace::locate() {
@@ -298,108 +417,8 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_BUILD_FAILURE)
             }
         },
-        Task::Rig {
-            topology,
-            timeout,
-            guest_cmd,
-            vmm,
-            l1_probe,
-            tcg_single,
-            variant,
-            vms,
-            pvmm_args,
-        } => {
-            let probe = match l1_probe.map(std::fs::read_to_string).transpose() {
-                Ok(probe) => probe,
-                Err(error) => {
-                    eprintln!("xtask: error: cannot read --l1-probe: {error}");
-                    return ExitCode::from(2);
-                }
-            };
-            let vms = if vms.is_empty() {
-                vec![VmSpec {
-                    vmm,
-                    args: pvmm_args,
-                    guest_command: None,
-                }]
-            } else if !pvmm_args.is_empty() {
-                eprintln!("xtask: error: give pvmm arguments inside each --vm, not after --");
-                return ExitCode::from(2);
-            } else {
-                vms
-            };
-            let vms: Vec<VmSpec> = vms
-                .into_iter()
-                .map(|vm| VmSpec {
-                    guest_command: vm.guest_command.or_else(|| Some(guest_cmd.clone())),
-                    ..vm
-                })
-                .collect();
-            let Some(images) = l1_images(&ws, &vms) else {
-                return ExitCode::from(EXIT_BUILD_FAILURE);
-            };
-            eprintln!(
-                "xtask: images ready in {:.1} s",
-                started.elapsed().as_secs_f64()
-            );
-            let mut rig = Rig::with_vms(vms.clone())
-                .topology(topology)
-                .timeout(Duration::from_secs(timeout))
-                .tuning(variant)
-                .echo(true);
-            if tcg_single {
-                rig = rig.tcg_multi_thread(false);
-            }
-            if let Some(probe) = probe {
-                rig = rig.l1_probe(probe);
-            }
-            run_rig(&ws, &images, &rig, &vms)
-        }
-        Task::RigSoak {
-            boots,
-            variants,
-            vms,
-            vmm,
-            vcpus,
-            memory,
-            load,
-            topology,
-            timeout,
-            log_dir,
-        } => {
-            let one = vms == 1;
-            let shape = [
-                "--vcpus".to_string(),
-                vcpus.unwrap_or(if one { 4 } else { 2 }).to_string(),
-                "--memory".to_string(),
-                memory.unwrap_or(if one { 512 } else { 256 }).to_string(),
-            ];
-            let specs: Vec<VmSpec> = (0..vms as usize)
-                .map(|i| VmSpec {
-                    vmm: vmm[i % vmm.len()],
-                    args: shape.to_vec(),
-                    guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
-                })
-                .collect();
-            let Some(images) = l1_images(&ws, &specs) else {
-                return ExitCode::from(EXIT_BUILD_FAILURE);
-            };
-            let log_dir = log_dir.unwrap_or_else(|| {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                ws.out.join("soak").join(now.to_string())
-            });
-            let options = SoakOptions {
-                variants,
-                boots,
-                vms: specs,
-                topology,
-                timeout: Duration::from_secs(timeout),
-                log_dir,
-            };
-            soak(&ws, &images, &options, load)
-        }
+        Task::Rig(args) => rig_task(&ws, started, args),
+        Task::RigSoak(args) => soak_task(&ws, args),
         Task::BenchBoot {
             vcpus,
             memory,
