@@ -196,6 +196,10 @@ fn pvmm_carries_ctl_and_host_as_subcommands() {
     for tool in ["ctl", "host"] {
         let out = pvmm(&[tool, "--frobnicate"]);
         assert_eq!(out.status.code(), Some(2), "{tool}");
-        assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1, "{tool}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).lines().count(),
+            1,
+            "{tool}"
+        );
     }
 }

@@ -123,6 +123,8 @@ pub struct HostDaemon {
     refused: HashSet<i32>,
     totals: Totals,
     latest: metrics::Latest,
+    /// The daemon's own threads, kept on the lowest active package like pvmm's.
+    own: crate::live::own_threads::OwnThreads,
     _lock: std::fs::File,
 }
 
@@ -184,6 +186,7 @@ impl HostDaemon {
             refused: HashSet::new(),
             totals: Totals::default(),
             latest: Default::default(),
+            own: crate::live::own_threads::OwnThreads::new(Vec::new()),
             _lock: lock,
         }
     }
@@ -311,6 +314,11 @@ impl HostDaemon {
             .place(now_ns / 1_000_000, &loads)
             .map_err(|e| format!("placement engine: {e}"))?;
         self.apply(&decision);
+        // The daemon wakes every tick: on the lowest active package, not on one it empties.
+        if let Some(home) = decision.assignments.iter().map(|a| a.package).min() {
+            let cpus = self.config.topology.package_cpus(home);
+            self.totals.apply_errors += self.own.pin(&cpus, self.executor.as_mut());
+        }
         self.totals.ticks += 1;
         self.totals.migrations += decision.migrations.len() as u64;
         self.report(now_ns, &decision);

@@ -1,0 +1,220 @@
+//! `pvmm-host` in the rig: two pvmm VMs of 2 vCPUs side by side in one L1 (2 packages x 2
+//! cores), each guest running one busy thread, the daemon placing both. Checked from L1's
+//! `/proc` (each VM's vCPU threads' `Cpus_allowed_list` and CPU time, each L1 CPU's idle time),
+//! not from the daemon's output: the two busy vCPUs are on two different CPUs of one package
+//! and the other package stays idle. Each pvmm placing itself (no daemon) would put both busy
+//! vCPUs on the same CPU (the tiny-guest test `vmm/tests/host.rs` shows that case).
+
+use pvmm_rig::soak::classify;
+use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
+use pvmm_tests::{
+    placement_probe, prepare_rig, retry_rig_crash, rig_lock, PlacementTrace, PROBE_INTERVAL,
+};
+
+/// The runtime directory in L1: pvmm VMs' sockets and the daemon's lock.
+const RUNTIME_DIR: &str = "/tmp";
+/// Seconds each guest waits after init before its load: both VMs up and joined.
+const LEAD_SECS: u32 = 8;
+/// Seconds of load.
+const LOAD_SECS: u32 = 30;
+/// Seconds after the later load start before placement is judged (the daemon reacts within
+/// a few ticks; the rest is the two VMs' load starting at different times).
+const SETTLE_SECS: f64 = 4.0;
+/// Least share of time package 1 must be idle in the window.
+const IDLE_PACKAGE_SHARE: f64 = 0.95;
+/// Hard limit for the rig boot.
+const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
+
+fn guest(n: usize) -> String {
+    format!(
+        "sleep {LEAD_SECS}\necho pvmm-mark: load-begin-{n}\npvmm-load --threads 1 --duty 100 --seconds {LOAD_SECS}\necho pvmm-mark: load-end-{n}\n"
+    )
+}
+
+/// The probe of each VM: the first to start launches the daemon (`pvmm host`, the static
+/// pvmm's daemon); each samples its own VM with the placement probe (its own sample file; the
+/// shared marks file kept for the other probe); the last to end stops the daemon and prints
+/// its log.
+fn probe() -> String {
+    let placement = placement_probe(PROBE_INTERVAL);
+    for shared in ["out=/tmp/pvmm-samples", "rm -f /tmp/rig-marks"] {
+        assert!(
+            placement.contains(shared),
+            "the placement probe changed: {shared}"
+        );
+    }
+    let placement = placement
+        .replace("out=/tmp/pvmm-samples", "out=/tmp/pvmm-samples-$PVMM_PID")
+        .replace("rm -f /tmp/rig-marks", ":");
+    format!(
+        r#"taskset -p 1 $$ >/dev/null 2>&1
+if mkdir /tmp/pvmm-host-started 2>/dev/null; then
+  /bin/pvmm host --runtime-dir {RUNTIME_DIR} --tick-ms 100 -v > /tmp/pvmm-host.log 2>&1 &
+  echo $! > /tmp/pvmm-host.pid
+fi
+{placement}
+if ! ls {RUNTIME_DIR}/*.sock >/dev/null 2>&1 && [ -f /tmp/pvmm-host.pid ]; then
+  kill $(cat /tmp/pvmm-host.pid) 2>/dev/null && sleep 1 && sed 's/^/HOST /' /tmp/pvmm-host.log
+fi
+"#
+    )
+}
+
+fn vm(n: usize) -> VmSpec {
+    let socket = format!("{RUNTIME_DIR}/vm{n}.sock");
+    VmSpec {
+        vmm: InnerVmm::Pvmm,
+        args: [
+            "--vcpus",
+            "2",
+            "--memory",
+            "256",
+            "--policy",
+            "powersaving",
+            "--api-socket",
+            &socket,
+        ]
+        .map(String::from)
+        .to_vec(),
+        guest_command: Some(guest(n)),
+    }
+}
+
+fn boot() -> Option<RigOutcome> {
+    let _lock = rig_lock();
+    let needs = pvmm_rig::images::L1Needs {
+        pvmm: true,
+        qemu: false,
+    };
+    let (ws, images) = prepare_rig("rig_host", needs)?;
+    let vms = vec![vm(0), vm(1)];
+    let rig = Rig::with_vms(vms.clone())
+        .timeout(RIG_TIMEOUT)
+        .l1_probe(probe())
+        .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
+    let labels = rig.labels();
+    let outcome = retry_rig_crash(
+        "rig_host",
+        || rig.run(&ws, &images).expect("the rig runs"),
+        |outcome| classify(outcome, &vms, &labels),
+    );
+    eprintln!("rig_host: {}", outcome.summary("pvmm"));
+    Some(outcome)
+}
+
+/// The sample in `trace` nearest to L1 time `t`.
+fn nearest(trace: &PlacementTrace, t: f64) -> usize {
+    (0..trace.samples.len())
+        .min_by(|&a, &b| {
+            let d = |i: usize| (trace.samples[i].t - t).abs();
+            d(a).total_cmp(&d(b))
+        })
+        .unwrap_or(0)
+}
+
+/// The vCPU of `trace` that ran most between samples `a` and `b`.
+fn busiest(trace: &PlacementTrace, a: usize, b: usize) -> u32 {
+    let ticks = |i: usize, v: u32| {
+        trace.samples[i]
+            .threads
+            .iter()
+            .find(|t| t.vcpu == v)
+            .map_or(0, |t| t.cpu_ticks)
+    };
+    let vcpus: Vec<u32> = trace.samples[a].threads.iter().map(|t| t.vcpu).collect();
+    vcpus
+        .into_iter()
+        .max_by_key(|&v| ticks(b, v).saturating_sub(ticks(a, v)))
+        .unwrap_or(0)
+}
+
+#[test]
+fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
+    let Some(outcome) = boot() else {
+        return;
+    };
+    let runs: Vec<_> = ["0", "1"]
+        .iter()
+        .map(|l| {
+            outcome
+                .run(l)
+                .unwrap_or_else(|| panic!("VM {l} never started: {}", outcome.summary("pvmm")))
+        })
+        .collect();
+    let host_log: Vec<&String> = runs
+        .iter()
+        .flat_map(|r| r.probe.iter().filter(|l| l.starts_with("HOST ")))
+        .collect();
+    for r in &runs {
+        assert_eq!(
+            r.status,
+            Some(0),
+            "pvmm: {}\nthe daemon: {host_log:?}",
+            r.vmm.join("\n")
+        );
+    }
+    let traces: Vec<PlacementTrace> = runs
+        .iter()
+        .map(|r| PlacementTrace::parse(r.probe))
+        .collect();
+    let mark = |text: &str| {
+        traces
+            .iter()
+            .find_map(|t| t.mark(text))
+            .unwrap_or_else(|| panic!("no mark {text}"))
+    };
+    let begin = mark("load-begin-0").max(mark("load-begin-1")) + SETTLE_SECS;
+    let end = mark("load-end-0").min(mark("load-end-1")) - 1.0;
+    assert!(
+        end - begin >= 10.0,
+        "the two loads overlapped only {:.1} s",
+        end - begin
+    );
+    let window: Vec<(usize, usize)> = traces
+        .iter()
+        .map(|t| (nearest(t, begin), nearest(t, end)))
+        .collect();
+    let busy: Vec<u32> = traces
+        .iter()
+        .zip(&window)
+        .map(|(t, &(a, b))| busiest(t, a, b))
+        .collect();
+    let package0 = traces[0].package_cpus(0);
+    let (a0, b0) = window[0];
+    for i in a0..=b0 {
+        let s0 = &traces[0].samples[i];
+        let s1 = &traces[1].samples[nearest(&traces[1], s0.t)];
+        let cpus = |s: &pvmm_tests::ProbeSample, v: u32| {
+            s.threads
+                .iter()
+                .find(|t| t.vcpu == v)
+                .map(|t| t.allowed.clone())
+                .unwrap_or_default()
+        };
+        let (c0, c1) = (cpus(s0, busy[0]), cpus(s1, busy[1]));
+        assert!(
+            c0.len() == 1 && c1.len() == 1 && c0 != c1 && package0.contains(&c0[0]) && package0.contains(&c1[0]),
+            "at {:.1}: VM 0's busy vCPU {} may run on {c0:?}, VM 1's busy vCPU {} on {c1:?} (package 0 = {package0:?})\nthe daemon: {host_log:?}",
+            s0.t, busy[0], busy[1]
+        );
+    }
+    for cpu in traces[0].package_cpus(1) {
+        let idle = traces[0].cpu_idle_share(cpu, a0, b0);
+        assert!(
+            idle >= IDLE_PACKAGE_SHARE,
+            "L1 CPU {cpu} (package 1) idle only {:.1} %",
+            idle * 100.0
+        );
+    }
+    for (n, r) in runs.iter().enumerate() {
+        let work = r
+            .guest
+            .iter()
+            .find(|l| l.contains("pvmm-load: total iterations"));
+        eprintln!(
+            "rig_host: VM {n}: busy vCPU {}, {}",
+            busy[n],
+            work.map_or("no work line", |w| w.as_str())
+        );
+    }
+}
