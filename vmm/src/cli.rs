@@ -175,6 +175,31 @@ where
     }
 }
 
+/// Parses a companion tool's flags (`pvmm-ctl`, `pvmm-host`): help and version are printed
+/// (`Err(0)`), a bad flag is one line on stderr (`Err(2)`), the usual pvmm convention.
+pub fn parse_tool<P: clap::Parser, I, T>(tool: &str, args: I) -> Result<P, u8>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match P::try_parse_from(args) {
+        Ok(parsed) => Ok(parsed),
+        Err(e) if e.use_stderr() => {
+            let text = e.to_string();
+            let line = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!(
+                "{tool}: {} (see {tool} --help)",
+                line.trim_start_matches("error: ")
+            );
+            Err(crate::exit::EXIT_BAD_INPUT as u8)
+        }
+        Err(e) => {
+            print!("{e}");
+            Err(0)
+        }
+    }
+}
+
 /// The first meaningful line of a clap error, without its "error: " prefix.
 fn one_line(rendered: &str) -> String {
     let line = rendered

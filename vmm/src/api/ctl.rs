@@ -9,8 +9,8 @@ use clap::{Parser, Subcommand};
 
 /// Exit status when pvmm refused the request (a 4xx or 5xx answer) or could not be reached.
 const EXIT_REFUSED: u8 = 1;
-/// Exit status for bad flags or an unreadable assignments file.
-const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status for bad flags: pvmm's own.
+const EXIT_BAD_INPUT: u8 = crate::exit::EXIT_BAD_INPUT as u8;
 
 /// Talk to a running pvmm through its control socket.
 #[derive(Debug, Parser)]
@@ -122,21 +122,9 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let cli: Cli = match crate::cli::parse_tool("pvmm-ctl", args) {
         Ok(cli) => cli,
-        Err(e) if e.use_stderr() => {
-            let first = e.to_string();
-            let line = first.lines().next().unwrap_or("invalid arguments");
-            eprintln!(
-                "pvmm-ctl: {} (see pvmm-ctl --help)",
-                line.trim_start_matches("error: ")
-            );
-            return EXIT_BAD_INPUT;
-        }
-        Err(e) => {
-            print!("{e}");
-            return 0;
-        }
+        Err(status) => return status,
     };
     let (method, path, body) = match plan(&cli.command) {
         Ok(p) => p,

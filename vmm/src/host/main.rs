@@ -3,16 +3,14 @@
 
 use std::io::Write;
 
-use clap::Parser;
-
 use super::cli::{HostCli, HostCommand};
 use super::metrics::format_status;
 use super::{HostDaemon, STATUS_SOCKET};
 
 /// Exit status for failures while running.
 const EXIT_FAILURE: u8 = 1;
-/// Exit status for bad flags and a runtime directory another daemon holds.
-const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status for bad flags: pvmm's own.
+const EXIT_BAD_INPUT: u8 = crate::exit::EXIT_BAD_INPUT as u8;
 
 /// Runs `pvmm-host` with `args` (the program name first); returns its exit status.
 pub fn run<I, T>(args: I) -> u8
@@ -20,21 +18,9 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match HostCli::try_parse_from(args) {
+    let cli: HostCli = match crate::cli::parse_tool("pvmm-host", args) {
         Ok(cli) => cli,
-        Err(e) if e.use_stderr() => {
-            let text = e.to_string();
-            let line = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!(
-                "pvmm-host: {} (see pvmm-host --help)",
-                line.trim_start_matches("error: ")
-            );
-            return EXIT_BAD_INPUT;
-        }
-        Err(e) => {
-            print!("{e}");
-            return 0;
-        }
+        Err(status) => return status,
     };
     if let Some(HostCommand::Status { json }) = &cli.command {
         return status(&cli.runtime_dir.join(STATUS_SOCKET), *json);
