@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::config::{
-    PlacementConfig, StatsTarget, VmConfig, DEFAULT_CMDLINE, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
+    PlacementConfig, StatsTarget, VmConfig, DEFAULT_CMDLINE, DEFAULT_KVM_DEVICE,
+    DEFAULT_MEMORY_MIB, DEFAULT_SHUTDOWN_TIMEOUT_SECS,
 };
 use crate::live::control::DEFAULT_EXTERNAL_LEASE_MS;
 use crate::live::scheduler::{PlacementPolicy, DEFAULT_TICK_MS};
@@ -19,7 +20,12 @@ Exit status:
   3  the guest asked to reboot (pvmm does not restart guests)
   4  the guest triple-faulted
   5  KVM could not run the guest (internal error, failed VM entry)
-  6  stopped through the control socket: the guest did not power off in time
+  6  stopped by pvmm (control socket, SIGTERM, SIGINT): the guest did not power
+     off in time
+
+SIGTERM and SIGINT press the guest's ACPI power button and stop the VM after
+--shutdown-timeout; a second SIGINT stops it at once. SIGHUP is ignored unless
+stdin is a terminal (then it is SIGTERM).
 
 The guest's serial console (COM1) is pvmm's stdin/stdout; --stats - writes to
 stderr, so the console stays clean.
@@ -115,6 +121,12 @@ pub struct Cli {
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_EXTERNAL_LEASE_MS,
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub external_lease_ms: u64,
+
+    /// Seconds a shutdown (SIGTERM, SIGINT, PUT /v1/vm/shutdown without a timeout) waits for
+    /// the guest to power off after the ACPI power button before pvmm stops it (0-600).
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub shutdown_timeout: u64,
 }
 
 impl Cli {
@@ -143,6 +155,7 @@ impl Cli {
             },
             api_socket: self.api_socket,
             external_lease_ms: self.external_lease_ms,
+            shutdown_timeout_secs: self.shutdown_timeout,
         }
     }
 }

@@ -21,6 +21,10 @@ pub const MIN_MEMORY_MIB: u64 = 64;
 pub const MAX_MEMORY_MIB: u64 = 1 << 20;
 /// The KVM device.
 pub const DEFAULT_KVM_DEVICE: &str = "/dev/kvm";
+/// How long a shutdown waits for the guest to power off after the power button: a distribution
+/// guest's orderly shutdown takes seconds; systemd's own default stop timeout is 90 s, so pvmm
+/// stops well inside it.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
 
 /// Errors in a configuration.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -61,6 +65,8 @@ pub struct VmConfig {
     pub api_socket: Option<PathBuf>,
     /// How long outside placement holds without renewal.
     pub external_lease_ms: u64,
+    /// How long a shutdown (SIGTERM, SIGINT, the API) waits for the guest to power off.
+    pub shutdown_timeout_secs: u64,
 }
 
 /// Where stats lines go.
@@ -136,6 +142,7 @@ mod tests {
             placement: PlacementConfig::default(),
             api_socket: None,
             external_lease_ms: crate::live::control::DEFAULT_EXTERNAL_LEASE_MS,
+            shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
         }
     }
 

@@ -20,5 +20,6 @@ pub mod layout;
 pub mod live;
 pub mod memory;
 pub mod running;
+pub mod signals;
 pub mod vmm;
 pub mod vstate;

@@ -16,6 +16,7 @@ use crate::live::control::{ExternalAssignment, PlacementControl};
 use crate::live::hoststat::CpuTimes;
 use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, PlacementPolicy, PlacementTotals};
+use crate::signals::SignalThread;
 use crate::vstate::handle::{RunState, VcpuHandle};
 use pvmm_scheduler::HostTopology;
 
@@ -53,12 +54,19 @@ pub struct VmCore {
     pub report: PlacementReport,
     /// The current policy as last asked for.
     pub policy: Mutex<PlacementPolicy>,
+    /// How long a shutdown waits for the guest to power off (`--shutdown-timeout`).
+    pub shutdown_timeout: Duration,
     /// Whether the guest's GED interrupt is unmasked (it listens for the power button); holds
     /// the KVM VM, which outlives every vCPU thread.
     pub ged_listening: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl VmCore {
+    /// Ends the VM now: the main thread stops it (exit 6) unless the guest ended it first.
+    pub fn stop_now(&self) {
+        let _ = self.deadlines.send(Instant::now());
+    }
+
     fn set_all(&self, state: RunState) -> Result<(), String> {
         for v in &self.vcpus {
             v.set_state(state, VCPU_STATE_TIMEOUT)
@@ -90,6 +98,7 @@ impl VmControl for VmCore {
         info["external_placement"] = json!(self.control.external_active());
         info["uptime_ms"] = json!(self.report.started.elapsed().as_millis() as u64);
         info["state"] = json!(self.state());
+        info["power_button_listening"] = json!((self.ged_listening)());
         info
     }
 
@@ -141,7 +150,8 @@ impl VmControl for VmCore {
         self.set_all(RunState::Running)
     }
 
-    fn shutdown(&self, timeout: Duration) -> Value {
+    fn shutdown(&self, timeout: Option<Duration>) -> Value {
+        let timeout = timeout.unwrap_or(self.shutdown_timeout);
         // A paused guest cannot answer the power button.
         let _ = self.set_all(RunState::Running);
         let listening = (self.ged_listening)();
@@ -165,6 +175,7 @@ pub struct RunningVm {
     scheduler_stop: Option<Sender<()>>,
     scheduler: Option<JoinHandle<()>>,
     api: Option<ApiServer>,
+    signals: SignalThread,
     // Guest memory outlives the vCPU threads, which are joined before it is dropped.
     _mem: crate::memory::GuestMemory,
 }
@@ -176,7 +187,7 @@ impl RunningVm {
         exits: Receiver<VmExit>,
         deadlines: Receiver<Instant>,
         scheduler: (Sender<()>, JoinHandle<()>),
-        api: Option<ApiServer>,
+        (api, signals): (Option<ApiServer>, SignalThread),
         mem: crate::memory::GuestMemory,
     ) -> Self {
         Self {
@@ -186,6 +197,7 @@ impl RunningVm {
             scheduler_stop: Some(scheduler.0),
             scheduler: Some(scheduler.1),
             api,
+            signals,
             _mem: mem,
         }
     }
@@ -212,12 +224,13 @@ impl RunningVm {
         }
     }
 
-    /// Stops every vCPU and joins its thread, then the scheduler, then the control socket
-    /// (removing its file). A vCPU that does not stop is reported, not waited on forever.
+    /// Stops the control socket (removing its file) and the signal thread, then every vCPU,
+    /// joining its thread, then the scheduler. A vCPU that does not stop is reported, not waited on forever.
     pub fn stop(&mut self) {
         if let Some(api) = self.api.as_mut() {
             api.stop();
         }
+        self.signals.stop();
         for v in &self.core.vcpus {
             match v.set_state(RunState::Stopped, VCPU_STATE_TIMEOUT) {
                 Ok(()) => v.join(),

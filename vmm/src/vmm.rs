@@ -30,6 +30,7 @@ use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, LiveVcpu, PlacementPolicy};
 use crate::memory::{create_guest_memory, low_ram_end, MemoryError};
 use crate::running::{PlacementReport, RunningVm, VmCore};
+use crate::signals::SignalThread;
 use crate::vstate::handle::{register_kick_handler, RunControl, VcpuHandle};
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuError, VcpuStarted};
 use crate::vstate::vm::{Vm, VmError};
@@ -452,6 +453,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         deadlines: deadline_tx,
         report,
         policy: Mutex::new(config.placement.policy),
+        shutdown_timeout: Duration::from_secs(config.shutdown_timeout_secs),
         ged_listening: Box::new(ged_unmasked),
     });
     let api = match api_socket {
@@ -462,13 +464,15 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         ),
         None => None,
     };
+    let signals = SignalThread::spawn(core.clone())
+        .map_err(|e| VmmError::Devices(format!("signal thread: {e}")))?;
     spawn_console_input(devices.serial);
     Ok(RunningVm::new(
         core,
         exits,
         deadlines,
         (stop_tx, scheduler),
-        api,
+        (api, signals),
         mem,
     ))
 }

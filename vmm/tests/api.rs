@@ -1,5 +1,6 @@
-//! The control socket against a real VM: a tiny guest that halts forever on this machine's
-//! /dev/kvm, driven through `--api-socket` as an operator or a host balancer would.
+//! The control socket and signals against a real VM: a tiny guest that halts forever on this
+//! machine's /dev/kvm, driven through `--api-socket` as an operator or a host balancer would,
+//! and signalled as a service manager would.
 
 mod common;
 use common::*;
@@ -24,11 +25,16 @@ struct Vmm {
 
 impl Vmm {
     fn start(name: &str, extra: &[&str]) -> Option<Vmm> {
+        Vmm::start_with(name, &HALT_LOOP, extra)
+    }
+
+    /// A 2-vCPU pvmm running the tiny guest `code`, serving its control socket.
+    fn start_with(name: &str, code: &[u8], extra: &[&str]) -> Option<Vmm> {
         if !kvm_available(name) {
             return None;
         }
         let dir = scratch(name);
-        let kernel = write_kernel(&dir, &HALT_LOOP);
+        let kernel = write_kernel(&dir, code);
         let socket = dir.join("api.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
             .args(["--vcpus", "2", "--memory", "64", "--api-socket"])
@@ -136,6 +142,7 @@ fn query_change_policy_pause_resume_and_shut_down() {
     };
     assert_eq!(socket_mode(&vmm.socket), 0o600);
     let vm = vmm.ok("GET", "/v1/vm", None);
+    assert_eq!(vm["power_button_listening"], false);
     assert_eq!(vm["vcpus"], 2);
     assert_eq!(vm["memory_mib"], 64);
     assert_eq!(vm["state"], "running");
@@ -401,4 +408,75 @@ fn a_failed_start_leaves_no_socket_and_bad_paths_are_one_line() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// 32-bit code: unmask IOAPIC pin 5 (the GED's interrupt), as an ACPI driver would: the guest
+/// then "listens" for the power button (it never takes the interrupt: it halts with
+/// interrupts off).
+const LISTEN_FOR_GED: [u8; 20] = [
+    0xc7, 0x05, 0x00, 0x00, 0xc0, 0xfe, 0x1a, 0x00, 0x00,
+    0x00, // IOREGSEL = redirection 5 low
+    0xc7, 0x05, 0x10, 0x00, 0xc0, 0xfe, 0x25, 0x00, 0x00,
+    0x00, // IOWIN = vector 0x25, unmasked
+];
+
+fn signal(vmm: &Vmm, sig: i32) {
+    // SAFETY: kill on a child's pid; the result is checked.
+    assert_eq!(unsafe { libc::kill(vmm.child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn sigterm_stops_a_guest_that_does_not_listen_and_sighup_is_ignored() {
+    let Some(vmm) = Vmm::start("signals-term", &[]) else {
+        return;
+    };
+    // stdin is not a terminal: SIGHUP changes nothing.
+    signal(&vmm, libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(vmm.ok("GET", "/v1/vm", None)["state"], "running");
+    signal(&vmm, libc::SIGTERM);
+    let socket = vmm.socket.clone();
+    let (status, err) = vmm.finish();
+    assert_eq!(status, Some(6), "{err}");
+    assert!(err.contains("SIGTERM: the guest does not listen"), "{err}");
+    assert!(err.contains("placement summary"), "{err}");
+    assert!(!socket.exists());
+}
+
+#[test]
+fn a_listening_guest_gets_the_power_button_and_a_second_sigint_stops_at_once() {
+    if !kvm_available("signals-int") {
+        return;
+    }
+    let mut code = LISTEN_FOR_GED.to_vec();
+    code.extend(HALT_LOOP);
+    let Some(vmm) = Vmm::start_with("signals-int", &code, &["--shutdown-timeout", "600"]) else {
+        return;
+    };
+    // The guest unmasks its GED interrupt almost at once (a few emulated instructions).
+    let start = Instant::now();
+    loop {
+        let a = vmm.call("PUT", "/v1/vm/shutdown", Some(r#"{"timeout_ms":600000}"#));
+        assert_eq!(a.status, 202);
+        if a.body["power_button"] == true {
+            break;
+        }
+        assert!(
+            start.elapsed() < TICKS_WAIT,
+            "the guest never unmasked its GED interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The guest ignores the button; one SIGINT only presses it again, a second stops the VM.
+    signal(&vmm, libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(vmm.ok("GET", "/v1/vm", None)["state"], "running");
+    signal(&vmm, libc::SIGINT);
+    let (status, err) = vmm.finish();
+    assert_eq!(status, Some(6), "{err}");
+    assert!(
+        err.contains("SIGINT: pressed the guest's power button"),
+        "{err}"
+    );
+    assert!(err.contains("SIGINT again: stopping the VM now"), "{err}");
 }

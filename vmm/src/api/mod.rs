@@ -57,8 +57,9 @@ pub trait VmControl: Send + Sync {
     fn pause(&self) -> Result<(), String>;
     /// Runs guest code again.
     fn resume(&self) -> Result<(), String>;
-    /// Power button, then a hard stop after `timeout`; says which was done.
-    fn shutdown(&self, timeout: Duration) -> Value;
+    /// Power button, then a hard stop after `timeout` (None: the VM's `--shutdown-timeout`);
+    /// says which was done.
+    fn shutdown(&self, timeout: Option<Duration>) -> Value;
 }
 
 /// Answers one checked request.

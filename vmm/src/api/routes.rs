@@ -11,9 +11,6 @@ use super::http::{HttpRequest, HttpResponse};
 use crate::live::control::ExternalAssignment;
 use crate::live::scheduler::PlacementPolicy;
 
-/// How long `PUT /v1/vm/shutdown` waits for the guest to power off after the power button,
-/// when the request does not say.
-pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
 /// The longest shutdown wait a request may ask for: ten minutes.
 pub const MAX_SHUTDOWN_TIMEOUT_MS: u64 = 600_000;
 
@@ -45,8 +42,8 @@ pub enum ApiRequest {
     Pause,
     /// `PUT /v1/vm/resume`.
     Resume,
-    /// `PUT /v1/vm/shutdown`.
-    Shutdown(Duration),
+    /// `PUT /v1/vm/shutdown`, with the request's timeout (None: pvmm's `--shutdown-timeout`).
+    Shutdown(Option<Duration>),
 }
 
 #[derive(Deserialize)]
@@ -127,13 +124,12 @@ pub fn parse_request(req: &HttpRequest, shape: &VmShape) -> Result<ApiRequest, H
             } else {
                 json(&req.body)?
             };
-            let ms = body.timeout_ms.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_MS);
-            if ms > MAX_SHUTDOWN_TIMEOUT_MS {
+            if let Some(ms) = body.timeout_ms.filter(|ms| *ms > MAX_SHUTDOWN_TIMEOUT_MS) {
                 return Err(bad(format!(
                     "timeout_ms {ms} is over the {MAX_SHUTDOWN_TIMEOUT_MS} ms limit"
                 )));
             }
-            ApiRequest::Shutdown(Duration::from_millis(ms))
+            ApiRequest::Shutdown(body.timeout_ms.map(Duration::from_millis))
         }
         (method, path) => {
             let mut r = HttpResponse::error(
@@ -231,13 +227,10 @@ mod tests {
             p("PUT", "/v1/policy", r#"{"policy":"performance"}"#),
             ApiRequest::SetPolicy("performance".parse().unwrap())
         );
-        assert_eq!(
-            p("PUT", "/v1/vm/shutdown", ""),
-            ApiRequest::Shutdown(Duration::from_millis(DEFAULT_SHUTDOWN_TIMEOUT_MS))
-        );
+        assert_eq!(p("PUT", "/v1/vm/shutdown", ""), ApiRequest::Shutdown(None));
         assert_eq!(
             p("PUT", "/v1/vm/shutdown", r#"{"timeout_ms":250}"#),
-            ApiRequest::Shutdown(Duration::from_millis(250))
+            ApiRequest::Shutdown(Some(Duration::from_millis(250)))
         );
         let ext = r#"{"assignments":[{"vcpu":0,"cpus":"0-1","capacity":512},{"vcpu":3,"cpus":"3","capacity":1024}]}"#;
         let ApiRequest::SetExternal(a) = p("PUT", "/v1/placement/external", ext) else {
