@@ -83,6 +83,7 @@ pub trait IdleSource: Send {
 pub struct KvmHaltIdle {
     halt: VcpuHaltStats,
     tid: i32,
+    blocked: ThreadBlocked,
     /// Whether the thread's blocked time is readable (decided once: mixing the two cumulative
     /// series tick by tick would turn their offset into idle or busy time).
     use_sched: bool,
@@ -92,10 +93,12 @@ pub struct KvmHaltIdle {
 impl KvmHaltIdle {
     /// For the vCPU whose stats are `halt`, running on thread `tid`.
     pub fn new(halt: VcpuHaltStats, tid: i32) -> Self {
+        let mut blocked = ThreadBlocked::default();
         Self {
             halt,
             tid,
-            use_sched: thread_blocked_ns(tid, 0).is_ok(),
+            use_sched: blocked.read(tid, 0).is_ok(),
+            blocked,
             acc: IdleAccumulator::default(),
         }
     }
@@ -104,7 +107,9 @@ impl KvmHaltIdle {
 impl IdleSource for KvmHaltIdle {
     fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
         let idle = if self.use_sched {
-            let blocked = thread_blocked_ns(self.tid, now_ns.saturating_sub(start_ns))?;
+            let blocked = self
+                .blocked
+                .read(self.tid, now_ns.saturating_sub(start_ns))?;
             blocked.saturating_add(self.halt.polled_ns()?)
         } else {
             self.halt.halted_ns()?
@@ -121,6 +126,7 @@ impl IdleSource for KvmHaltIdle {
 /// spins on a CPU while the guest is idle), so it is only the fallback.
 pub struct ThreadRunTime {
     tid: i32,
+    blocked: ThreadBlocked,
     acc: IdleAccumulator,
 }
 
@@ -129,24 +135,38 @@ impl ThreadRunTime {
     pub fn new(tid: i32) -> Self {
         Self {
             tid,
+            blocked: ThreadBlocked::default(),
             acc: IdleAccumulator::default(),
         }
     }
 }
 
-/// Time thread `tid` of this process was blocked (neither running nor runnable) out of
-/// `elapsed_ns`.
-fn thread_blocked_ns(tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
-    let (wanted, _ran) = ProcSchedstat.read(tid).ok_or_else(|| IdleError::Proc {
-        path: format!("/proc/self/task/{tid}/schedstat"),
-        why: "unreadable or in an unexpected format".into(),
-    })?;
-    Ok(elapsed_ns.saturating_sub(wanted))
+/// Time a thread of this process was blocked (neither running nor runnable) since its first
+/// reading. Its demand is counted from that reading, not from the thread's creation: a thread
+/// that waited for a CPU before the scheduler's clock started would otherwise have that wait
+/// subtracted from its first interval's idle time.
+#[derive(Debug, Default, Clone, Copy)]
+struct ThreadBlocked {
+    wanted_at_origin: Option<u64>,
+}
+
+impl ThreadBlocked {
+    /// Blocked time of thread `tid` out of the `elapsed_ns` since the first reading.
+    fn read(&mut self, tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
+        let (wanted, _ran) = ProcSchedstat.read(tid).ok_or_else(|| IdleError::Proc {
+            path: format!("/proc/self/task/{tid}/schedstat"),
+            why: "unreadable or in an unexpected format".into(),
+        })?;
+        let origin = *self.wanted_at_origin.get_or_insert(wanted);
+        Ok(elapsed_ns.saturating_sub(wanted.saturating_sub(origin)))
+    }
 }
 
 impl IdleSource for ThreadRunTime {
     fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
-        let blocked = thread_blocked_ns(self.tid, now_ns.saturating_sub(start_ns))?;
+        let blocked = self
+            .blocked
+            .read(self.tid, now_ns.saturating_sub(start_ns))?;
         Ok(self.acc.update(now_ns, blocked))
     }
     fn kind(&self) -> &'static str {
@@ -190,6 +210,15 @@ mod tests {
             (HALT_POLL_SUCCESS_NS, secs, -9, 1_000_000),
         ]);
         let halt = VcpuHaltStats::from_file(file_with(&img)).unwrap();
+        // The sleeper must be asleep before the first reading: on a loaded machine it may wait
+        // for a CPU between sending its id and blocking, and wanting a CPU is busy time.
+        let asleep = || {
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+            stat.rsplit(')').next().unwrap().split_whitespace().next() == Some("S")
+        };
+        while !asleep() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let mut src = KvmHaltIdle::new(halt, tid);
         let start = std::time::Instant::now();
         let first = src.sample(0, 0).unwrap();
