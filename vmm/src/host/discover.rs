@@ -51,7 +51,7 @@ fn read_trimmed(path: &Path) -> Option<String> {
 }
 
 /// The pids under `proc`, ascending.
-fn pids(proc: &Path) -> Vec<i32> {
+pub fn pids(proc: &Path) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir(proc) else {
         return Vec::new();
     };
@@ -92,6 +92,17 @@ fn qemu_vcpu_index(comm: &str) -> Option<u32> {
         .strip_suffix("/KVM")?
         .parse()
         .ok()
+}
+
+/// The thread ids of `pid` (no names: cheaper than [`threads`]).
+pub fn thread_ids(proc: &Path, pid: i32) -> Vec<i32> {
+    std::fs::read_dir(proc.join(pid.to_string()).join("task"))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The threads of `pid` with their names.
@@ -147,8 +158,13 @@ pub const PVMM_COMM: &str = "pvmm";
 /// Every KVM VMM process under `roots.proc` except those in `skip` (pvmm VMs that joined, and
 /// this process) and pvmm processes.
 pub fn foreign_vms(roots: &Roots, skip: &[i32]) -> Vec<ForeignVm> {
-    pids(&roots.proc)
-        .into_iter()
+    foreign_vms_among(roots, &pids(&roots.proc), skip)
+}
+
+/// [`foreign_vms`] among `pids` only.
+pub fn foreign_vms_among(roots: &Roots, pids: &[i32], skip: &[i32]) -> Vec<ForeignVm> {
+    pids.iter()
+        .copied()
         .filter(|pid| !skip.contains(pid))
         .filter_map(|pid| {
             let (vm_fd, vcpus) = kvm_fds(&roots.proc, pid)?;
@@ -156,6 +172,40 @@ pub fn foreign_vms(roots: &Roots, skip: &[i32]) -> Vec<ForeignVm> {
             (vm.comm != PVMM_COMM).then_some(vm)
         })
         .collect()
+}
+
+/// Every this many ticks discovery examines every process's file descriptors (1 s at the
+/// default tick); in between, only processes it has not examined yet or first saw less than
+/// that long ago (a VMM creates its vCPU file descriptors just after it starts). Reading
+/// every process's `fd` directory each tick is what costs at scale.
+pub const FULL_SCAN_TICKS: u64 = 10;
+
+/// Which processes discovery examines at each tick.
+#[derive(Debug, Default)]
+pub struct ScanSchedule {
+    tick: u64,
+    first_seen: std::collections::HashMap<i32, u64>,
+}
+
+impl ScanSchedule {
+    /// For the processes alive now (`alive`), whether this is a full scan and the pids to
+    /// examine.
+    pub fn next(&mut self, alive: &[i32]) -> (bool, Vec<i32>) {
+        let tick = self.tick;
+        self.tick += 1;
+        let full = tick % FULL_SCAN_TICKS == 0;
+        self.first_seen
+            .retain(|pid, _| alive.binary_search(pid).is_ok());
+        let examine = alive
+            .iter()
+            .copied()
+            .filter(|pid| {
+                let first = *self.first_seen.entry(*pid).or_insert(tick);
+                full || tick - first < FULL_SCAN_TICKS
+            })
+            .collect();
+        (full, examine)
+    }
 }
 
 /// The control sockets in `dir` (`*.sock`), sorted.
@@ -174,10 +224,15 @@ pub fn pvmm_sockets(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// A thread's demand so far, from `/proc/<tid>/schedstat`: nanoseconds on a CPU plus waiting
-/// for one. Works for any thread on the host, not only this process's.
-pub fn thread_wanted_ns(proc: &Path, tid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(proc.join(tid.to_string()).join("schedstat")).ok()?;
+/// A thread's demand so far, from `/proc/<pid>/task/<tid>/schedstat`: nanoseconds on a CPU
+/// plus waiting for one. Works for any thread on the host, not only this process's.
+pub fn thread_wanted_ns(proc: &Path, pid: i32, tid: i32) -> Option<u64> {
+    let path = proc
+        .join(pid.to_string())
+        .join("task")
+        .join(tid.to_string())
+        .join("schedstat");
+    let text = std::fs::read_to_string(path).ok()?;
     pvmm_devices::cppc::parse_schedstat(&text).map(|(wanted, _)| wanted)
 }
 
@@ -300,13 +355,28 @@ mod tests {
     }
 
     #[test]
+    fn the_scan_schedule_examines_new_processes_every_tick_and_all_now_and_then() {
+        let mut s = ScanSchedule::default();
+        assert_eq!(s.next(&[1, 2]), (true, vec![1, 2]));
+        // 1 and 2 were seen at tick 0: examined again until they are FULL_SCAN_TICKS old.
+        for _ in 1..FULL_SCAN_TICKS {
+            assert_eq!(s.next(&[1, 2]).1, vec![1, 2]);
+        }
+        // A full scan; then a process that appears is examined, the old ones are not.
+        assert_eq!(s.next(&[1, 2]), (true, vec![1, 2]));
+        assert_eq!(s.next(&[1, 2, 3]), (false, vec![3]));
+        assert_eq!(s.next(&[2, 3]), (false, vec![3]));
+    }
+
+    #[test]
     fn names_and_schedstat() {
         assert_eq!(qemu_vcpu_index("CPU 12/KVM"), Some(12));
         assert_eq!(qemu_vcpu_index("CPU x/KVM"), None);
         assert_eq!(qemu_vcpu_index("vcpu0"), None);
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        assert!(thread_wanted_ns(Path::new("/proc"), tid).is_some());
-        assert_eq!(thread_wanted_ns(Path::new("/proc"), -5), None);
+        let pid = std::process::id() as i32;
+        assert!(thread_wanted_ns(Path::new("/proc"), pid, tid).is_some());
+        assert_eq!(thread_wanted_ns(Path::new("/proc"), pid, -5), None);
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use pvmm_scheduler::{CpuSet, IdleSample, UtilConfig, UtilTracker};
 use serde_json::{json, Value};
 
-use super::discover::{thread_wanted_ns, threads, ForeignVm};
+use super::discover::{thread_ids, thread_wanted_ns, ForeignVm};
 use crate::api::client::request;
 
 /// One vCPU of a managed VM, as read at this tick.
@@ -171,7 +171,7 @@ impl ForeignMember {
     pub fn read(&mut self, proc: &Path, now_ns: u64) -> Vec<MemberVcpu> {
         let mut out = Vec::with_capacity(self.vcpus.len());
         for (&vcpu, v) in &mut self.vcpus {
-            if let Some(wanted) = thread_wanted_ns(proc, v.tid) {
+            if let Some(wanted) = thread_wanted_ns(proc, self.found.pid, v.tid) {
                 let (w0, t0) = *v.origin.get_or_insert((wanted, now_ns));
                 let busy = wanted.saturating_sub(w0);
                 let elapsed = now_ns.saturating_sub(t0);
@@ -193,9 +193,8 @@ impl ForeignMember {
 
     /// Its threads that are not vCPUs (the VMM's main loop, I/O and worker threads).
     pub fn housekeeping(&self, proc: &Path) -> Vec<i32> {
-        threads(proc, self.found.pid)
+        thread_ids(proc, self.found.pid)
             .into_iter()
-            .map(|(tid, _)| tid)
             .filter(|tid| !self.found.vcpu_tids.values().any(|t| t == tid))
             .collect()
     }
@@ -219,7 +218,7 @@ mod tests {
             ],
         );
         let schedstat = |tid: i32, ns: u64| {
-            let d = host.roots.proc.join(tid.to_string());
+            let d = host.roots.proc.join("50/task").join(tid.to_string());
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("schedstat"), format!("{ns} 0 1\n")).unwrap();
         };

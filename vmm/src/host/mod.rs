@@ -30,7 +30,7 @@ use pvmm_scheduler::{
 };
 use serde_json::{json, Value};
 
-use self::discover::{foreign_vms, pvmm_sockets, Roots};
+use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember};
 
 /// The lock file in the runtime directory that keeps a second daemon out.
@@ -97,6 +97,21 @@ struct Managed {
     vcpus: Vec<MemberVcpu>,
 }
 
+/// Where one tick's time went, in microseconds: finding VMs, reading their vCPUs'
+/// utilization, deciding, applying (sockets and affinity), for operators and the scale
+/// benchmark.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TickCost {
+    /// Discovery: the runtime directory and, with adoption, `/proc/*/fd`.
+    pub discover_us: u64,
+    /// Reading utilization: pvmm sockets and foreign threads' schedstat.
+    pub read_us: u64,
+    /// The engine's decision.
+    pub decide_us: u64,
+    /// Applying: pvmm sockets, affinity, the daemon's own threads.
+    pub apply_us: u64,
+}
+
 /// Running totals.
 #[derive(Debug, Default, Clone)]
 struct Totals {
@@ -122,6 +137,8 @@ pub struct HostDaemon {
     /// Threads whose affinity the host refused (reported once).
     refused: HashSet<i32>,
     totals: Totals,
+    cost: TickCost,
+    scan: ScanSchedule,
     latest: metrics::Latest,
     /// The daemon's own threads, kept on the lowest active package like pvmm's.
     own: crate::live::own_threads::OwnThreads,
@@ -154,22 +171,18 @@ impl HostDaemon {
     /// A daemon for `config`, holding its runtime directory's lock, writing a JSON line per
     /// tick to `stats`.
     pub fn new(config: HostConfig, stats: Option<Box<dyn Write>>) -> Result<Self, HostError> {
-        let lock = lock(&config.runtime_dir)?;
-        Ok(Self::with_executor(
-            config,
-            stats,
-            Box::new(LinuxExecutor),
-            lock,
-        ))
+        Self::with_executor(config, stats, Box::new(LinuxExecutor))
     }
 
-    fn with_executor(
+    /// [`HostDaemon::new`] applying affinity through `executor` (a recording one in tests and
+    /// the scale benchmark).
+    pub fn with_executor(
         config: HostConfig,
         stats: Option<Box<dyn Write>>,
         executor: Box<dyn Executor>,
-        lock: std::fs::File,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, HostError> {
+        let lock = lock(&config.runtime_dir)?;
+        Ok(Self {
             engine: Engine::new(
                 config.topology.clone(),
                 config.policy,
@@ -185,10 +198,25 @@ impl HostDaemon {
             applied: HashMap::new(),
             refused: HashSet::new(),
             totals: Totals::default(),
+            cost: TickCost::default(),
+            scan: ScanSchedule::default(),
             latest: Default::default(),
             own: crate::live::own_threads::OwnThreads::new(Vec::new()),
             _lock: lock,
-        }
+        })
+    }
+
+    /// Where the last tick's time went.
+    pub fn last_cost(&self) -> TickCost {
+        self.cost
+    }
+
+    /// VMs and vCPUs managed at the last tick.
+    pub fn managed(&self) -> (usize, usize) {
+        (
+            self.vms.len(),
+            self.vms.values().map(|m| m.vcpus.len()).sum(),
+        )
     }
 
     fn log(&self, msg: impl AsRef<str>) {
@@ -219,16 +247,7 @@ impl HostDaemon {
             }
         }
         if self.config.adopt {
-            let mut skip: Vec<i32> = seen.iter().copied().collect();
-            skip.push(std::process::id() as i32);
-            for found in foreign_vms(&self.config.roots, &skip) {
-                let pid = found.pid;
-                seen.insert(pid);
-                match self.vms.get_mut(&pid).map(|m| &mut m.member) {
-                    Some(Member::Foreign(f)) => f.update(found),
-                    _ => self.add(pid, Member::Foreign(ForeignMember::adopt(found))),
-                }
-            }
+            self.discover_foreign(&mut seen);
         }
         let gone: Vec<i32> = self
             .vms
@@ -239,6 +258,33 @@ impl HostDaemon {
         for pid in gone {
             self.vms.remove(&pid);
             self.log(format!("VM pid {pid} is gone"));
+        }
+    }
+
+    /// Adopts VMs of other VMMs among the processes the scan schedule says to examine; known
+    /// ones not examined this tick stay while their process lives.
+    fn discover_foreign(&mut self, seen: &mut HashSet<i32>) {
+        let alive = discover::pids(&self.config.roots.proc);
+        let (_, examine) = self.scan.next(&alive);
+        let mut skip: Vec<i32> = seen.iter().copied().collect();
+        skip.push(std::process::id() as i32);
+        let mut examined: HashSet<i32> = examine.iter().copied().collect();
+        for found in foreign_vms_among(&self.config.roots, &examine, &skip) {
+            let pid = found.pid;
+            seen.insert(pid);
+            examined.remove(&pid);
+            match self.vms.get_mut(&pid).map(|m| &mut m.member) {
+                Some(Member::Foreign(f)) => f.update(found),
+                _ => self.add(pid, Member::Foreign(ForeignMember::adopt(found))),
+            }
+        }
+        for (pid, m) in &self.vms {
+            let kept = matches!(m.member, Member::Foreign(_))
+                && !examined.contains(pid)
+                && alive.binary_search(pid).is_ok();
+            if kept {
+                seen.insert(*pid);
+            }
         }
     }
 
@@ -292,9 +338,15 @@ impl HostDaemon {
 
     /// One tick: discover, read, decide, apply, report.
     pub fn tick(&mut self) -> Result<(), String> {
+        let us = |t: Instant| t.elapsed().as_micros() as u64;
+        let phase = Instant::now();
         let now_ns = self.start.elapsed().as_nanos() as u64;
         self.discover();
+        self.cost.discover_us = us(phase);
+        let phase = Instant::now();
         self.read(now_ns);
+        self.cost.read_us = us(phase);
+        let phase = Instant::now();
         let loads: Vec<VcpuLoad> = self
             .vms
             .values()
@@ -313,12 +365,15 @@ impl HostDaemon {
             .engine
             .place(now_ns / 1_000_000, &loads)
             .map_err(|e| format!("placement engine: {e}"))?;
+        self.cost.decide_us = us(phase);
+        let phase = Instant::now();
         self.apply(&decision);
         // The daemon wakes every tick: on the lowest active package, not on one it empties.
         if let Some(home) = decision.assignments.iter().map(|a| a.package).min() {
             let cpus = self.config.topology.package_cpus(home);
             self.totals.apply_errors += self.own.pin(&cpus, self.executor.as_mut());
         }
+        self.cost.apply_us = us(phase);
         self.totals.ticks += 1;
         self.totals.migrations += decision.migrations.len() as u64;
         self.report(now_ns, &decision);
@@ -478,6 +533,12 @@ impl HostDaemon {
             "migrations": decision.migrations.len(),
             "migrations_total": self.totals.migrations,
             "apply_errors": self.totals.apply_errors,
+            "tick_us": {
+                "discover": self.cost.discover_us,
+                "read": self.cost.read_us,
+                "decide": self.cost.decide_us,
+                "apply": self.cost.apply_us,
+            },
         })
     }
 
@@ -555,8 +616,7 @@ mod tests {
             verbose: false,
             metrics: None,
         };
-        let lock = lock(&dir).unwrap();
-        HostDaemon::with_executor(config, None, Box::new(RecordingExecutor::new()), lock)
+        HostDaemon::with_executor(config, None, Box::new(RecordingExecutor::new())).unwrap()
     }
 
     #[test]
