@@ -193,7 +193,7 @@ impl ScanSchedule {
     pub fn next(&mut self, alive: &[i32]) -> (bool, Vec<i32>) {
         let tick = self.tick;
         self.tick += 1;
-        let full = tick % FULL_SCAN_TICKS == 0;
+        let full = tick.is_multiple_of(FULL_SCAN_TICKS);
         self.first_seen
             .retain(|pid, _| alive.binary_search(pid).is_ok());
         let examine = alive
