@@ -113,7 +113,7 @@ fn main() {
         });
     let pairs: Vec<(u32, u32)> = if args.is_empty() {
         vec![(100, 10), (1000, 10)]
-    } else if args.len() % 2 == 0 {
+    } else if args.len().is_multiple_of(2) {
         args.chunks(2).map(|p| (p[0], p[1])).collect()
     } else {
         eprintln!("host_tick: arguments are pairs of numbers (VMS VCPUS)");
