@@ -38,6 +38,10 @@ curl --unix-socket PATH http://localhost/v1/vm, or pvmm-ctl):
   PUT /v1/vm/pause, /v1/vm/resume
   PUT /v1/vm/shutdown {\"timeout_ms\":N}     power button, hard stop after N ms
 
+Companion commands in the same binary:
+  pvmm ctl --socket PATH ...   the control socket's client (also pvmm-ctl)
+  pvmm host ...                host-wide placement of every VM (also pvmm-host)
+
 Placement policies (--policy):
   performance      spread vCPUs across packages, then cores; never share a core
   balance          pack into the fewest packages, one vCPU per core, while capacity lasts
