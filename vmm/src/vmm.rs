@@ -379,6 +379,65 @@ fn start_vcpus(
     })
 }
 
+/// The running scheduler and what the VM's core keeps of it.
+struct StartedPlacement {
+    control: Arc<PlacementControl>,
+    report: PlacementReport,
+    /// The stop channel and the `pvmm-sched` thread.
+    thread: (Sender<()>, std::thread::JoinHandle<()>),
+}
+
+/// Places the vCPUs once while they wait at `gate`, releases them, and starts the scheduler
+/// thread.
+fn start_scheduler(
+    config: &VmConfig,
+    topology: &HostTopology,
+    live: Vec<LiveVcpu>,
+    stats_out: Option<Box<dyn Write + Send>>,
+    (handles, gate): (&[VcpuHandle], &Barrier),
+    devices: &Devices,
+    ged_unmasked: Box<dyn Fn() -> bool + Send>,
+) -> Result<StartedPlacement, VmmError> {
+    let control = Arc::new(PlacementControl::new(Duration::from_millis(
+        config.external_lease_ms,
+    )));
+    let vcpu_tids = handles.iter().map(VcpuHandle::tid).collect();
+    let mut scheduler = LiveScheduler::new(
+        config.placement.policy,
+        topology.clone(),
+        EngineConfig::default(),
+        Box::new(LinuxExecutor),
+        live,
+        stats_out,
+    )
+    .with_control(control.clone())
+    .with_own_threads(OwnThreads::new(vcpu_tids))
+    .with_capacity_reporter(Box::new(CppcReporter::new(
+        devices.cppc.clone(),
+        devices.ged.clone(),
+        ged_unmasked,
+    )));
+    // vCPUs start where the policy wants them: place before releasing the gate.
+    let placed = scheduler.tick();
+    gate.wait();
+    placed.map_err(|e| VmmError::PlacementHost(e.to_string()))?;
+    let report = PlacementReport {
+        topology: topology.clone(),
+        totals: scheduler.totals(),
+        host_stat_at_start: scheduler.host_stat_at_start(),
+        started: std::time::Instant::now(),
+    };
+    let (stop_tx, stop_rx) = bounded(0);
+    let thread = scheduler
+        .spawn(Duration::from_millis(config.placement.tick_ms), stop_rx)
+        .map_err(|e| VmmError::PlacementHost(e.to_string()))?;
+    Ok(StartedPlacement {
+        control,
+        report,
+        thread: (stop_tx, thread),
+    })
+}
+
 /// Builds the VM described by `config` and starts its vCPUs, its scheduler and, with
 /// `--api-socket`, its control socket.
 pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
@@ -399,47 +458,23 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     for h in &started.handles {
         devices.cppc.set_tid(h.index(), h.tid());
     }
-    let control = Arc::new(PlacementControl::new(Duration::from_millis(
-        config.external_lease_ms,
-    )));
-    let vcpu_tids = started.handles.iter().map(VcpuHandle::tid).collect();
     let ged_unmasked = {
         let vm = vm.clone();
         move || vm.ioapic_pin_unmasked(GED_IRQ)
     };
-    let mut scheduler = LiveScheduler::new(
-        config.placement.policy,
-        topology.clone(),
-        EngineConfig::default(),
-        Box::new(LinuxExecutor),
+    let placement = start_scheduler(
+        config,
+        &topology,
         started.live,
         stats_out,
-    )
-    .with_control(control.clone())
-    .with_own_threads(OwnThreads::new(vcpu_tids))
-    .with_capacity_reporter(Box::new(CppcReporter::new(
-        devices.cppc.clone(),
-        devices.ged.clone(),
+        (&started.handles, &started.gate),
+        &devices,
         Box::new(ged_unmasked.clone()),
-    )));
-    // vCPUs start where the policy wants them: place before releasing the gate.
-    let placed = scheduler.tick();
-    started.gate.wait();
-    placed.map_err(|e| VmmError::PlacementHost(e.to_string()))?;
-    let report = PlacementReport {
-        topology: topology.clone(),
-        totals: scheduler.totals(),
-        host_stat_at_start: scheduler.host_stat_at_start(),
-        started: std::time::Instant::now(),
-    };
-    let (stop_tx, stop_rx) = bounded(0);
-    let scheduler = scheduler
-        .spawn(Duration::from_millis(config.placement.tick_ms), stop_rx)
-        .map_err(|e| VmmError::PlacementHost(e.to_string()))?;
+    )?;
     let (deadline_tx, deadlines) = unbounded();
     let core = Arc::new(VmCore {
         vcpus: started.handles,
-        control,
+        control: placement.control,
         ged: devices.ged,
         description: json!({
             "vcpus": config.vcpus,
@@ -451,7 +486,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
             cpus: topology.cpu_set(),
         },
         deadlines: deadline_tx,
-        report,
+        report: placement.report,
         policy: Mutex::new(config.placement.policy),
         shutdown_timeout: Duration::from_secs(config.shutdown_timeout_secs),
         ged_listening: Box::new(ged_unmasked),
@@ -471,7 +506,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         core,
         exits,
         deadlines,
-        (stop_tx, scheduler),
+        placement.thread,
         (api, signals),
         mem,
     ))

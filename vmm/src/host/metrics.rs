@@ -81,106 +81,118 @@ fn label_value(v: &Value) -> String {
     }
 }
 
+/// Per-package families: name, help, and the snapshot's package key they show.
+const PACKAGE_FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "pvmm_package_active",
+        "1 when the placement puts vCPUs on the package.",
+        "active",
+    ),
+    (
+        "pvmm_package_utilization",
+        "Summed utilization of the vCPUs on the package over its CPUs, 0..1.",
+        "util",
+    ),
+    (
+        "pvmm_package_power_watts_model",
+        "Modelled package power for the current placement (a model, not a measurement).",
+        "power_w_model",
+    ),
+];
+
+/// Per-vCPU families: name, help, and the snapshot's vCPU key they show.
+const VCPU_FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "pvmm_vcpu_utilization",
+        "Decayed vCPU utilization, 0..1 of a CPU.",
+        "util",
+    ),
+    (
+        "pvmm_vcpu_package",
+        "The package the vCPU is placed on.",
+        "package",
+    ),
+    (
+        "pvmm_vcpu_capacity",
+        "The capacity the placement gives the vCPU, 1..1024.",
+        "capacity",
+    ),
+];
+
+/// Appends one metric family.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(String, f64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in rows {
+        let _ = writeln!(out, "{name}{labels} {value}");
+    }
+}
+
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        other => other.as_f64(),
+    }
+}
+
 /// The Prometheus text exposition of `snapshot` (a `--stats` line) plus RAPL counters.
 pub fn prometheus_text(snapshot: &Value, rapl: &[(u32, f64)]) -> String {
     let empty = Vec::new();
     let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, value) in rows {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
-    };
     let packages = snapshot["packages"].as_array().unwrap_or(&empty);
-    let per_package = |key: &str| -> Vec<(String, f64)> {
-        packages
+    for (name, help, key) in PACKAGE_FAMILIES {
+        let rows: Vec<(String, f64)> = packages
             .iter()
-            .map(|p| {
-                let v = match &p[key] {
-                    Value::Bool(b) => f64::from(u8::from(*b)),
-                    other => other.as_f64().unwrap_or(0.0),
-                };
-                (format!("{{package=\"{}\"}}", label_value(&p["id"])), v)
+            .filter_map(|p| {
+                let labels = format!("{{package=\"{}\"}}", label_value(&p["id"]));
+                Some((labels, number(&p[*key])?))
             })
-            .collect()
-    };
-    family(
-        "pvmm_package_active",
-        "gauge",
-        "1 when the placement puts vCPUs on the package.",
-        per_package("active"),
-    );
-    family(
-        "pvmm_package_utilization",
-        "gauge",
-        "Summed utilization of the vCPUs on the package over its CPUs, 0..1.",
-        per_package("util"),
-    );
-    family(
-        "pvmm_package_power_watts_model",
-        "gauge",
-        "Modelled package power for the current placement (a model, not a measurement).",
-        per_package("power_w_model"),
-    );
+            .collect();
+        family(&mut out, name, "gauge", help, &rows);
+    }
     if !rapl.is_empty() {
-        let rows = rapl
+        let rows: Vec<(String, f64)> = rapl
             .iter()
             .map(|(n, j)| (format!("{{package=\"{n}\"}}"), *j))
             .collect();
+        let help = "Package energy from powercap RAPL.";
         family(
+            &mut out,
             "pvmm_package_energy_joules_total",
             "counter",
-            "Package energy from powercap RAPL.",
-            rows,
+            help,
+            &rows,
         );
     }
     let vms = snapshot["vms"].as_array().unwrap_or(&empty);
-    let vcpu_rows = |key: &str| -> Vec<(String, f64)> {
-        vms.iter()
+    for (name, help, key) in VCPU_FAMILIES {
+        let rows: Vec<(String, f64)> = vms
+            .iter()
             .flat_map(|vm| {
-                let vcpus = vm["vcpus"].as_array().cloned().unwrap_or_default();
                 let id = label_value(&vm["id"]);
-                vcpus.into_iter().filter_map(move |v| {
-                    let value = v[key].as_f64()?;
-                    Some((
-                        format!("{{vm=\"{id}\",vcpu=\"{}\"}}", label_value(&v["vcpu"])),
-                        value,
-                    ))
-                })
+                vm["vcpus"]
+                    .as_array()
+                    .unwrap_or(&empty)
+                    .iter()
+                    .filter_map(move |v| {
+                        let labels =
+                            format!("{{vm=\"{id}\",vcpu=\"{}\"}}", label_value(&v["vcpu"]));
+                        Some((labels, number(&v[*key])?))
+                    })
             })
-            .collect()
-    };
+            .collect();
+        family(&mut out, name, "gauge", help, &rows);
+    }
+    let total = number(&snapshot["migrations_total"]).unwrap_or(0.0);
+    let moves = [(String::new(), total)];
     family(
-        "pvmm_vcpu_utilization",
-        "gauge",
-        "Decayed vCPU utilization, 0..1 of a CPU.",
-        vcpu_rows("util"),
-    );
-    family(
-        "pvmm_vcpu_package",
-        "gauge",
-        "The package the vCPU is placed on.",
-        vcpu_rows("package"),
-    );
-    family(
-        "pvmm_vcpu_capacity",
-        "gauge",
-        "The capacity the placement gives the vCPU, 1..1024.",
-        vcpu_rows("capacity"),
-    );
-    let total = snapshot["migrations_total"].as_f64().unwrap_or(0.0);
-    family(
+        &mut out,
         "pvmm_migrations_total",
         "counter",
         "vCPU moves between CPUs.",
-        vec![(String::new(), total)],
+        &moves,
     );
-    family(
-        "pvmm_vms",
-        "gauge",
-        "VMs managed.",
-        vec![(String::new(), vms.len() as f64)],
-    );
+    let count = [(String::new(), vms.len() as f64)];
+    family(&mut out, "pvmm_vms", "gauge", "VMs managed.", &count);
     out
 }
 
