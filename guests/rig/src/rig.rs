@@ -439,7 +439,14 @@ pub struct RigOutcome {
     pub run_starts: Vec<RunStart>,
     /// Each run's own lines, by label, in the order their first line arrived.
     pub runs: Vec<RunOutput>,
+    /// When the rig gave up on L1 (frozen, locked up, timed out): QEMU's threads, one line
+    /// each, `NAME STATE CPU_MS` with the CPU time it used over [`STALL_SAMPLE`]. Tells a
+    /// deadlocked emulator (every thread asleep) from a spinning one.
+    pub stall_threads: Vec<String>,
 }
+
+/// How long the rig watches QEMU's threads before killing a stalled L1.
+pub const STALL_SAMPLE: Duration = Duration::from_secs(1);
 
 /// The lines of one inner VMM run, told apart by their tags, so runs at the same time in one
 /// L1 do not mix.
@@ -1094,6 +1101,12 @@ pub fn run_l1(
             outcome.end = RigEnd::L1Reset;
         }
     } else {
+        if matches!(
+            outcome.end,
+            RigEnd::L1Frozen | RigEnd::L1Lockup | RigEnd::TimedOut
+        ) {
+            outcome.stall_threads = sample_threads(child.0.id());
+        }
         let _ = child.0.kill();
         let _ = child.0.wait();
     }
@@ -1104,6 +1117,46 @@ pub fn run_l1(
         ));
     }
     Ok(outcome)
+}
+
+/// `NAME STATE CPU_MS` for each thread of process `pid`, CPU_MS being the CPU time it used
+/// over [`STALL_SAMPLE`] (from `/proc/PID/task/TID/stat`); empty when /proc cannot tell.
+fn sample_threads(pid: u32) -> Vec<String> {
+    let read = || -> Vec<(String, String, u64)> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        let mut threads: Vec<(String, String, u64)> = tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .filter_map(|stat| parse_task_stat(&stat))
+            .collect();
+        threads.sort();
+        threads
+    };
+    let before = read();
+    std::thread::sleep(STALL_SAMPLE);
+    // Clock ticks are 10 ms on the Linux hosts the rig runs on (USER_HZ = 100).
+    read()
+        .into_iter()
+        .map(|(name, state, ticks)| {
+            let earlier = before
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .map_or(ticks, |b| b.2);
+            format!("{name} {state} {}", ticks.saturating_sub(earlier) * 10)
+        })
+        .collect()
+}
+
+/// (`comm`, state, utime + stime in clock ticks) from a `/proc/PID/task/TID/stat` line. The
+/// thread id is kept in front of the name so threads with the same name stay apart.
+fn parse_task_stat(stat: &str) -> Option<(String, String, u64)> {
+    let (tid, rest) = stat.split_once(" (")?;
+    let (name, rest) = rest.rsplit_once(") ")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3 of the line, utime 14 and stime 15.
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((format!("{tid}:{name}"), fields.first()?.to_string(), ticks))
 }
 
 /// QEMU's command line for L1.
@@ -1118,6 +1171,8 @@ fn l1_command(images: &L1Images, options: &L1Options, initrd: &Path, memory: u64
     let mut command = Command::new(QEMU);
     command
         .args(["-accel", &tuning.accel(), "-cpu", &tuning.cpu])
+        // Thread names ("CPU 0/TCG") for the stall report.
+        .args(["-name", "pvmm-rig-l1,debug-threads=on"])
         .arg("-smp")
         .arg(format!(
             "{},sockets={},cores={},threads={}",
@@ -1168,6 +1223,7 @@ impl<'a> Collector<'a> {
                 timeout: options.timeout,
                 run_starts: Vec::new(),
                 runs: Vec::new(),
+                stall_threads: Vec::new(),
             },
             feature_warnings: 0,
             poweroff_deadline: None,
@@ -1519,6 +1575,21 @@ mod tests {
     }
 
     #[test]
+    fn task_stat_lines_parse() {
+        let line = "4321 (CPU 1/TCG) R 1 2 3 4 5 6 7 8 9 10 250 40 0 0 20 0 1";
+        assert_eq!(
+            parse_task_stat(line),
+            Some(("4321:CPU 1/TCG".into(), "R".into(), 290))
+        );
+        assert_eq!(parse_task_stat("garbage"), None);
+        let own = sample_threads(std::process::id());
+        assert!(
+            !own.is_empty() && own.iter().all(|l| l.split(' ').count() >= 3),
+            "{own:?}"
+        );
+    }
+
+    #[test]
     fn l1_memory_covers_initrd_and_guest() {
         assert_eq!(l1_memory_mib(100 << 20, 512), 1280);
         assert_eq!(l1_memory_mib(0, 0), 512);
@@ -1557,6 +1628,7 @@ mod tests {
             timeout: Duration::from_secs(2),
             run_starts: vec![],
             runs: vec![],
+            stall_threads: vec![],
         };
         assert_eq!(outcome.guest_command_output(), ["4"]);
         assert_eq!(outcome.guest_command_status(), Some(0));

@@ -275,6 +275,9 @@ pub fn outcome_log(outcome: &RigOutcome) -> String {
     for line in &outcome.qemu_lines {
         let _ = writeln!(text, "[qemu] {line}");
     }
+    for line in &outcome.stall_threads {
+        let _ = writeln!(text, "[stall] {line}");
+    }
     let _ = writeln!(text, "summary: {}", outcome.summary("vmm"));
     text
 }
@@ -390,6 +393,7 @@ mod tests {
             timeout: Duration::from_secs(300),
             run_starts: vec![],
             runs,
+            stall_threads: vec![],
         }
     }
 

@@ -239,6 +239,9 @@ fn run_rig(ws: &Workspace, images: &images::L1Images, rig: &Rig, vms: &[VmSpec])
             );
         }
     }
+    for line in &outcome.stall_threads {
+        eprintln!("xtask: QEMU thread when the rig gave up (tid:name state CPU-ms/s): {line}");
+    }
     eprintln!("xtask: {}", outcome.summary(vms[0].vmm.name()));
     ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
 }
