@@ -15,8 +15,9 @@ use pvmm_tests::{
 const RUNTIME_DIR: &str = "/tmp";
 /// Seconds each guest waits after init before its load: both VMs up and joined.
 const LEAD_SECS: u32 = 8;
-/// Seconds of load.
-const LOAD_SECS: u32 = 30;
+/// Seconds of load: long enough that the two loads overlap by more than the window needs
+/// even when the VMs reach init far apart (in a loaded CI-like run, 40 s apart).
+const LOAD_SECS: u32 = 70;
 /// Seconds after the later load start before placement is judged (the daemon reacts within
 /// a few ticks; the rest is the two VMs' load starting at different times).
 const SETTLE_SECS: f64 = 4.0;
