@@ -21,8 +21,11 @@ const LOAD_SECS: u32 = 70;
 /// Seconds after the later load start before placement is judged (the daemon reacts within
 /// a few ticks; the rest is the two VMs' load starting at different times).
 const SETTLE_SECS: f64 = 4.0;
-/// Least share of time package 1 must be idle in the window.
-const IDLE_PACKAGE_SHARE: f64 = 0.95;
+/// Least share of time package 1 must be idle in the window. Package 0's two CPUs are full
+/// with the busy vCPUs, so the two idle ones sit on package 1, and their guests' timer
+/// wake-ups (slow under nested TCG) keep its CPUs busy a few per cent: 95.0-95.5 % idle in
+/// loaded runs. The bound is what says the busy work stayed off package 1.
+const IDLE_PACKAGE_SHARE: f64 = 0.90;
 /// Hard limit for the rig boot.
 const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
 
