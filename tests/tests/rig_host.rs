@@ -18,6 +18,9 @@ const LEAD_SECS: u32 = 8;
 /// Seconds of load: long enough that the two loads overlap by more than the window needs
 /// even when the VMs reach init far apart (in a loaded CI-like run, 40 s apart).
 const LOAD_SECS: u32 = 70;
+/// The guest CPU each guest's busy thread is pinned to: left to itself, the guest's scheduler
+/// moves the thread between its vCPUs, and the busy vCPU changes under the daemon.
+const BUSY_VCPU: u32 = 0;
 /// Seconds after the later load start before placement is judged (the daemon reacts within
 /// a few ticks; the rest is the two VMs' load starting at different times).
 const SETTLE_SECS: f64 = 4.0;
@@ -31,7 +34,7 @@ const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
 
 fn guest(n: usize) -> String {
     format!(
-        "sleep {LEAD_SECS}\necho pvmm-mark: load-begin-{n}\npvmm-load --threads 1 --duty 100 --seconds {LOAD_SECS}\necho pvmm-mark: load-end-{n}\n"
+        "sleep {LEAD_SECS}\necho pvmm-mark: load-begin-{n}\ntaskset -c {BUSY_VCPU} pvmm-load --threads 1 --duty 100 --seconds {LOAD_SECS}\necho pvmm-mark: load-end-{n}\n"
     )
 }
 
@@ -183,6 +186,10 @@ fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
         .zip(&window)
         .map(|(t, &(a, b))| busiest(t, a, b))
         .collect();
+    assert_eq!(
+        busy, [BUSY_VCPU; 2],
+        "the busy vCPU of each VM, from L1's /proc"
+    );
     let package0 = traces[0].package_cpus(0);
     let (a0, b0) = window[0];
     for i in a0..=b0 {
