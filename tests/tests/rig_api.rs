@@ -152,8 +152,8 @@ fn external_placement_reaches_l1_and_the_guest_and_lapses_with_its_lease() {
     });
     assert!(pinned, "L1 never showed vCPUs 0-1 allowed only CPU {EXTERNAL_CPU} before the guest read {EXTERNAL_CAPACITY}:\n{}", trace.describe(0, trace.samples.len()));
     // The lease lapses: pvmm places vCPUs 0 and 1 itself again. Its own policy may use any
-    // CPU, CPU 3 included, but it no longer keeps both on the balancer's one. It logs the
-    // expiry once.
+    // CPU, CPU 3 included; what must go is the balancer's pinning of both to CPU 3. pvmm logs
+    // the expiry once.
     let own = cppc_line(run.guest, "own");
     assert_ne!(own[0], EXTERNAL_CAPACITY);
     let released_at = trace.mark("cppc-own").expect("the guest's cppc-own mark");

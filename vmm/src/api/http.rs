@@ -75,7 +75,6 @@ fn reason_phrase(status: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         409 => "Conflict",
-        500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Unknown",
     }

@@ -47,14 +47,22 @@ impl OwnThreads {
         }
     }
 
-    /// The threads alive now, by thread id; a thread that ends while being listed is left out.
-    pub fn list(&self) -> Vec<OwnThread> {
+    /// The ids of the threads alive now (no names: this runs every tick).
+    fn tids(&self) -> Vec<i32> {
         let Ok(entries) = std::fs::read_dir(&self.task_dir) else {
             return Vec::new();
         };
-        let mut threads: Vec<OwnThread> = entries
+        entries
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
             .filter(|tid| !self.vcpu_tids.contains(tid))
+            .collect()
+    }
+
+    /// The threads alive now, by thread id; a thread that ends while being listed is left out.
+    pub fn list(&self) -> Vec<OwnThread> {
+        let mut threads: Vec<OwnThread> = self
+            .tids()
+            .into_iter()
             .filter_map(|tid| {
                 let comm =
                     std::fs::read_to_string(self.task_dir.join(tid.to_string()).join("comm"));
@@ -71,21 +79,20 @@ impl OwnThreads {
     /// Restricts every own thread to `cpus`, touching only threads not already there.
     /// Returns how many threads the host newly refused; a refused thread is not tried again.
     pub fn pin(&mut self, cpus: &CpuSet, executor: &mut dyn Executor) -> u64 {
-        let alive = self.list();
-        let is_alive = |tid: &i32| alive.iter().any(|t| t.tid == *tid);
-        self.pinned.retain(|tid, _| is_alive(tid));
-        self.refused.retain(is_alive);
+        let alive = self.tids();
+        self.pinned.retain(|tid, _| alive.contains(tid));
+        self.refused.retain(|tid| alive.contains(tid));
         let mut refused = 0;
-        for t in &alive {
-            if self.pinned.get(&t.tid) == Some(cpus) || self.refused.contains(&t.tid) {
+        for &tid in &alive {
+            if self.pinned.get(&tid) == Some(cpus) || self.refused.contains(&tid) {
                 continue;
             }
-            match executor.apply(t.tid, cpus) {
+            match executor.apply(tid, cpus) {
                 Ok(()) => {
-                    self.pinned.insert(t.tid, cpus.clone());
+                    self.pinned.insert(tid, cpus.clone());
                 }
                 Err(_) => {
-                    self.refused.insert(t.tid);
+                    self.refused.insert(tid);
                     refused += 1;
                 }
             }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Wake-ups and CPU time per second of pvmm's own (non-vCPU) threads with an idle 4-vCPU guest:
+# a tiny PVH guest that halts forever, run on this machine's /dev/kvm. Needs GNU as/ld.
+#   vmm/scripts/own-thread-wakeups.sh SECONDS [PVMM ARGS...]
+#   e.g. vmm/scripts/own-thread-wakeups.sh 20 --tick-ms 1000
+# Prints, per thread, voluntary+involuntary context switches per second (/proc/.../status) and
+# CPU ms per second (schedstat run time).
+set -euo pipefail
+secs=${1:?usage: own-thread-wakeups.sh SECONDS [PVMM ARGS...]}; shift
+cd "$(dirname "$0")/../.."
+cargo build -q --release -p pvmm
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+cat > "$dir/halt.s" <<'ASM'
+    .section .note.Xen, "a"
+    .align 4
+    .long 4, 4, 18          /* namesz, descsz, XEN_ELFNOTE_PHYS32_ENTRY */
+    .asciz "Xen"
+    .long _start
+    .text
+    .code32
+    .globl _start
+_start:
+1:  hlt
+    jmp 1b
+ASM
+as --64 "$dir/halt.s" -o "$dir/halt.o"
+ld -m elf_x86_64 -Ttext=0x100000 "$dir/halt.o" -o "$dir/halt.elf"
+./target/release/pvmm --vcpus 4 --memory 64 --api-socket "$dir/s.sock" "$@" "$dir/halt.elf" \
+    </dev/null >/dev/null 2>&1 &
+pid=$!
+sleep 3
+vcpus=$(./target/release/pvmm ctl --socket "$dir/s.sock" --json vcpus |
+    python3 -c 'import json,sys; print(" ".join(str(v["tid"]) for v in json.load(sys.stdin)["vcpus"]))')
+snap() {
+    for t in /proc/$pid/task/*; do
+        tid=${t##*/}
+        case " $vcpus " in *" $tid "*) continue ;; esac
+        echo "$tid $(cat "$t/comm" | tr ' ' _) $(awk '/voluntary_ctxt_switches/{s+=$2} END{print s}' "$t/status") $(awk '{print $1}' "$t/schedstat")"
+    done | sort
+}
+snap > "$dir/a"; sleep "$secs"; snap > "$dir/b"
+kill "$pid"; wait "$pid" 2>/dev/null || true
+join "$dir/a" "$dir/b" | awk -v s="$secs" \
+    '{printf "%-16s wakeups/s %6.1f  cpu ms/s %7.3f\n", $2, ($6-$3)/s, ($7-$4)/s/1e6}'
