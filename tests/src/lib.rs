@@ -622,28 +622,7 @@ pub fn run_placement_sequence_with_probe(
         || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs"),
         |outcome| pvmm_boot_kind(outcome, &labels),
     );
-    if let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") {
-        // Debugging aid: every classified line of the boot, for a failure's post-mortem.
-        let path = std::path::Path::new(&dir).join(format!("{test}.log"));
-        let mut text = String::new();
-        for event in &outcome.events {
-            text.push_str(&format!(
-                "[rig] {} {} {}\n",
-                event.kind, event.label, event.value
-            ));
-        }
-        for (tag, lines) in [
-            ("L1", &outcome.l1_lines),
-            ("guest", &outcome.guest_lines),
-            ("pvmm", &outcome.vmm_lines),
-            ("probe", &outcome.probe_lines),
-        ] {
-            for line in lines {
-                text.push_str(&format!("[{tag}] {line}\n"));
-            }
-        }
-        let _ = std::fs::write(&path, text);
-    }
+    dump_outcome(test, &outcome);
     eprintln!(
         "{test}: {} ({} pvmm runs, {:.1} s)",
         outcome.summary("pvmm"),
@@ -651,6 +630,35 @@ pub fn run_placement_sequence_with_probe(
         started.elapsed().as_secs_f64()
     );
     Some(outcome)
+}
+
+/// With `PVMM_RIG_DUMP=DIR` set, writes every classified line of `outcome` to `DIR/<test>.log`:
+/// a failure's post-mortem, since a test's own message shows only what it checked.
+pub fn dump_outcome(test: &str, outcome: &pvmm_rig::RigOutcome) {
+    let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(format!("{test}.log"));
+    let mut text = String::new();
+    for event in &outcome.events {
+        text.push_str(&format!(
+            "[rig] {} {} {}\n",
+            event.kind, event.label, event.value
+        ));
+    }
+    for (tag, lines) in [
+        ("L1", &outcome.l1_lines),
+        ("guest", &outcome.guest_lines),
+        ("pvmm", &outcome.vmm_lines),
+        ("probe", &outcome.probe_lines),
+    ] {
+        for line in lines {
+            text.push_str(&format!("[{tag}] {line}\n"));
+        }
+    }
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("PVMM_RIG_DUMP: cannot write {}: {e}", path.display());
+    }
 }
 
 /// Guest console lines shown when a run fails: enough to see where a guest stopped.

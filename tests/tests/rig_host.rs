@@ -29,6 +29,12 @@ const SETTLE_SECS: f64 = 4.0;
 /// wake-ups (slow under nested TCG) keep its CPUs busy a few per cent (one loaded run measured
 /// just under 95 % idle). The bound is what says the busy work stayed off package 1.
 const IDLE_PACKAGE_SHARE: f64 = 0.90;
+/// Span (s) over which a vCPU thread's CPU time tells whether its load still runs.
+const BUSY_SPAN_SECS: f64 = 2.0;
+/// CPU time (USER_HZ ticks) a vCPU thread running its guest's load gets in [`BUSY_SPAN_SECS`]
+/// at the least: a fifth of a CPU. A busy vCPU alone on a CPU of a loaded L1 measured 27-80
+/// ticks a second, one sharing its CPU gets about half of that, and an idle guest's vCPU 0-10.
+const BUSY_MIN_TICKS: u64 = 40;
 /// Hard limit for the rig boot.
 const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
 
@@ -106,6 +112,7 @@ fn boot() -> Option<RigOutcome> {
         |outcome| classify(outcome, &vms, &labels),
     );
     eprintln!("rig_host: {}", outcome.summary("pvmm"));
+    pvmm_tests::dump_outcome("rig_host", &outcome);
     Some(outcome)
 }
 
@@ -119,19 +126,43 @@ fn nearest(trace: &PlacementTrace, t: f64) -> usize {
         .unwrap_or(0)
 }
 
+/// CPU time (ticks) of vCPU `v` in sample `i` of `trace`.
+fn ticks(trace: &PlacementTrace, i: usize, v: u32) -> u64 {
+    trace.samples[i]
+        .threads
+        .iter()
+        .find(|t| t.vcpu == v)
+        .map_or(0, |t| t.cpu_ticks)
+}
+
+/// The L1 time by which vCPU `v` of `trace` had stopped running a load: the end of the last
+/// [`BUSY_SPAN_SECS`] in which it ran [`BUSY_MIN_TICKS`] or more. The guest's `load-end` mark
+/// reaches L1 through the guest's console and L1's shell, late by an unknown time when L1 is
+/// loaded; after the load the vCPU is idle and may share a CPU, so the window must close
+/// before it, by what `/proc` shows.
+fn load_stopped(trace: &PlacementTrace, v: u32) -> f64 {
+    let mut from = 0;
+    let mut last = trace.samples.first().map_or(0.0, |s| s.t);
+    for i in 0..trace.samples.len() {
+        let t = trace.samples[i].t;
+        while from + 1 < i && trace.samples[from + 1].t <= t - BUSY_SPAN_SECS {
+            from += 1;
+        }
+        if trace.samples[from].t <= t - BUSY_SPAN_SECS
+            && ticks(trace, i, v).saturating_sub(ticks(trace, from, v)) >= BUSY_MIN_TICKS
+        {
+            last = t;
+        }
+    }
+    last
+}
+
 /// The vCPU of `trace` that ran most between samples `a` and `b`.
 fn busiest(trace: &PlacementTrace, a: usize, b: usize) -> u32 {
-    let ticks = |i: usize, v: u32| {
-        trace.samples[i]
-            .threads
-            .iter()
-            .find(|t| t.vcpu == v)
-            .map_or(0, |t| t.cpu_ticks)
-    };
     let vcpus: Vec<u32> = trace.samples[a].threads.iter().map(|t| t.vcpu).collect();
     vcpus
         .into_iter()
-        .max_by_key(|&v| ticks(b, v).saturating_sub(ticks(a, v)))
+        .max_by_key(|&v| ticks(trace, b, v).saturating_sub(ticks(trace, a, v)))
         .unwrap_or(0)
 }
 
@@ -171,7 +202,11 @@ fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
             .unwrap_or_else(|| panic!("no mark {text}"))
     };
     let begin = mark("load-begin-0").max(mark("load-begin-1")) + SETTLE_SECS;
-    let end = mark("load-end-0").min(mark("load-end-1")) - 1.0;
+    let stopped = traces
+        .iter()
+        .map(|t| load_stopped(t, BUSY_VCPU) - BUSY_SPAN_SECS)
+        .fold(f64::INFINITY, f64::min);
+    let end = (mark("load-end-0").min(mark("load-end-1"))).min(stopped) - 1.0;
     assert!(
         end - begin >= 10.0,
         "the two loads overlapped only {:.1} s",
@@ -192,22 +227,53 @@ fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
     );
     let package0 = traces[0].package_cpus(0);
     let (a0, b0) = window[0];
+    let cpus = |s: &pvmm_tests::ProbeSample, v: u32| {
+        s.threads
+            .iter()
+            .find(|t| t.vcpu == v)
+            .map(|t| t.allowed.clone())
+            .unwrap_or_default()
+    };
+    // Both VMs' vCPU CPU lists at L1 time `t`, one line (for a failure's message).
+    let at = |t: f64| {
+        let mut line = format!("{t:6.1}");
+        for trace in &traces {
+            let s = &trace.samples[nearest(trace, t)];
+            line.push_str(" |");
+            for th in &s.threads {
+                line.push_str(&format!(" {}:{:?}/{}", th.vcpu, th.allowed, th.cpu_ticks));
+            }
+        }
+        line
+    };
     for i in a0..=b0 {
         let s0 = &traces[0].samples[i];
         let s1 = &traces[1].samples[nearest(&traces[1], s0.t)];
-        let cpus = |s: &pvmm_tests::ProbeSample, v: u32| {
-            s.threads
-                .iter()
-                .find(|t| t.vcpu == v)
-                .map(|t| t.allowed.clone())
-                .unwrap_or_default()
-        };
         let (c0, c1) = (cpus(s0, busy[0]), cpus(s1, busy[1]));
-        assert!(
-            c0.len() == 1 && c1.len() == 1 && c0 != c1 && package0.contains(&c0[0]) && package0.contains(&c1[0]),
-            "at {:.1}: VM 0's busy vCPU {} may run on {c0:?}, VM 1's busy vCPU {} on {c1:?} (package 0 = {package0:?})\nthe daemon: {host_log:?}",
-            s0.t, busy[0], busy[1]
-        );
+        let apart = c0.len() == 1
+            && c1.len() == 1
+            && c0 != c1
+            && package0.contains(&c0[0])
+            && package0.contains(&c1[0]);
+        if !apart {
+            let context: Vec<String> = traces[0].samples
+                [i.saturating_sub(20)..=(i + 10).min(traces[0].samples.len() - 1)]
+                .iter()
+                .map(|s| at(s.t))
+                .collect();
+            panic!(
+                "at {:.1} (window {begin:.1}-{end:.1}): VM 0's busy vCPU {} may run on {c0:?}, \
+                 VM 1's busy vCPU {} on {c1:?} (package 0 = {package0:?})\n\
+                 t | VM 0 vcpu:[cpus]/ticks | VM 1 ...:\n{}\nthe daemon: {host_log:?}\n\
+                 pvmm 0: {:?}\npvmm 1: {:?}",
+                s0.t,
+                busy[0],
+                busy[1],
+                context.join("\n"),
+                runs[0].vmm,
+                runs[1].vmm
+            );
+        }
     }
     for cpu in traces[0].package_cpus(1) {
         let idle = traces[0].cpu_idle_share(cpu, a0, b0);
