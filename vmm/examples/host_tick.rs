@@ -2,7 +2,8 @@
 //! `/proc` (each VMM process with its KVM file descriptors, named vCPU threads and schedstat
 //! files, as QEMU shows them), placed with a recording executor (no real affinity calls). Prints
 //! the mean time of each phase over the ticks (full discovery scans included), and the share
-//! of one CPU at a 100 ms tick.
+//! of one CPU at a 100 ms tick: once with every vCPU idle, once with vCPU 0 of every VM
+//! running all the time (its thread's and its process's CPU time advancing between ticks).
 //!
 //! `cargo run --release -p pvmm --example host_tick -- 100 10 1000 10` (pairs of VMS VCPUS).
 //! The fake tree lives under the temporary directory (tmpfs or disk: the machine's own
@@ -27,10 +28,18 @@ const TICK: Duration = Duration::from_millis(100);
 fn build_tree(root: &Path, vms: u32, vcpus: u32) -> std::io::Result<()> {
     let proc = root.join("proc");
     for vm in 0..vms {
-        let pid = 10_000 + vm * (vcpus + 4);
+        let pid = vm_pid(vm, vcpus);
         let p = proc.join(pid.to_string());
         std::fs::create_dir_all(p.join("fd"))?;
         std::fs::write(p.join("comm"), "qemu-system-x86\n")?;
+        // The process's CPU time (utime, stime: fields 14 and 15), unchanging: idle VMs.
+        std::fs::write(
+            p.join("stat"),
+            format!(
+                "{pid} (qemu-system-x86) S 1 {pid} {pid} 0 -1 0 0 0 0 0 500 300 0 0 20 0 {}\n",
+                vcpus + 2
+            ),
+        )?;
         std::os::unix::fs::symlink("anon_inode:kvm-vm", p.join("fd/3"))?;
         let thread = |tid: u32, comm: &str| -> std::io::Result<()> {
             let t = p.join("task").join(tid.to_string());
@@ -52,11 +61,39 @@ fn build_tree(root: &Path, vms: u32, vcpus: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Pid of VM `vm` in the fake tree.
+fn vm_pid(vm: u32, vcpus: u32) -> u32 {
+    10_000 + vm * (vcpus + 4)
+}
+
+/// Makes vCPU 0 of every VM run a whole tick more, as of tick `tick`: its thread's run time and
+/// its process's CPU time (in 100 Hz clock ticks) both advance by 100 ms a tick.
+fn run_vcpu0(root: &Path, vms: u32, vcpus: u32, tick: u64) -> std::io::Result<()> {
+    let ran_ns = tick * TICK.as_nanos() as u64;
+    for vm in 0..vms {
+        let pid = vm_pid(vm, vcpus);
+        let p = root.join("proc").join(pid.to_string());
+        std::fs::write(
+            p.join("task").join((pid + 2).to_string()).join("schedstat"),
+            format!("{ran_ns} 0 1\n"),
+        )?;
+        std::fs::write(
+            p.join("stat"),
+            format!(
+                "{pid} (qemu-system-x86) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {} 300 0 0 20 0 {}\n",
+                500 + ran_ns / 10_000_000,
+                vcpus + 2
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 fn mean(v: Vec<u64>) -> u64 {
     v.iter().sum::<u64>() / v.len().max(1) as u64
 }
 
-fn run(vms: u32, vcpus: u32) -> Result<(), String> {
+fn run(vms: u32, vcpus: u32, busy: bool) -> Result<(), String> {
     let root = std::env::temp_dir().join(format!(
         "pvmm-host-tick-{}-{vms}x{vcpus}",
         std::process::id()
@@ -80,6 +117,10 @@ fn run(vms: u32, vcpus: u32) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mut costs = Vec::new();
     for i in 0..WARMUP + TICKS {
+        if busy {
+            run_vcpu0(&root, vms, vcpus, i as u64)
+                .map_err(|e| format!("updating the fake /proc: {e}"))?;
+        }
         daemon.tick()?;
         if i >= WARMUP {
             costs.push(daemon.last_cost());
@@ -95,7 +136,8 @@ fn run(vms: u32, vcpus: u32) -> Result<(), String> {
     );
     let total = d + r + c + a;
     println!(
-        "| {found_vms} | {found_vcpus} | {d} | {r} | {c} | {a} | {total} | {:.1} % |",
+        "| {found_vms} | {found_vcpus} | {} | {d} | {r} | {c} | {a} | {total} | {:.1} % |",
+        if busy { vms } else { 0 },
         total as f64 / TICK.as_micros() as f64 * 100.0
     );
     let _ = std::fs::remove_dir_all(&root);
@@ -119,12 +161,14 @@ fn main() {
         eprintln!("host_tick: arguments are pairs of numbers (VMS VCPUS)");
         std::process::exit(2);
     };
-    println!("| VMs | vCPUs | discover µs | read µs | decide µs | apply µs | tick µs | of one CPU at 100 ms |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| VMs | vCPUs | busy vCPUs | discover µs | read µs | decide µs | apply µs | tick µs | of one CPU at 100 ms |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (vms, vcpus) in pairs {
-        if let Err(e) = run(vms, vcpus) {
-            eprintln!("host_tick: {e}");
-            std::process::exit(1);
+        for busy in [false, true] {
+            if let Err(e) = run(vms, vcpus, busy) {
+                eprintln!("host_tick: {e}");
+                std::process::exit(1);
+            }
         }
     }
 }

@@ -224,16 +224,46 @@ pub fn pvmm_sockets(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// A thread's demand so far, from `/proc/<pid>/task/<tid>/schedstat`: nanoseconds on a CPU
-/// plus waiting for one. Works for any thread on the host, not only this process's.
-pub fn thread_wanted_ns(proc: &Path, pid: i32, tid: i32) -> Option<u64> {
+/// A thread's demand so far, from `/proc/<pid>/task/<tid>/schedstat`: (nanoseconds it wanted
+/// a CPU, on one or waiting for one; nanoseconds it ran). Works for any thread on the host, not
+/// only this process's.
+pub fn thread_demand_ns(proc: &Path, pid: i32, tid: i32) -> Option<(u64, u64)> {
     let path = proc
         .join(pid.to_string())
         .join("task")
         .join(tid.to_string())
         .join("schedstat");
     let text = std::fs::read_to_string(path).ok()?;
-    pvmm_devices::cppc::parse_schedstat(&text).map(|(wanted, _)| wanted)
+    pvmm_devices::cppc::parse_schedstat(&text)
+}
+
+/// The kernel's clock tick for `/proc` CPU times (`USER_HZ`, from `sysconf(_SC_CLK_TCK)`).
+fn clock_ticks_per_s() -> u64 {
+    static HZ: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        // SAFETY: sysconf reads a constant of the C library; it has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        u64::try_from(hz).ok().filter(|hz| *hz > 0).unwrap_or(100)
+    })
+}
+
+/// The CPU time every thread of `pid` has run so far (nanoseconds, at the kernel's clock-tick
+/// granularity), from `/proc/<pid>/stat` (`utime` + `stime`): one read for the whole process,
+/// where its threads' schedstat files cost one read each.
+pub fn process_ran_ns(proc: &Path, pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields count from the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime).saturating_mul(1_000_000_000 / clock_ticks_per_s()))
+}
+
+/// [`clock_ticks_per_s`], for tests that write fake `stat` files.
+#[cfg(test)]
+pub fn test_clock_ticks_per_s() -> u64 {
+    clock_ticks_per_s()
 }
 
 #[cfg(test)]
@@ -376,7 +406,9 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let pid = std::process::id() as i32;
-        assert!(thread_wanted_ns(Path::new("/proc"), pid, tid).is_some());
-        assert_eq!(thread_wanted_ns(Path::new("/proc"), pid, -5), None);
+        assert!(thread_demand_ns(Path::new("/proc"), pid, tid).is_some());
+        assert_eq!(thread_demand_ns(Path::new("/proc"), pid, -5), None);
+        assert!(process_ran_ns(Path::new("/proc"), pid).is_some());
+        assert_eq!(process_ran_ns(Path::new("/proc"), -5), None);
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use pvmm_scheduler::{CpuSet, IdleSample, UtilConfig, UtilTracker};
 use serde_json::{json, Value};
 
-use super::discover::{thread_ids, thread_wanted_ns, ForeignVm};
+use super::discover::{process_ran_ns, thread_demand_ns, thread_ids, ForeignVm};
 use crate::api::client::request;
 
 /// One vCPU of a managed VM, as read at this tick.
@@ -122,6 +122,22 @@ impl PvmmMember {
     }
 }
 
+/// A vCPU whose decayed utilization is at least this (of 1024) is read every tick: it may be
+/// running or just stopped, and its utilization must follow it. Below it the vCPU is idle and
+/// read only when its process's CPU time says that something other than the watched vCPUs
+/// ran, or every [`IDLE_REREAD_TICKS`]. 32 is 3 % of a CPU: a value the engine treats as idle.
+const WATCH_UTIL: u32 = 32;
+/// An idle vCPU is read at least every this many ticks (1 s at the default tick), so that its
+/// utilization keeps decaying and a wake-up too small to show in the process's CPU time is
+/// still seen. The reads are staggered over vCPU indices, to spread their cost over ticks.
+const IDLE_REREAD_TICKS: u64 = 10;
+/// The idle vCPUs of a process are all read at once when it ran, since the last read, at
+/// least this share of the elapsed time beyond what its watched vCPUs ran: a quarter of a
+/// CPU is more than its housekeeping threads take, and a vCPU that wakes to run takes more.
+/// `/proc/<pid>/stat` counts in clock ticks (10 ms), so one stray tick never triggers it at
+/// the default 100 ms tick.
+const WAKE_SHARE_DIVISOR: u64 = 4;
+
 /// Per-vCPU utilization tracking of a foreign VM.
 #[derive(Debug)]
 struct ForeignVcpu {
@@ -129,6 +145,64 @@ struct ForeignVcpu {
     tracker: UtilTracker,
     /// Demand and time at adoption: the counters' origin.
     origin: Option<(u64, u64)>,
+    /// Its last reading.
+    last: Option<LastRead>,
+}
+
+/// What a vCPU's last reading found.
+#[derive(Debug, Clone, Copy)]
+struct LastRead {
+    /// The member's read count then.
+    read: u64,
+    /// When.
+    t_ns: u64,
+    /// Demand since the origin, as fed to the tracker.
+    busy_ns: u64,
+    /// Run time (schedstat's first field).
+    ran_ns: u64,
+}
+
+impl ForeignVcpu {
+    /// Reads the thread at `now_ns` (the member's read number `read`); its run time since the
+    /// previous read when that was the member's read `read - 1`.
+    ///
+    /// After reads it was skipped in, the vCPU was idle as far as its process's CPU time could
+    /// tell, so the demand it shows now is placed at the end of the interval: idle first, then
+    /// busy. Spread over the whole interval, a vCPU that just woke would read as a fraction of
+    /// what it now runs.
+    fn read(&mut self, proc: &Path, pid: i32, now_ns: u64, read: u64) -> Option<u64> {
+        let (wanted, ran_ns) = thread_demand_ns(proc, pid, self.tid)?;
+        let (w0, t0) = *self.origin.get_or_insert((wanted, now_ns));
+        let elapsed = now_ns.saturating_sub(t0);
+        let busy_ns = wanted.saturating_sub(w0).min(elapsed);
+        if let Some(last) = self.last.filter(|l| l.read + 1 < read && l.t_ns < now_ns) {
+            let recent = busy_ns.saturating_sub(last.busy_ns).min(now_ns - last.t_ns);
+            let idle_until = now_ns - recent;
+            self.tracker.update(IdleSample {
+                t_ns: idle_until,
+                busy_ns: last.busy_ns,
+                idle_ns: idle_until.saturating_sub(t0).saturating_sub(last.busy_ns),
+            });
+        }
+        self.tracker.update(IdleSample {
+            t_ns: now_ns,
+            busy_ns,
+            idle_ns: elapsed - busy_ns,
+        });
+        let previous = self.last.replace(LastRead {
+            read,
+            t_ns: now_ns,
+            busy_ns,
+            ran_ns,
+        });
+        previous
+            .filter(|l| l.read + 1 == read)
+            .map(|l| ran_ns.saturating_sub(l.ran_ns))
+    }
+
+    fn watched(&self) -> bool {
+        self.origin.is_none() || self.tracker.util() >= WATCH_UTIL || self.tracker.is_busy()
+    }
 }
 
 /// A VM of another VMM, adopted from `/proc`.
@@ -137,24 +211,33 @@ pub struct ForeignMember {
     /// What discovery found.
     pub found: ForeignVm,
     vcpus: BTreeMap<u32, ForeignVcpu>,
+    /// Every thread of the process at the last discovery, sorted.
+    threads: Vec<i32>,
+    /// Reads so far.
+    reads: u64,
+    /// The process's CPU time at the last read, and when.
+    process_ran: Option<(u64, u64)>,
 }
 
 impl ForeignMember {
-    /// Adopts `found`.
-    pub fn adopt(found: ForeignVm) -> Self {
+    /// Adopts `found`, whose threads are read from `proc`.
+    pub fn adopt(found: ForeignVm, proc: &Path) -> Self {
         let mut m = Self {
             found: ForeignVm {
                 vcpu_tids: BTreeMap::new(),
                 ..found.clone()
             },
             vcpus: BTreeMap::new(),
+            threads: Vec::new(),
+            reads: 0,
+            process_ran: None,
         };
-        m.update(found);
+        m.update(found, proc);
         m
     }
 
     /// Takes a fresh discovery of the same process (vCPU threads may come and go).
-    pub fn update(&mut self, found: ForeignVm) {
+    pub fn update(&mut self, found: ForeignVm, proc: &Path) {
         self.vcpus
             .retain(|n, v| found.vcpu_tids.get(n) == Some(&v.tid));
         for (&n, &tid) in &found.vcpu_tids {
@@ -162,42 +245,78 @@ impl ForeignMember {
                 tid,
                 tracker: UtilTracker::new(UtilConfig::default()),
                 origin: None,
+                last: None,
             });
         }
+        self.threads = sorted_thread_ids(proc, found.pid);
         self.found = found;
     }
 
-    /// Samples each vCPU thread's demand at `now_ns` and returns the vCPUs.
+    /// Whether the process's threads are still those of the last discovery: then its vCPU
+    /// mapping holds, and discovery need not examine its file descriptors again.
+    pub fn unchanged(&self, proc: &Path) -> bool {
+        sorted_thread_ids(proc, self.found.pid) == self.threads
+    }
+
+    /// Samples the vCPU threads' demand at `now_ns` and returns the vCPUs. Watched vCPUs are
+    /// read every time; idle ones when the process's CPU time shows unexplained running, or
+    /// in their turn every [`IDLE_REREAD_TICKS`].
     pub fn read(&mut self, proc: &Path, now_ns: u64) -> Vec<MemberVcpu> {
-        let mut out = Vec::with_capacity(self.vcpus.len());
+        let pid = self.found.pid;
+        self.reads += 1;
+        let read = self.reads;
+        let mut explained = 0u64;
+        let mut deferred = Vec::new();
         for (&vcpu, v) in &mut self.vcpus {
-            if let Some(wanted) = thread_wanted_ns(proc, self.found.pid, v.tid) {
-                let (w0, t0) = *v.origin.get_or_insert((wanted, now_ns));
-                let busy = wanted.saturating_sub(w0);
-                let elapsed = now_ns.saturating_sub(t0);
-                v.tracker.update(IdleSample {
-                    t_ns: now_ns,
-                    busy_ns: busy.min(elapsed),
-                    idle_ns: elapsed.saturating_sub(busy),
-                });
+            if v.watched() || (read + u64::from(vcpu)).is_multiple_of(IDLE_REREAD_TICKS) {
+                explained += v.read(proc, pid, now_ns, read).unwrap_or(0);
+            } else {
+                deferred.push(vcpu);
             }
-            out.push(MemberVcpu {
+        }
+        let process = process_ran_ns(proc, pid).map(|ran| (ran, now_ns));
+        let woke = match (self.process_ran, process) {
+            (Some((ran0, t0)), Some((ran1, t1))) => {
+                let unexplained = ran1.saturating_sub(ran0).saturating_sub(explained);
+                unexplained >= t1.saturating_sub(t0) / WAKE_SHARE_DIVISOR
+            }
+            // No reading to compare with: read everything.
+            _ => true,
+        };
+        self.process_ran = process;
+        if woke {
+            for vcpu in deferred {
+                if let Some(v) = self.vcpus.get_mut(&vcpu) {
+                    v.read(proc, pid, now_ns, read);
+                }
+            }
+        }
+        self.vcpus
+            .iter()
+            .map(|(&vcpu, v)| MemberVcpu {
                 vcpu,
                 tid: v.tid,
                 util: v.tracker.util(),
                 busy: v.tracker.is_busy(),
-            });
-        }
-        out
+            })
+            .collect()
     }
 
-    /// Its threads that are not vCPUs (the VMM's main loop, I/O and worker threads).
-    pub fn housekeeping(&self, proc: &Path) -> Vec<i32> {
-        thread_ids(proc, self.found.pid)
-            .into_iter()
+    /// Its threads that are not vCPUs (the VMM's main loop, I/O and worker threads), as of
+    /// the last discovery.
+    pub fn housekeeping(&self) -> Vec<i32> {
+        self.threads
+            .iter()
+            .copied()
             .filter(|tid| !self.found.vcpu_tids.values().any(|t| t == tid))
             .collect()
     }
+}
+
+fn sorted_thread_ids(proc: &Path, pid: i32) -> Vec<i32> {
+    let mut tids = thread_ids(proc, pid);
+    tids.sort_unstable();
+    tids
 }
 
 #[cfg(test)]
@@ -223,8 +342,8 @@ mod tests {
             std::fs::write(d.join("schedstat"), format!("{ns} 0 1\n")).unwrap();
         };
         let found = super::super::discover::foreign_vms(&host.roots, &[]);
-        let mut m = ForeignMember::adopt(found[0].clone());
-        assert_eq!(m.housekeeping(&host.roots.proc), vec![50]);
+        let mut m = ForeignMember::adopt(found[0].clone(), &host.roots.proc);
+        assert_eq!(m.housekeeping(), vec![50]);
         // vCPU 0 runs all the time, vCPU 1 never.
         let tick = 100_000_000u64;
         for i in 0..20u64 {
@@ -239,7 +358,63 @@ mod tests {
         // vCPU 1's thread went away: it is dropped.
         let mut again = m.found.clone();
         again.vcpu_tids.remove(&1);
-        m.update(again);
+        m.update(again, &host.roots.proc);
         assert_eq!(m.read(&host.roots.proc, 21 * tick).len(), 1);
+    }
+
+    #[test]
+    fn idle_vcpus_are_read_when_their_process_ran_or_in_their_turn() {
+        let host = FakeHost::new("members-idle");
+        host.process(
+            60,
+            &[(60, "qemu"), (61, "CPU 0/KVM"), (62, "CPU 1/KVM")],
+            &[
+                (3, "anon_inode:kvm-vm"),
+                (4, "anon_inode:kvm-vcpu:0"),
+                (5, "anon_inode:kvm-vcpu:1"),
+            ],
+        );
+        let proc = host.roots.proc.clone();
+        let schedstat = |tid: i32, ns: u64| {
+            let d = proc.join("60/task").join(tid.to_string());
+            std::fs::write(d.join("schedstat"), format!("{ns} 0 1\n")).unwrap();
+        };
+        // `comm` with a space and parentheses: fields count from the last ')'.
+        let stat = |ns: u64| {
+            let ticks = ns * super::super::discover::test_clock_ticks_per_s() / 1_000_000_000;
+            let line = format!("60 (qemu (x) y) S 1 60 60 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 4\n");
+            std::fs::write(proc.join("60/stat"), line).unwrap();
+        };
+        let tick = 100_000_000u64;
+        schedstat(61, 0);
+        schedstat(62, 0);
+        stat(0);
+        let found = super::super::discover::foreign_vms(&host.roots, &[]);
+        let mut m = ForeignMember::adopt(found[0].clone(), &proc);
+        for i in 0..5 {
+            m.read(&proc, i * tick);
+        }
+        // vCPU 1 runs, but the process's CPU time does not show it yet, and it is not vCPU 1's
+        // turn: it is not read, and still idle.
+        schedstat(62, tick);
+        let v = m.read(&proc, 5 * tick);
+        assert!(v[1].util < WATCH_UTIL, "{v:?}");
+        // The process ran a whole tick that vCPU 0 (watched or not) does not explain: every
+        // vCPU is read, and vCPU 1's two ticks of running show.
+        schedstat(62, 2 * tick);
+        stat(2 * tick);
+        let v = m.read(&proc, 6 * tick);
+        assert!(v[1].util > 900 && v[1].busy, "{v:?}");
+        assert!(v[0].util < WATCH_UTIL && !v[0].busy, "{v:?}");
+        // It stops: watched, it is read every tick and its utilization falls at once.
+        let busy = v[1].util;
+        let v = m.read(&proc, 7 * tick);
+        assert!(v[1].util < busy / 2 && !v[1].busy, "{v:?}");
+        // vCPU 0 runs a little, too little for the process's CPU time to tell: read in its
+        // turn only, at the member's read 10 (reads count from 1; vCPU 0's turn is every 10th).
+        schedstat(61, tick / 50);
+        assert_eq!(m.read(&proc, 8 * tick)[0].util, 0, "read 9");
+        schedstat(61, 2 * tick / 50);
+        assert!(m.read(&proc, 9 * tick)[0].util > 0, "read 10");
     }
 }

@@ -264,8 +264,15 @@ impl HostDaemon {
     /// Adopts VMs of other VMMs among the processes the scan schedule says to examine; known
     /// ones not examined this tick stay while their process lives.
     fn discover_foreign(&mut self, seen: &mut HashSet<i32>) {
-        let alive = discover::pids(&self.config.roots.proc);
-        let (_, examine) = self.scan.next(&alive);
+        let proc = self.config.roots.proc.clone();
+        let alive = discover::pids(&proc);
+        let (_, mut examine) = self.scan.next(&alive);
+        // An adopted VM whose threads are those it had is the VM it was: its file descriptors
+        // need no second look (a vCPU added or gone comes with its thread).
+        examine.retain(|pid| match self.vms.get(pid).map(|m| &m.member) {
+            Some(Member::Foreign(f)) => !f.unchanged(&proc),
+            _ => true,
+        });
         let mut skip: Vec<i32> = seen.iter().copied().collect();
         skip.push(std::process::id() as i32);
         let mut examined: HashSet<i32> = examine.iter().copied().collect();
@@ -274,8 +281,8 @@ impl HostDaemon {
             seen.insert(pid);
             examined.remove(&pid);
             match self.vms.get_mut(&pid).map(|m| &mut m.member) {
-                Some(Member::Foreign(f)) => f.update(found),
-                _ => self.add(pid, Member::Foreign(ForeignMember::adopt(found))),
+                Some(Member::Foreign(f)) => f.update(found, &proc),
+                _ => self.add(pid, Member::Foreign(ForeignMember::adopt(found, &proc))),
             }
         }
         for (pid, m) in &self.vms {
@@ -439,7 +446,7 @@ impl HostDaemon {
                         }
                     }
                     if !active.is_empty() {
-                        for tid in f.housekeeping(&self.config.roots.proc) {
+                        for tid in f.housekeeping() {
                             foreign_pins.push((tid, active.clone()));
                         }
                     }
