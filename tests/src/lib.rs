@@ -98,7 +98,10 @@ pub const BUSY_SHARE: f64 = 0.5;
 /// - `T <L1 uptime>`;
 /// - per L1 CPU `C cpuN <the /proc/stat counters>`;
 /// - per vCPU thread `V <comm> <tid> <Cpus_allowed_list> <utime> <stime> <last CPU>` (from
-///   `/proc/<pid>/task/<tid>/stat` and `.../status`).
+///   `/proc/<pid>/task/<tid>/stat` and `.../status`). pvmm names vCPU N's thread `vcpuN`, QEMU
+///   (`-name ...,debug-threads=on`) `CPU N/KVM`; both print as `vcpuN`, so a probe of either
+///   VMM parses the same. The fields after the name count from the `)` that ends it (a name
+///   may hold spaces).
 ///
 /// One process reading whole files, not the shell's `read` builtin: `read` takes a byte per
 /// system call (it must not read past a line), about 16,000 system calls a sample for a
@@ -116,10 +119,10 @@ pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
     f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
     if (path[n] == "stat") {
       if ((getline line < f) > 0) {
-        split(line, w, " ")
-        if (w[2] ~ /^\(vcpu[0-9]+\)$/) {
-          comm[tid] = substr(w[2], 2, length(w[2]) - 2); times[tid] = w[14] " " w[15] " " w[39]
-        }
+        lp = index(line, "("); rest = substr(line, lp + 1); rp = match(rest, /\) [A-Za-z] /)
+        name = substr(rest, 1, rp - 1); split(substr(rest, rp + 2), w, " ")
+        if (name ~ /^CPU [0-9]+\/KVM$/) { split(name, q, "[ /]"); name = "vcpu" q[2] }
+        if (name ~ /^vcpu[0-9]+$/) { comm[tid] = name; times[tid] = w[12] " " w[13] " " w[37] }
       }
     } else {
       while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
@@ -841,13 +844,16 @@ mod tests {
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let stop_rx = std::sync::Arc::new(std::sync::Mutex::new(stop_rx));
         // std names a thread from inside it, before running its closure.
-        let started = std::sync::Arc::new(std::sync::Barrier::new(3));
-        let threads: Vec<_> = (0..2)
-            .map(|n| {
+        let started = std::sync::Arc::new(std::sync::Barrier::new(4));
+        // pvmm's names, and QEMU's for vCPU 2.
+        let names = ["vcpu0", "vcpu1", "CPU 2/KVM"];
+        let threads: Vec<_> = names
+            .iter()
+            .map(|name| {
                 let rx = stop_rx.clone();
                 let started = started.clone();
                 std::thread::Builder::new()
-                    .name(format!("vcpu{n}"))
+                    .name(name.to_string())
                     .spawn(move || {
                         started.wait();
                         let _ = rx.lock().map(|rx| rx.recv());
@@ -861,7 +867,12 @@ mod tests {
         for entry in std::fs::read_dir("/proc/self/task").unwrap() {
             let dir = entry.unwrap().path();
             let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-            if let Some(n) = comm.trim().strip_prefix("vcpu") {
+            let comm = comm.trim();
+            let n = comm.strip_prefix("vcpu").or_else(|| {
+                comm.strip_prefix("CPU ")
+                    .and_then(|c| c.strip_suffix("/KVM"))
+            });
+            if let Some(n) = n {
                 let status = std::fs::read_to_string(dir.join("status")).unwrap();
                 let allowed = status
                     .lines()
@@ -873,7 +884,7 @@ mod tests {
             }
         }
         expected.sort();
-        assert_eq!(expected.len(), 2);
+        assert_eq!(expected.len(), 3);
         // A thread that exits between the glob and the read must not cost the sample.
         let gone = "/proc/$PVMM_PID/task/999999999/stat /proc/$PVMM_PID/task/999999999/status";
         let out = std::process::Command::new(BUSYBOX)

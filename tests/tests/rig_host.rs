@@ -1,9 +1,10 @@
-//! `pvmm-host` in the rig: two pvmm VMs of 2 vCPUs side by side in one L1 (2 packages x 2
-//! cores), each guest running one busy thread, the daemon placing both. Checked from L1's
-//! `/proc` (each VM's vCPU threads' `Cpus_allowed_list` and CPU time, each L1 CPU's idle time),
-//! not from the daemon's output: the two busy vCPUs are on two different CPUs of one package
-//! and the other package stays idle. Each pvmm placing itself (no daemon) would put both busy
-//! vCPUs on the same CPU (the tiny-guest test `vmm/tests/host.rs` shows that case).
+//! `pvmm-host` in the rig: two VMs of 2 vCPUs side by side in one L1 (2 packages x 2 cores),
+//! each guest running one busy thread, the daemon placing both: two pvmm VMs, and a pvmm VM
+//! with a QEMU VM the daemon adopts. Checked from L1's `/proc` (each VM's vCPU threads'
+//! `Cpus_allowed_list` and CPU time, each L1 CPU's idle time), not from the daemon's output:
+//! the two busy vCPUs are on two different CPUs of one package and the other package stays
+//! idle. Each pvmm placing itself (no daemon) would put both busy vCPUs on the same CPU (the
+//! tiny-guest test `vmm/tests/host.rs` shows that case).
 
 use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
@@ -62,7 +63,7 @@ fn probe() -> String {
     format!(
         r#"taskset -p 1 $$ >/dev/null 2>&1
 if mkdir /tmp/pvmm-host-started 2>/dev/null; then
-  /bin/pvmm host --runtime-dir {RUNTIME_DIR} --tick-ms 100 -v > /tmp/pvmm-host.log 2>&1 &
+  /bin/pvmm host --runtime-dir {RUNTIME_DIR} --adopt auto --tick-ms 100 -v > /tmp/pvmm-host.log 2>&1 &
   echo $! > /tmp/pvmm-host.pid
 fi
 {placement}
@@ -73,46 +74,40 @@ fi
     )
 }
 
-fn vm(n: usize) -> VmSpec {
+/// VM `n` of a scenario: a pvmm VM joining the daemon through its socket, or a QEMU VM the
+/// daemon adopts (2 vCPUs, 256 MiB either way).
+fn vm(n: usize, vmm: InnerVmm) -> VmSpec {
     let socket = format!("{RUNTIME_DIR}/vm{n}.sock");
+    let mut args = vec!["--vcpus", "2", "--memory", "256"];
+    if vmm == InnerVmm::Pvmm {
+        args.extend(["--policy", "powersaving", "--api-socket", &socket]);
+    }
     VmSpec {
-        vmm: InnerVmm::Pvmm,
-        args: [
-            "--vcpus",
-            "2",
-            "--memory",
-            "256",
-            "--policy",
-            "powersaving",
-            "--api-socket",
-            &socket,
-        ]
-        .map(String::from)
-        .to_vec(),
+        vmm,
+        args: args.into_iter().map(String::from).collect(),
         guest_command: Some(guest(n)),
     }
 }
 
-fn boot() -> Option<RigOutcome> {
+fn boot(test: &str, vms: Vec<VmSpec>) -> Option<RigOutcome> {
     let _lock = rig_lock();
     let needs = pvmm_rig::images::L1Needs {
         pvmm: true,
-        qemu: false,
+        qemu: vms.iter().any(|v| v.vmm == InnerVmm::Qemu),
     };
-    let (ws, images) = prepare_rig("rig_host", needs)?;
-    let vms = vec![vm(0), vm(1)];
+    let (ws, images) = prepare_rig(test, needs)?;
     let rig = Rig::with_vms(vms.clone())
         .timeout(RIG_TIMEOUT)
         .l1_probe(probe())
         .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
     let labels = rig.labels();
     let outcome = retry_rig_crash(
-        "rig_host",
+        test,
         || rig.run(&ws, &images).expect("the rig runs"),
         |outcome| classify(outcome, &vms, &labels),
     );
-    eprintln!("rig_host: {}", outcome.summary("pvmm"));
-    pvmm_tests::dump_outcome("rig_host", &outcome);
+    eprintln!("{test}: {}", outcome.summary("pvmm"));
+    pvmm_tests::dump_outcome(test, &outcome);
     Some(outcome)
 }
 
@@ -166,11 +161,29 @@ fn busiest(trace: &PlacementTrace, a: usize, b: usize) -> u32 {
         .unwrap_or(0)
 }
 
+/// Two pvmm VMs, each with a busy vCPU (case a of the design).
 #[test]
 fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
-    let Some(outcome) = boot() else {
-        return;
-    };
+    let vms = vec![vm(0, InnerVmm::Pvmm), vm(1, InnerVmm::Pvmm)];
+    if let Some(outcome) = boot("rig_host", vms) {
+        check(&outcome);
+    }
+}
+
+/// A pvmm VM and a QEMU VM, each with a busy vCPU: the daemon adopts QEMU's vCPU threads (found
+/// by their KVM file descriptors, mapped through debugfs or QEMU's thread names) and places
+/// them with pvmm's under one engine, as it does two pvmm VMs.
+#[test]
+fn a_qemu_vm_is_adopted_and_placed_with_a_pvmm_vm() {
+    let vms = vec![vm(0, InnerVmm::Pvmm), vm(1, InnerVmm::Qemu)];
+    if let Some(outcome) = boot("rig_host_qemu", vms) {
+        check(&outcome);
+    }
+}
+
+/// Both VMs' busy vCPUs on two CPUs of package 0 throughout the overlap of their loads, and
+/// package 1 (the idle vCPUs) idle, all from L1's `/proc`.
+fn check(outcome: &RigOutcome) {
     let runs: Vec<_> = ["0", "1"]
         .iter()
         .map(|l| {

@@ -5,15 +5,20 @@
 //!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`.
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
 //!   (or QEMU with KVM) inside it on the guest images, and classifies the console output.
+//! - [`activity`]: L1's package idle time and modelled energy from a probe's samples.
 //! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
+//! - [`host_bench`]: several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned
+//!   (`cargo xtask bench-host`).
 //! - [`placement_bench`]: the kernbench-like placement benchmark (`cargo xtask bench-placement`).
 //! - [`sequence`]: several pvmm runs (policies, loads) in one L1 boot.
 //! - [`tuning`]: L1's QEMU, kernel and KVM-module settings, by preset name.
 //! - [`soak`]: counting rig outcomes by kind over many boots (`cargo xtask rig-soak`).
 //! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
 
+pub mod activity;
 pub mod bench;
 pub mod cpio;
+pub mod host_bench;
 pub mod images;
 pub mod placement_bench;
 pub mod rig;

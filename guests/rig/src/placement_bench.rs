@@ -23,9 +23,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pvmm_scheduler::sim::power::thread_overlap;
 use pvmm_scheduler::sim::PowerModel;
 
+use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
 use crate::images::{L1Images, Workspace};
 use crate::rig::{RigError, RigOutcome, Topology};
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
@@ -52,9 +52,6 @@ const STATS_PATH: &str = "/tmp/pvmm-bench-stats.jsonl";
 
 /// Probe sampling interval (s): fine enough for the package-overlap estimate, cheap for L1.
 const SAMPLE_INTERVAL: &str = "0.2";
-
-/// L1's USER_HZ (`/proc/stat` ticks per second).
-const USER_HZ: f64 = 100.0;
 
 /// L1 time allowed per run besides the load: guest boot and power-off (about 12 s on an
 /// idle machine), times 5 for shared machines. A run past it is killed (and reported): one
@@ -154,19 +151,13 @@ pub struct CaseFailure {
 pub fn bench_probe() -> String {
     format!(
         r#"taskset -p 1 $$ >/dev/null 2>&1
-for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  read -r pkg < $c/topology/physical_package_id
-  read -r core < $c/topology/core_id
-  echo "PKG ${{c##*cpu}} $pkg $core"
-done
+{TOPOLOGY_SCRIPT}
 read -r up rest < /proc/uptime
 echo "START $up"
 out=/tmp/bench-samples
 : > $out
 while kill -0 $PVMM_PID 2>/dev/null; do
-  read -r up rest < /proc/uptime
-  echo "T $up" >> $out
-  while read -r cpu rest; do case $cpu in cpu[0-9]*) echo "C $cpu $rest" >> $out;; esac; done < /proc/stat
+  {SAMPLE_SCRIPT}
   sleep {SAMPLE_INTERVAL}
 done
 cat $out
@@ -273,12 +264,6 @@ pub fn run_placement_bench(
 
 type Measured = (f64, u64, Vec<f64>, f64, u64);
 
-/// One sample: L1 uptime and per-CPU (idle, total) ticks.
-struct Sample {
-    t: f64,
-    cpus: BTreeMap<u32, (u64, u64)>,
-}
-
 fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result<Measured, String> {
     let run = outcome
         .run(label)
@@ -293,41 +278,16 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
         .and_then(|n| n.trim().parse().ok())
         .ok_or_else(|| "no 'pvmm-load: total iterations' line from the guest".to_string())?;
     let mut start = None;
-    let mut cores: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
-    let mut samples: Vec<Sample> = Vec::new();
+    let mut activity = Activity::default();
     let mut marks: BTreeMap<String, f64> = BTreeMap::new();
     let mut stats: Vec<(u64, u64)> = Vec::new();
     for line in run.probe {
+        if activity.parse_line(line) {
+            continue;
+        }
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
             ["START", up] => start = up.parse::<f64>().ok(),
-            ["PKG", cpu, pkg, core] => {
-                if let (Ok(c), Ok(p), Ok(k)) = (cpu.parse(), pkg.parse(), core.parse()) {
-                    cores.insert(c, (p, k));
-                }
-            }
-            ["T", up] => {
-                if let Ok(t) = up.parse() {
-                    samples.push(Sample {
-                        t,
-                        cpus: BTreeMap::new(),
-                    });
-                }
-            }
-            ["C", cpu, counters @ ..] if counters.len() >= 8 => {
-                let (Some(cpu), Some(sample)) = (
-                    cpu.strip_prefix("cpu").and_then(|c| c.parse().ok()),
-                    samples.last_mut(),
-                ) else {
-                    continue;
-                };
-                let n: Vec<u64> = counters.iter().filter_map(|c| c.parse().ok()).collect();
-                if n.len() >= 8 {
-                    sample
-                        .cpus
-                        .insert(cpu, (n[3] + n[4], n.iter().take(8).sum::<u64>()));
-                }
-            }
             ["M", up, text] => {
                 if let Ok(t) = up.parse() {
                     marks.insert(text.to_string(), t);
@@ -345,74 +305,7 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
     let (Some(&begin), Some(&end)) = (marks.get("load-begin"), marks.get("load-end")) else {
         return Err(format!("missing load marks (got {marks:?})"));
     };
-    let inside: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| s.t >= begin && s.t <= end && s.cpus.len() == cores.len())
-        .collect();
-    if inside.len() < 3 {
-        return Err(format!("only {} samples in the load window", inside.len()));
-    }
-    let packages: Vec<u32> = {
-        let mut p: Vec<u32> = cores.values().map(|&(p, _)| p).collect();
-        p.sort_unstable();
-        p.dedup();
-        p
-    };
-    let mut idle_time = vec![0.0; packages.len()];
-    let mut energy = 0.0;
-    let mut total = 0.0;
-    let mut levels = Vec::new();
-    for pair in inside.windows(2) {
-        let dt = pair[1].t - pair[0].t;
-        if dt <= 0.0 {
-            continue;
-        }
-        // Busy share of each CPU in this interval.
-        let busy: BTreeMap<u32, f64> = pair[1]
-            .cpus
-            .iter()
-            .filter_map(|(&cpu, &(idle1, total1))| {
-                let &(idle0, total0) = pair[0].cpus.get(&cpu)?;
-                let ticks = total1.saturating_sub(total0) as f64;
-                let idle = idle1.saturating_sub(idle0) as f64;
-                Some((
-                    cpu,
-                    if ticks > 0.0 {
-                        (1.0 - idle / ticks).clamp(0.0, 1.0)
-                    } else {
-                        0.0
-                    },
-                ))
-            })
-            .collect();
-        let mut power = model.platform_w;
-        for (slot, &pkg) in packages.iter().enumerate() {
-            let mut core_busy: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-            for (&cpu, &(p, core)) in &cores {
-                if p == pkg {
-                    core_busy
-                        .entry(core)
-                        .or_default()
-                        .push(busy.get(&cpu).copied().unwrap_or(0.0));
-                }
-            }
-            let awake = core_busy
-                .values()
-                .flatten()
-                .copied()
-                .fold(0.0_f64, f64::max);
-            idle_time[slot] += (1.0 - awake) * dt;
-            let mut core_levels: Vec<Vec<f64>> = Vec::new();
-            for threads in core_busy.values() {
-                thread_overlap(threads, &mut levels);
-                core_levels.push(levels.clone());
-            }
-            power += model.package_power(awake, core_levels.iter().map(Vec::as_slice));
-        }
-        energy += power * dt;
-        total += dt;
-    }
-    let _ = USER_HZ;
+    let window = activity.window(begin, end, model)?;
     let at = |t: f64| {
         let ms = (t - start) * 1000.0;
         stats
@@ -423,8 +316,13 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
             .unwrap_or(0)
     };
     let migrations = at(end).saturating_sub(at(begin));
-    let package_idle = idle_time.iter().map(|t| t / total).collect();
-    Ok((total, work, package_idle, energy, migrations))
+    Ok((
+        window.seconds,
+        work,
+        window.package_idle,
+        window.energy_j,
+        migrations,
+    ))
 }
 
 /// The results for `threads` busy threads as a table in the seeds' format (pvmm-sim's

@@ -1,0 +1,212 @@
+//! L1's CPU activity over a time window, from a probe's `/proc/stat` samples: each package's
+//! idle share and the energy the simulator's power model gives for that activity. The rig has
+//! no RAPL, so energy is modelled from measured activity. Shared by the placement and
+//! host-wide benchmarks, whose probes print the same lines:
+//!
+//! - `PKG <cpu> <package> <core>` per L1 CPU (sysfs topology);
+//! - `T <L1 uptime>` at each sample, then `C cpuN <the /proc/stat counters>` per CPU.
+
+use std::collections::BTreeMap;
+
+use pvmm_scheduler::sim::power::thread_overlap;
+use pvmm_scheduler::sim::PowerModel;
+
+/// The shell that prints the `PKG` lines (busybox sh in L1).
+pub const TOPOLOGY_SCRIPT: &str = r#"for c in /sys/devices/system/cpu/cpu[0-9]*; do
+  read -r pkg < $c/topology/physical_package_id
+  read -r core < $c/topology/core_id
+  echo "PKG ${c##*cpu} $pkg $core"
+done"#;
+
+/// The shell that appends one sample (`T` and `C` lines) to the file `$out`, with shell
+/// builtins only (no process started per sample).
+pub const SAMPLE_SCRIPT: &str = r#"read -r up rest < /proc/uptime
+  echo "T $up" >> $out
+  while read -r cpu rest; do case $cpu in cpu[0-9]*) echo "C $cpu $rest" >> $out;; esac; done < /proc/stat"#;
+
+/// One sample: L1 uptime and per-CPU (idle, total) ticks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuSample {
+    /// L1 uptime (s).
+    pub t: f64,
+    /// CPU -> (idle + iowait ticks, all ticks).
+    pub cpus: BTreeMap<u32, (u64, u64)>,
+}
+
+/// What the probe printed about L1's CPUs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Activity {
+    /// CPU -> (package, core).
+    pub cores: BTreeMap<u32, (u32, u32)>,
+    /// The samples, in order.
+    pub samples: Vec<CpuSample>,
+}
+
+/// Measured over a window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowActivity {
+    /// Seconds covered by samples.
+    pub seconds: f64,
+    /// Per package (ascending id), the share of the window in which none of its CPUs ran.
+    pub package_idle: Vec<f64>,
+    /// Modelled energy (J).
+    pub energy_j: f64,
+}
+
+impl Activity {
+    /// Takes one probe line; false when it is not a `PKG`, `T` or `C` line.
+    pub fn parse_line(&mut self, line: &str) -> bool {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["PKG", cpu, pkg, core] => {
+                if let (Ok(c), Ok(p), Ok(k)) = (cpu.parse(), pkg.parse(), core.parse()) {
+                    self.cores.insert(c, (p, k));
+                }
+            }
+            ["T", up] => {
+                if let Ok(t) = up.parse() {
+                    self.samples.push(CpuSample {
+                        t,
+                        cpus: BTreeMap::new(),
+                    });
+                }
+            }
+            ["C", cpu, counters @ ..] if counters.len() >= 8 => {
+                let (Some(cpu), Some(sample)) = (
+                    cpu.strip_prefix("cpu").and_then(|c| c.parse().ok()),
+                    self.samples.last_mut(),
+                ) else {
+                    return true;
+                };
+                let n: Vec<u64> = counters.iter().filter_map(|c| c.parse().ok()).collect();
+                if n.len() >= 8 {
+                    sample
+                        .cpus
+                        .insert(cpu, (n[3] + n[4], n.iter().take(8).sum::<u64>()));
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    fn packages(&self) -> Vec<u32> {
+        let mut p: Vec<u32> = self.cores.values().map(|&(p, _)| p).collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    }
+
+    /// Package idle shares and modelled energy between L1 times `begin` and `end`.
+    ///
+    /// Per sample interval, a package is awake for the largest busy share of its CPUs (their
+    /// busy time is assumed to overlap, the simulator's `thread_overlap` assumption), and the
+    /// power model prices each package's awake share and its cores' activity.
+    pub fn window(
+        &self,
+        begin: f64,
+        end: f64,
+        model: &PowerModel,
+    ) -> Result<WindowActivity, String> {
+        let inside: Vec<&CpuSample> = self
+            .samples
+            .iter()
+            .filter(|s| s.t >= begin && s.t <= end && s.cpus.len() == self.cores.len())
+            .collect();
+        if inside.len() < 3 {
+            return Err(format!("only {} samples in the load window", inside.len()));
+        }
+        let packages = self.packages();
+        let mut idle_time = vec![0.0; packages.len()];
+        let mut energy_j = 0.0;
+        let mut seconds = 0.0;
+        let mut levels = Vec::new();
+        for pair in inside.windows(2) {
+            let dt = pair[1].t - pair[0].t;
+            if dt <= 0.0 {
+                continue;
+            }
+            let busy = busy_shares(pair[0], pair[1]);
+            let mut power = model.platform_w;
+            for (slot, &pkg) in packages.iter().enumerate() {
+                let mut core_busy: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+                for (&cpu, &(p, core)) in &self.cores {
+                    if p == pkg {
+                        core_busy
+                            .entry(core)
+                            .or_default()
+                            .push(busy.get(&cpu).copied().unwrap_or(0.0));
+                    }
+                }
+                let awake = core_busy
+                    .values()
+                    .flatten()
+                    .copied()
+                    .fold(0.0_f64, f64::max);
+                idle_time[slot] += (1.0 - awake) * dt;
+                let mut core_levels: Vec<Vec<f64>> = Vec::new();
+                for threads in core_busy.values() {
+                    thread_overlap(threads, &mut levels);
+                    core_levels.push(levels.clone());
+                }
+                power += model.package_power(awake, core_levels.iter().map(Vec::as_slice));
+            }
+            energy_j += power * dt;
+            seconds += dt;
+        }
+        Ok(WindowActivity {
+            seconds,
+            package_idle: idle_time.iter().map(|t| t / seconds).collect(),
+            energy_j,
+        })
+    }
+}
+
+/// Busy share of each CPU between two samples.
+fn busy_shares(a: &CpuSample, b: &CpuSample) -> BTreeMap<u32, f64> {
+    b.cpus
+        .iter()
+        .filter_map(|(&cpu, &(idle1, total1))| {
+            let &(idle0, total0) = a.cpus.get(&cpu)?;
+            let ticks = total1.saturating_sub(total0) as f64;
+            let idle = idle1.saturating_sub(idle0) as f64;
+            let share = if ticks > 0.0 {
+                (1.0 - idle / ticks).clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            Some((cpu, share))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_package_and_a_half_busy_one() {
+        let mut a = Activity::default();
+        for line in ["PKG 0 0 0", "PKG 1 0 1", "PKG 2 1 0", "PKG 3 1 1"] {
+            assert!(a.parse_line(line));
+        }
+        // CPU 0 half busy every second, the rest idle (counters: user nice system idle
+        // iowait irq softirq steal).
+        for s in 0..4u64 {
+            assert!(a.parse_line(&format!("T {}", 10 + s)));
+            for cpu in 0..4 {
+                let busy = if cpu == 0 { 50 * s } else { 0 };
+                let idle = 100 * s - busy;
+                let line = format!("C cpu{cpu} {busy} 0 0 {idle} 0 0 0 0 0 0");
+                assert!(a.parse_line(&line));
+            }
+        }
+        assert!(!a.parse_line("M 10.5 load-begin"));
+        let w = a.window(10.0, 13.0, &PowerModel::default()).unwrap();
+        assert!((w.seconds - 3.0).abs() < 1e-9);
+        assert!((w.package_idle[0] - 0.5).abs() < 1e-9, "{w:?}");
+        assert!((w.package_idle[1] - 1.0).abs() < 1e-9, "{w:?}");
+        assert!(w.energy_j > 0.0);
+        assert!(a.window(20.0, 30.0, &PowerModel::default()).is_err());
+    }
+}

@@ -1,0 +1,467 @@
+//! `cargo xtask bench-host`: several VMs side by side in one L1, each guest running one
+//! kernbench-like thread, under three regimes, one L1 boot per (regime, VM count):
+//!
+//! - `pvmm-host`: pvmm VMs joined to the host daemon (`pvmm host --adopt auto`), which places
+//!   every VM's vCPUs with one engine under `powersaving`;
+//! - `pvmm`: the same pvmm VMs each placing only its own vCPUs under `powersaving`;
+//! - `qemu`: QEMU VMs with KVM, unpinned (L1's scheduler decides).
+//!
+//! Measured from L1 over the window in which every VM runs its load (from the last VM's load
+//! start to the first VM's load end):
+//!
+//! - **Package Idle(%)** and **Energy** from L1's `/proc/stat` ([`crate::activity`]; the rig
+//!   has no RAPL, so energy is the simulator's power model applied to measured activity);
+//! - **Work**: the guests' `pvmm-load` iterations in the window (each guest runs its load in
+//!   one-second rounds and reports each round through a `pvmm-mark:` line, which L1
+//!   timestamps);
+//! - **Migrations**: the vCPU threads' `se.nr_migrations` (L1 kernel, `/proc/<pid>/task/*/
+//!   sched`), every move of any regime counted alike, whether pvmm, the daemon or L1's
+//!   scheduler made it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use pvmm_scheduler::sim::PowerModel;
+
+use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
+use crate::images::{L1Images, Workspace};
+use crate::rig::{InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
+
+/// How the VMs of a case are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Regime {
+    /// pvmm VMs placed by `pvmm host`.
+    Daemon,
+    /// pvmm VMs, each placing itself.
+    PerVm,
+    /// QEMU VMs, unpinned.
+    Qemu,
+}
+
+impl Regime {
+    /// Every regime, the reference (`qemu`) first.
+    pub const ALL: [Regime; 3] = [Regime::Qemu, Regime::PerVm, Regime::Daemon];
+
+    /// Its name in tables and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Regime::Daemon => "pvmm-host",
+            Regime::PerVm => "pvmm",
+            Regime::Qemu => "qemu",
+        }
+    }
+}
+
+impl std::str::FromStr for Regime {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Regime::ALL
+            .into_iter()
+            .find(|r| r.name() == text)
+            .ok_or_else(|| format!("unknown regime {text:?}: expected pvmm-host, pvmm or qemu"))
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct HostBenchOptions {
+    /// VM counts, one table each.
+    pub vms: Vec<usize>,
+    /// Regimes compared.
+    pub regimes: Vec<Regime>,
+    /// Load rounds of one second per guest.
+    pub seconds: u32,
+    /// pvmm-load duty cycle (%).
+    pub duty_percent: u32,
+    /// pvmm-load period (ms).
+    pub period_ms: u32,
+    /// L1 topology.
+    pub topology: Topology,
+    /// Print every rig line.
+    pub echo: bool,
+}
+
+/// vCPUs of each VM.
+const VCPUS: u32 = 2;
+/// Memory of each VM (MiB): four fit in the rig's L1 with room for the page cache.
+const MEMORY_MIB: u32 = 192;
+/// Seconds each guest idles after init before its load: past pvmm's 5 s ramp-down, so every
+/// regime starts from its idle placement, not from the spread the guests' boots caused.
+const LEAD_SECS: u32 = 8;
+/// The probe's sampling interval (s).
+const SAMPLE_INTERVAL: &str = "0.2";
+/// Samples between two readings of the vCPU threads' migration counts (1 s).
+const MIGRATION_EVERY: u32 = 5;
+/// L1 time per case besides the load: L1's boot, the guests' boots (slower when several
+/// boot at once under TCG) and power-off, on a shared machine.
+const CASE_OVERHEAD_SECS: u64 = 300;
+/// Where the VMs' sockets and the daemon's lock live in L1.
+const RUNTIME_DIR: &str = "/tmp";
+
+/// One measured case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostCase {
+    /// Its regime.
+    pub regime: Regime,
+    /// VMs side by side.
+    pub vms: usize,
+    /// The window in which every VM ran its load (s).
+    pub window_s: f64,
+    /// pvmm-load iterations of all guests in the window.
+    pub work: u64,
+    /// Per package, the share of the window it was idle.
+    pub package_idle: Vec<f64>,
+    /// Modelled energy over the window (J).
+    pub energy_j: f64,
+    /// Migrations of all vCPU threads in the window.
+    pub migrations: u64,
+}
+
+impl HostCase {
+    /// Modelled joules per thousand iterations.
+    pub fn energy_per_kwork(&self) -> f64 {
+        self.energy_j / (self.work as f64 / 1000.0).max(f64::MIN_POSITIVE)
+    }
+}
+
+/// The guest command of VM `n`: idle, then `seconds` one-second rounds of load, each
+/// reported with its iteration count.
+pub fn guest_command(options: &HostBenchOptions, n: usize) -> String {
+    format!(
+        "sleep {LEAD_SECS}\n\
+         echo pvmm-mark: load-begin-{n}\n\
+         i=0\n\
+         while [ $i -lt {} ]; do\n\
+         \x20 w=$(pvmm-load --threads 1 --duty {} --period-ms {} --seconds 1 | sed -n 's/pvmm-load: total iterations //p')\n\
+         \x20 echo \"pvmm-mark: work-{n} $w\"\n\
+         \x20 i=$((i + 1))\n\
+         done\n\
+         echo pvmm-mark: load-end-{n}\n",
+        options.seconds, options.duty_percent, options.period_ms
+    )
+}
+
+/// The L1 probe of every VM of a case. The first to start is the leader: it starts the daemon
+/// (regime `pvmm-host`), prints the topology and samples `/proc/stat`. Each probe counts its
+/// own VM's vCPU-thread migrations. The leader, after every VM has ended, prints the guests'
+/// marks and stops the daemon.
+pub fn probe(regime: Regime) -> String {
+    let daemon = if regime == Regime::Daemon {
+        format!(
+            "/bin/pvmm host --runtime-dir {RUNTIME_DIR} --adopt auto --tick-ms 100 > /tmp/pvmm-host.log 2>&1 &\n  echo $! > /tmp/pvmm-host.pid"
+        )
+    } else {
+        ":".to_string()
+    };
+    format!(
+        r#"taskset -p 1 $$ >/dev/null 2>&1
+mkdir -p /tmp/bench-live && : > /tmp/bench-live/$PVMM_PID
+leader=
+if mkdir /tmp/bench-leader 2>/dev/null; then
+  leader=1
+  {daemon}
+{TOPOLOGY_SCRIPT}
+fi
+out=/tmp/bench-samples-$PVMM_PID
+: > $out
+n=0
+while kill -0 $PVMM_PID 2>/dev/null; do
+  if [ -n "$leader" ]; then
+  {SAMPLE_SCRIPT}
+  fi
+  n=$((n + 1))
+  if [ $((n % {MIGRATION_EVERY})) = 0 ]; then
+    files=
+    for t in /proc/$PVMM_PID/task/*; do
+      read -r c < $t/comm 2>/dev/null
+      case "$c" in vcpu*|"CPU "*/KVM) files="$files $t/sched";; esac
+    done
+    read -r up rest < /proc/uptime
+    echo "N $up $(cat $files 2>/dev/null | awk '/nr_migrations/ {{s += $NF}} END {{print s + 0}}')" >> $out
+  fi
+  sleep {SAMPLE_INTERVAL}
+done
+cat $out
+rm -f /tmp/bench-live/$PVMM_PID
+if [ -n "$leader" ]; then
+  while [ -n "$(ls /tmp/bench-live)" ]; do sleep 1; done
+  sleep 1
+  [ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
+  [ -f /tmp/pvmm-host.pid ] && kill $(cat /tmp/pvmm-host.pid) 2>/dev/null
+fi
+"#
+    )
+}
+
+fn vm(regime: Regime, options: &HostBenchOptions, n: usize) -> VmSpec {
+    let vmm = if regime == Regime::Qemu {
+        InnerVmm::Qemu
+    } else {
+        InnerVmm::Pvmm
+    };
+    let mut args: Vec<String> = [
+        "--vcpus",
+        &VCPUS.to_string(),
+        "--memory",
+        &MEMORY_MIB.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    if vmm == InnerVmm::Pvmm {
+        args.extend(["--policy".into(), "powersaving".into()]);
+    }
+    if regime == Regime::Daemon {
+        args.extend(["--api-socket".into(), format!("{RUNTIME_DIR}/vm{n}.sock")]);
+    }
+    VmSpec {
+        vmm,
+        args,
+        guest_command: Some(guest_command(options, n)),
+    }
+}
+
+/// Runs one case (one L1 boot) and measures it.
+pub fn run_case(
+    ws: &Workspace,
+    images: &L1Images,
+    options: &HostBenchOptions,
+    regime: Regime,
+    vms: usize,
+) -> Result<(Result<HostCase, String>, RigOutcome), RigError> {
+    let specs: Vec<VmSpec> = (0..vms).map(|n| vm(regime, options, n)).collect();
+    let rig = Rig::with_vms(specs)
+        .topology(options.topology)
+        .timeout(Duration::from_secs(
+            CASE_OVERHEAD_SECS + u64::from(LEAD_SECS + 2 * options.seconds),
+        ))
+        .l1_probe(probe(regime))
+        .echo(options.echo);
+    let labels = rig.labels();
+    let outcome = rig.run(ws, images)?;
+    let measured = measure(&outcome, &labels, regime, &PowerModel::default());
+    Ok((measured, outcome))
+}
+
+/// What every probe of a case printed, merged.
+#[derive(Default)]
+struct Lines {
+    activity: Activity,
+    /// Mark text -> L1 time.
+    marks: BTreeMap<String, f64>,
+    /// Per VM: (L1 time, migrations so far).
+    migrations: Vec<Vec<(f64, u64)>>,
+    /// (L1 time, VM, iterations of the round that ended then).
+    rounds: Vec<(f64, usize, u64)>,
+}
+
+fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
+    let mut lines = Lines::default();
+    for label in labels {
+        let run = outcome
+            .run(label)
+            .ok_or_else(|| format!("VM {label} never started"))?;
+        if run.status != Some(0) {
+            return Err(format!("VM {label} exited with status {:?}", run.status));
+        }
+        let mut counts = Vec::new();
+        for line in run.probe {
+            if lines.activity.parse_line(line) {
+                continue;
+            }
+            let w: Vec<&str> = line.split_whitespace().collect();
+            match w.as_slice() {
+                ["N", up, total] => {
+                    if let (Ok(t), Ok(m)) = (up.parse(), total.parse()) {
+                        counts.push((t, m));
+                    }
+                }
+                ["M", up, text] => {
+                    if let Ok(t) = up.parse() {
+                        lines.marks.insert(text.to_string(), t);
+                    }
+                }
+                ["M", up, text, n] => {
+                    let vm = text.strip_prefix("work-").and_then(|v| v.parse().ok());
+                    if let (Ok(t), Some(vm), Ok(n)) = (up.parse(), vm, n.parse()) {
+                        lines.rounds.push((t, vm, n));
+                    }
+                }
+                _ => {}
+            }
+        }
+        lines.migrations.push(counts);
+    }
+    Ok(lines)
+}
+
+/// Measures a case over the window every VM ran its load in.
+fn measure(
+    outcome: &RigOutcome,
+    labels: &[String],
+    regime: Regime,
+    model: &PowerModel,
+) -> Result<HostCase, String> {
+    let lines = parse(outcome, labels)?;
+    let mark = |text: String| {
+        lines
+            .marks
+            .get(&text)
+            .copied()
+            .ok_or_else(|| format!("no mark {text} (marks: {:?})", lines.marks.keys()))
+    };
+    let mut begin = f64::MIN;
+    let mut end = f64::MAX;
+    for n in 0..labels.len() {
+        begin = begin.max(mark(format!("load-begin-{n}"))?);
+        end = end.min(mark(format!("load-end-{n}"))?);
+    }
+    if end <= begin {
+        return Err(format!(
+            "the VMs' loads did not overlap (the last began at {begin:.1} s, the first ended at {end:.1} s); raise --seconds"
+        ));
+    }
+    let activity = lines.activity.window(begin, end, model)?;
+    // A round's iterations count when the round ended inside the window: a round is one
+    // second, so the window's work is off by at most one round per VM at each edge.
+    let work = lines
+        .rounds
+        .iter()
+        .filter(|&&(t, _, _)| t > begin && t <= end)
+        .map(|&(_, _, n)| n)
+        .sum();
+    let migrations = lines
+        .migrations
+        .iter()
+        .map(|counts| {
+            let at = |t: f64| {
+                counts
+                    .iter()
+                    .filter(|&&(up, _)| up <= t)
+                    .map(|&(_, m)| m)
+                    .next_back()
+                    .unwrap_or(0)
+            };
+            at(end).saturating_sub(at(begin))
+        })
+        .sum();
+    Ok(HostCase {
+        regime,
+        vms: labels.len(),
+        window_s: activity.seconds,
+        work,
+        package_idle: activity.package_idle,
+        energy_j: activity.energy_j,
+        migrations,
+    })
+}
+
+/// The cases of one VM count as a table; Energy/work relative to the first case (`qemu` when
+/// it ran).
+pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
+    let mut out = format!("{vms} VM(s) of {VCPUS} vCPUs, one busy thread each:\n");
+    let Some(reference) = cases.first() else {
+        out.push_str("(no case measured)\n");
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "{:<10} {:>8} {:>12} {:>16} {:>10} {:>10} {:>12}",
+        "Regime",
+        "Window",
+        "Work(iter)",
+        "Package Idle(%)",
+        "Migrations",
+        "Energy(J)",
+        "Energy/work"
+    );
+    for c in cases {
+        let idle: Vec<String> = c
+            .package_idle
+            .iter()
+            .map(|f| format!("{:5.1}", f * 100.0))
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<10} {:>7.1}s {:>12} {:>16} {:>10} {:>10.1} {:>12.2}",
+            c.regime.name(),
+            c.window_s,
+            c.work,
+            idle.join(" "),
+            c.migrations,
+            c.energy_j,
+            c.energy_per_kwork() / reference.energy_per_kwork()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(Energy/work: modelled joules per iteration, relative to {} = 1.00)",
+        reference.regime.name()
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regimes_parse_and_the_probe_and_guest_say_what_the_parser_reads() {
+        assert_eq!("pvmm-host".parse::<Regime>(), Ok(Regime::Daemon));
+        assert!("numad".parse::<Regime>().is_err());
+        assert!(probe(Regime::Daemon).contains("pvmm host --runtime-dir /tmp --adopt auto"));
+        assert!(!probe(Regime::PerVm).contains("pvmm host"));
+        assert!(probe(Regime::Qemu).contains("nr_migrations"));
+        let options = HostBenchOptions {
+            vms: vec![2],
+            regimes: Regime::ALL.to_vec(),
+            seconds: 20,
+            duty_percent: 29,
+            period_ms: 70,
+            topology: Topology::default(),
+            echo: false,
+        };
+        let guest = guest_command(&options, 1);
+        assert!(guest.contains("pvmm-mark: load-begin-1"));
+        assert!(guest.contains("pvmm-mark: work-1 $w"));
+        assert!(guest.contains("--duty 29 --period-ms 70 --seconds 1"));
+        // Both scripts are valid shell for L1's and the guest's busybox.
+        if std::path::Path::new(crate::images::BUSYBOX).is_file() {
+            for script in [probe(Regime::Daemon), guest.clone()] {
+                let check = std::process::Command::new(crate::images::BUSYBOX)
+                    .args(["sh", "-n", "-c", &script])
+                    .output()
+                    .expect("busybox runs");
+                assert!(check.status.success(), "{check:?}\n{script}");
+            }
+        }
+        let spec = vm(Regime::Daemon, &options, 1);
+        assert!(spec.args.contains(&"/tmp/vm1.sock".to_string()));
+        assert_eq!(vm(Regime::Qemu, &options, 0).vmm, InnerVmm::Qemu);
+    }
+
+    #[test]
+    fn the_table_is_relative_to_its_first_case() {
+        let case = |regime, work, energy_j| HostCase {
+            regime,
+            vms: 2,
+            window_s: 20.0,
+            work,
+            package_idle: vec![0.5, 0.9],
+            energy_j,
+            migrations: 4,
+        };
+        let q = case(Regime::Qemu, 1000, 100.0);
+        let d = case(Regime::Daemon, 1000, 80.0);
+        let table = format_table(2, &[&q, &d]);
+        let rows: Vec<&str> = table.lines().collect();
+        assert!(
+            rows[2].starts_with("qemu") && rows[2].ends_with("1.00"),
+            "{table}"
+        );
+        assert!(
+            rows[3].starts_with("pvmm-host") && rows[3].ends_with("0.80"),
+            "{table}"
+        );
+    }
+}
