@@ -13,6 +13,9 @@
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
 //!   [--policies LIST]`: the seeds' kernbench-like scenario under every placement policy and
 //!   `none`, one table per thread count (package idle, work, migrations, modelled energy).
+//! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S]`:
+//!   several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned, one table per VM
+//!   count.
 //!
 //! Exit codes of the xtask itself: 2 bad flags, 1 build failure.
 
@@ -22,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
+use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
 use pvmm_rig::images::{self, L1Needs, Workspace};
 use pvmm_rig::placement_bench::{
     format_bench_table, run_placement_bench, PlacementBenchOptions, BENCH_POLICIES,
@@ -117,6 +121,100 @@ enum Task {
         #[arg(long)]
         verbose: bool,
     },
+    /// Host-wide placement benchmark: 1, 2 and 4 VMs side by side in one L1, each guest with
+    /// one kernbench-like thread, under `pvmm host` (pvmm-host), each pvmm on its own (pvmm)
+    /// and QEMU unpinned (qemu); one L1 boot per case, one table per VM count (package idle,
+    /// work, migrations, modelled energy per unit of work relative to qemu).
+    BenchHost(HostBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct HostBenchArgs {
+    /// VM counts, comma-separated (2 vCPUs each).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4", value_parser = clap::value_parser!(u32).range(1..=4))]
+    vms: Vec<u32>,
+    /// Regimes, comma-separated: qemu, pvmm, pvmm-host (the first is the tables' reference).
+    #[arg(long, value_delimiter = ',', default_value = "qemu,pvmm,pvmm-host")]
+    regimes: Vec<Regime>,
+    /// One-second load rounds per guest (the VMs' loads must overlap: several VMs booting
+    /// at once in L1 reach their load tens of seconds apart).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(5..=3600))]
+    seconds: u32,
+    /// pvmm-load duty cycle in percent (default: the seeds' kernbench busy fraction, 29 %).
+    #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
+    duty: u32,
+    /// pvmm-load period in ms.
+    #[arg(long, default_value_t = KERNBENCH_PERIOD_MS, value_parser = clap::value_parser!(u32).range(1..=60000))]
+    period_ms: u32,
+    /// L1 CPU topology.
+    #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+    topology: Topology,
+    /// Print every rig line.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// `cargo xtask bench-host`: every (VM count, regime) case, one L1 boot each, the tables as
+/// the cases finish.
+fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
+    let needs = L1Needs {
+        pvmm: true,
+        qemu: args.regimes.contains(&Regime::Qemu),
+    };
+    let images = match images::build_l1(ws, needs) {
+        Ok(images) => images,
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            return ExitCode::from(EXIT_BUILD_FAILURE);
+        }
+    };
+    let options = HostBenchOptions {
+        vms: args.vms.iter().map(|&n| n as usize).collect(),
+        regimes: args.regimes,
+        seconds: args.seconds,
+        duty_percent: args.duty,
+        period_ms: args.period_ms,
+        topology: args.topology,
+        echo: args.verbose,
+    };
+    let mut failed = false;
+    for &vms in &options.vms {
+        let mut cases = Vec::new();
+        for &regime in &options.regimes {
+            images::progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
+            match host_bench::run_case(ws, &images, &options, regime, vms) {
+                Ok((Ok(case), _)) => cases.push(case),
+                Ok((Err(why), outcome)) => {
+                    failed = true;
+                    eprintln!(
+                        "xtask: {} with {vms} VM(s) not measured: {why} ({})",
+                        regime.name(),
+                        outcome.summary(regime.name())
+                    );
+                }
+                Err(error) => {
+                    eprintln!("xtask: error: {error}");
+                    return ExitCode::from(rig_error_exit(&error));
+                }
+            }
+        }
+        let rows: Vec<&HostCase> = cases.iter().collect();
+        println!(
+            "{}",
+            host_bench::format_table(vms, &rows).replace(
+                ":\n",
+                &format!(
+                    " (pvmm-load --duty {} --period-ms {}, L1 {}):\n",
+                    options.duty_percent, options.period_ms, options.topology
+                )
+            )
+        );
+    }
+    if failed {
+        ExitCode::from(EXIT_RIG_FAILURE as u8)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 #[derive(Debug, Args)]
@@ -469,6 +567,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Task::BenchHost(args) => bench_host(&ws, args),
         Task::BenchPlacement {
             threads,
             vcpus,

@@ -661,6 +661,34 @@ mod tests {
         std::fs::remove_dir_all(host.roots.proc.join("200")).unwrap();
         d.tick().unwrap();
         assert_eq!(d.vms.len(), 1);
+        // A VM that starts between full scans is placed at the next tick.
+        d.tick().unwrap();
+        host.process(
+            300,
+            &[(300, "qemu"), (310, "CPU 0/KVM")],
+            &[(3, "anon_inode:kvm-vm"), (4, "anon_inode:kvm-vcpu:0")],
+        );
+        d.tick().unwrap();
+        assert_eq!(d.managed(), (2, 3));
+        assert!(d.applied.get(&310).is_some_and(|c| c.is_subset(&package0)));
+        // A vCPU added to a running VM (a new thread and file descriptor) is found by the
+        // next full scan; the unchanged VM is not examined again.
+        host.process(
+            100,
+            &[
+                (100, "qemu"),
+                (101, "io"),
+                (110, "CPU 0/KVM"),
+                (111, "CPU 1/KVM"),
+                (112, "CPU 2/KVM"),
+            ],
+            &[(6, "anon_inode:kvm-vcpu:2")],
+        );
+        for _ in 0..discover::FULL_SCAN_TICKS {
+            d.tick().unwrap();
+        }
+        assert_eq!(d.managed(), (2, 4));
+        assert!(d.applied.contains_key(&112));
     }
 
     #[test]
