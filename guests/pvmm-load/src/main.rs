@@ -4,11 +4,15 @@
 //! thread spins for `--duty` percent of the period, counting fixed-size units of work
 //! ("iterations"), then sleeps for the rest. After `--seconds` it prints the iterations of each
 //! thread and the total, so a caller can compare work done under different host placements.
+//! With `--progress-ms P` it also prints the total so far every P milliseconds, so a caller
+//! can count the work done inside a time window of its own.
 //!
 //! Exit status: 0 on success, 2 on bad flags (one line on stderr), 1 if a thread could not be
 //! started.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Most threads accepted: far more than any guest we boot has vCPUs, low enough that a typo
@@ -34,11 +38,13 @@ const EXIT_BAD_INPUT: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 const USAGE: &str = "\
-usage: pvmm-load [--threads N] [--duty PCT] [--period-ms P] [--seconds S]
-  --threads N     worker threads, 1-1024 (default 1)
-  --duty PCT      busy share of each period in percent, 0-100 (default 100)
-  --period-ms P   duty-cycle period in milliseconds, 1-60000 (default 100)
-  --seconds S     run time in seconds, may be fractional, >0 (default 5)
+usage: pvmm-load [--threads N] [--duty PCT] [--period-ms P] [--seconds S] [--progress-ms R]
+  --threads N       worker threads, 1-1024 (default 1)
+  --duty PCT        busy share of each period in percent, 0-100 (default 100)
+  --period-ms P     duty-cycle period in milliseconds, 1-60000 (default 100)
+  --seconds S       run time in seconds, may be fractional, >0 (default 5)
+  --progress-ms R   also print 'pvmm-load: progress <total so far>' every R ms, 1-60000
+                    (the total counts each thread's periods finished so far)
 Prints the iterations done by each thread and the total.";
 
 /// A bad command line.
@@ -63,6 +69,7 @@ struct LoadConfig {
     duty_percent: u32,
     period: Duration,
     run_time: Duration,
+    progress: Option<Duration>,
 }
 
 impl Default for LoadConfig {
@@ -72,6 +79,7 @@ impl Default for LoadConfig {
             duty_percent: 100,
             period: Duration::from_millis(100),
             run_time: Duration::from_secs(5),
+            progress: None,
         }
     }
 }
@@ -131,6 +139,7 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
             "--duty" => "--duty",
             "--period-ms" => "--period-ms",
             "--seconds" => "--seconds",
+            "--progress-ms" => "--progress-ms",
             _ => return Err(FlagError::Unknown(arg)),
         };
         let value = match inline_value {
@@ -144,6 +153,14 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
             "--duty" => config.duty_percent = parse_int(flag, &value, 0, 100)? as u32,
             "--period-ms" => {
                 config.period = Duration::from_millis(parse_int(flag, &value, 1, MAX_PERIOD_MS)?)
+            }
+            "--progress-ms" => {
+                config.progress = Some(Duration::from_millis(parse_int(
+                    flag,
+                    &value,
+                    1,
+                    MAX_PERIOD_MS,
+                )?))
             }
             _ => config.run_time = parse_seconds(&value)?,
         }
@@ -162,11 +179,12 @@ fn work_unit(state: &mut u64) {
     *state = std::hint::black_box(x);
 }
 
-/// Runs one worker's duty cycle until `end`; returns the iterations done.
+/// Runs one worker's duty cycle until `end`; returns the iterations done, and publishes the
+/// count so far in `done` after each busy phase.
 ///
 /// Periods are laid on an absolute grid from `start`, so time lost to preemption does not shift
 /// later periods and the busy share stays what was asked over the whole run.
-fn run_worker(config: &LoadConfig, start: Instant, seed: u64) -> u64 {
+fn run_worker(config: &LoadConfig, start: Instant, seed: u64, done: &AtomicU64) -> u64 {
     let end = start + config.run_time;
     let busy = config.period * config.duty_percent / 100;
     let mut state = seed | 1;
@@ -178,6 +196,7 @@ fn run_worker(config: &LoadConfig, start: Instant, seed: u64) -> u64 {
             work_unit(&mut state);
             iterations += 1;
         }
+        done.store(iterations, Ordering::Relaxed);
         let period_end = (period_start + config.period).min(end);
         let now = Instant::now();
         if period_end > now {
@@ -197,13 +216,29 @@ fn run(config: &LoadConfig) -> Result<Vec<u64>, std::io::Error> {
         config.run_time.as_secs_f64()
     );
     let start = Instant::now();
+    let done: Arc<Vec<AtomicU64>> =
+        Arc::new((0..config.threads).map(|_| AtomicU64::new(0)).collect());
     let mut handles = Vec::with_capacity(config.threads as usize);
     for index in 0..config.threads {
         let worker_config = config.clone();
+        let done = done.clone();
         let handle = std::thread::Builder::new()
             .name(format!("load{index}"))
-            .spawn(move || run_worker(&worker_config, start, u64::from(index) + 0x9e37_79b9))?;
+            .spawn(move || {
+                let seed = u64::from(index) + 0x9e37_79b9;
+                run_worker(&worker_config, start, seed, &done[index as usize])
+            })?;
         handles.push(handle);
+    }
+    if let Some(every) = config.progress {
+        let end = start + config.run_time;
+        let mut next = start + every;
+        while next < end {
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            let total: u64 = done.iter().map(|d| d.load(Ordering::Relaxed)).sum();
+            println!("pvmm-load: progress {total}");
+            next += every;
+        }
     }
     let mut counts = Vec::with_capacity(handles.len());
     for handle in handles {
@@ -268,8 +303,14 @@ mod tests {
                 duty_percent: 50,
                 period: Duration::from_millis(20),
                 run_time: Duration::from_millis(1500),
+                progress: None,
             }))
         );
+        let Ok(Command::Run(config)) = parse(&["--progress-ms", "250"]) else {
+            panic!("--progress-ms parses");
+        };
+        assert_eq!(config.progress, Some(Duration::from_millis(250)));
+        assert!(parse(&["--progress-ms", "0"]).is_err());
     }
 
     #[test]
@@ -316,12 +357,16 @@ mod tests {
             duty_percent: 0,
             period: Duration::from_millis(10),
             run_time: Duration::from_millis(50),
+            progress: None,
         };
-        assert_eq!(run_worker(&idle, Instant::now(), 1), 0);
+        let done = AtomicU64::new(0);
+        assert_eq!(run_worker(&idle, Instant::now(), 1, &done), 0);
         let busy = LoadConfig {
             duty_percent: 100,
             ..idle
         };
-        assert!(run_worker(&busy, Instant::now(), 1) > 0);
+        let n = run_worker(&busy, Instant::now(), 1, &done);
+        assert!(n > 0);
+        assert_eq!(done.load(Ordering::Relaxed), n);
     }
 }

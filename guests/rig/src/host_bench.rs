@@ -11,8 +11,8 @@
 //!
 //! - **Package Idle(%)** and **Energy** from L1's `/proc/stat` ([`crate::activity`]; the rig
 //!   has no RAPL, so energy is the simulator's power model applied to measured activity);
-//! - **Work**: the guests' `pvmm-load` iterations in the window (each guest runs its load in
-//!   one-second rounds and reports each round through a `pvmm-mark:` line, which L1
+//! - **Work**: the guests' `pvmm-load` iterations in the window (each guest's `pvmm-load`
+//!   reports its iterations so far every second through a `pvmm-mark:` line, which L1
 //!   timestamps);
 //! - **Migrations**: the vCPU threads' `se.nr_migrations` (L1 kernel, `/proc/<pid>/task/*/
 //!   sched`), every move of any regime counted alike, whether pvmm, the daemon or L1's
@@ -70,7 +70,7 @@ pub struct HostBenchOptions {
     pub vms: Vec<usize>,
     /// Regimes compared.
     pub regimes: Vec<Regime>,
-    /// Load rounds of one second per guest.
+    /// Seconds of load per guest.
     pub seconds: u32,
     /// pvmm-load duty cycle (%).
     pub duty_percent: u32,
@@ -125,20 +125,16 @@ impl HostCase {
     }
 }
 
-/// The guest command of VM `n`: idle, then `seconds` one-second rounds of load, each
-/// reported with its iteration count.
+/// The guest command of VM `n`: idle, then the load, its progress (iterations so far) each
+/// second through a `pvmm-mark:` line that L1 timestamps.
 pub fn guest_command(options: &HostBenchOptions, n: usize) -> String {
     format!(
         "sleep {LEAD_SECS}\n\
          echo pvmm-mark: load-begin-{n}\n\
-         i=0\n\
-         while [ $i -lt {} ]; do\n\
-         \x20 w=$(pvmm-load --threads 1 --duty {} --period-ms {} --seconds 1 | sed -n 's/pvmm-load: total iterations //p')\n\
-         \x20 echo \"pvmm-mark: work-{n} $w\"\n\
-         \x20 i=$((i + 1))\n\
-         done\n\
+         pvmm-load --threads 1 --duty {} --period-ms {} --seconds {} --progress-ms 1000 | \
+         while read -r a b c; do [ \"$b\" = progress ] && echo \"pvmm-mark: work-{n} $c\"; done\n\
          echo pvmm-mark: load-end-{n}\n",
-        options.seconds, options.duty_percent, options.period_ms
+        options.duty_percent, options.period_ms, options.seconds
     )
 }
 
@@ -174,7 +170,7 @@ while kill -0 $PVMM_PID 2>/dev/null; do
   if [ $((n % {MIGRATION_EVERY})) = 0 ]; then
     files=
     for t in /proc/$PVMM_PID/task/*; do
-      read -r c < $t/comm 2>/dev/null
+      {{ read -r c < $t/comm; }} 2>/dev/null
       case "$c" in vcpu*|"CPU "*/KVM) files="$files $t/sched";; esac
     done
     read -r up rest < /proc/uptime
@@ -251,8 +247,8 @@ struct Lines {
     marks: BTreeMap<String, f64>,
     /// Per VM: (L1 time, migrations so far).
     migrations: Vec<Vec<(f64, u64)>>,
-    /// (L1 time, VM, iterations of the round that ended then).
-    rounds: Vec<(f64, usize, u64)>,
+    /// Per VM: (L1 time, iterations so far).
+    progress: BTreeMap<usize, Vec<(f64, u64)>>,
 }
 
 fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
@@ -284,7 +280,7 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
                 ["M", up, text, n] => {
                     let vm = text.strip_prefix("work-").and_then(|v| v.parse().ok());
                     if let (Ok(t), Some(vm), Ok(n)) = (up.parse(), vm, n.parse()) {
-                        lines.rounds.push((t, vm, n));
+                        lines.progress.entry(vm).or_default().push((t, n));
                     }
                 }
                 _ => {}
@@ -322,28 +318,17 @@ fn measure(
         ));
     }
     let activity = lines.activity.window(begin, end, model)?;
-    // A round's iterations count when the round ended inside the window: a round is one
-    // second, so the window's work is off by at most one round per VM at each edge.
+    // Each VM's iterations between its last progress reports before the window's ends: off
+    // by at most a second of work per VM at each end, alike for every regime.
     let work = lines
-        .rounds
-        .iter()
-        .filter(|&&(t, _, _)| t > begin && t <= end)
-        .map(|&(_, _, n)| n)
+        .progress
+        .values()
+        .map(|reports| last_before(reports, end).saturating_sub(last_before(reports, begin)))
         .sum();
     let migrations = lines
         .migrations
         .iter()
-        .map(|counts| {
-            let at = |t: f64| {
-                counts
-                    .iter()
-                    .filter(|&&(up, _)| up <= t)
-                    .map(|&(_, m)| m)
-                    .next_back()
-                    .unwrap_or(0)
-            };
-            at(end).saturating_sub(at(begin))
-        })
+        .map(|counts| last_before(counts, end).saturating_sub(last_before(counts, begin)))
         .sum();
     Ok(HostCase {
         regime,
@@ -354,6 +339,17 @@ fn measure(
         energy_j: activity.energy_j,
         migrations,
     })
+}
+
+/// The value of the last of `series` (L1 time, cumulative count) at or before `t`; 0 before
+/// the first.
+fn last_before(series: &[(f64, u64)], t: f64) -> u64 {
+    series
+        .iter()
+        .filter(|&&(at, _)| at <= t)
+        .map(|&(_, n)| n)
+        .next_back()
+        .unwrap_or(0)
 }
 
 /// The cases of one VM count as a table; Energy/work relative to the first case (`qemu` when
@@ -423,8 +419,8 @@ mod tests {
         };
         let guest = guest_command(&options, 1);
         assert!(guest.contains("pvmm-mark: load-begin-1"));
-        assert!(guest.contains("pvmm-mark: work-1 $w"));
-        assert!(guest.contains("--duty 29 --period-ms 70 --seconds 1"));
+        assert!(guest.contains("pvmm-mark: work-1 $c"));
+        assert!(guest.contains("--duty 29 --period-ms 70 --seconds 20 --progress-ms 1000"));
         // Both scripts are valid shell for L1's and the guest's busybox.
         if std::path::Path::new(crate::images::BUSYBOX).is_file() {
             for script in [probe(Regime::Daemon), guest.clone()] {
