@@ -53,9 +53,6 @@ const STATS_PATH: &str = "/tmp/pvmm-bench-stats.jsonl";
 /// Probe sampling interval (s): fine enough for the package-overlap estimate, cheap for L1.
 const SAMPLE_INTERVAL: &str = "0.2";
 
-/// L1's USER_HZ (`/proc/stat` ticks per second).
-const USER_HZ: f64 = 100.0;
-
 /// L1 time allowed per run besides the load: guest boot and power-off (about 12 s on an
 /// idle machine), times 5 for shared machines. A run past it is killed (and reported): one
 /// hung run must not stall the whole benchmark.
@@ -412,7 +409,6 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
         energy += power * dt;
         total += dt;
     }
-    let _ = USER_HZ;
     let at = |t: f64| {
         let ms = (t - start) * 1000.0;
         stats

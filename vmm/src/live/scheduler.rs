@@ -255,7 +255,7 @@ impl LiveScheduler {
     fn sample(&mut self, now_ns: u64) {
         for v in &mut self.vcpus {
             // A failed read leaves the previous utilization in place; the thread may be exiting.
-            if let Ok(sample) = v.source.sample(now_ns, 0) {
+            if let Ok(sample) = v.source.sample(now_ns) {
                 v.tracker.update(sample);
             }
         }
@@ -545,21 +545,13 @@ mod tests {
         busy_fraction: f64,
     }
     impl IdleSource for Scripted {
-        fn sample(
-            &mut self,
-            now_ns: u64,
-            start_ns: u64,
-        ) -> Result<IdleSample, super::super::idle::IdleError> {
-            let e = now_ns - start_ns;
-            let busy = (e as f64 * self.busy_fraction) as u64;
+        fn sample(&mut self, now_ns: u64) -> Result<IdleSample, super::super::idle::IdleError> {
+            let busy = (now_ns as f64 * self.busy_fraction) as u64;
             Ok(IdleSample {
                 t_ns: now_ns,
                 busy_ns: busy,
-                idle_ns: e - busy,
+                idle_ns: now_ns - busy,
             })
-        }
-        fn kind(&self) -> &'static str {
-            "scripted"
         }
     }
 
