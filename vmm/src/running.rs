@@ -11,11 +11,12 @@ use serde_json::{json, Value};
 
 use crate::api::routes::VmShape;
 use crate::api::{ApiServer, VmControl};
+use crate::config::PlacementPolicy;
 use crate::exit::VmExit;
 use crate::live::control::{ExternalAssignment, PlacementControl};
 use crate::live::hoststat::CpuTimes;
 use crate::live::own_threads::OwnThreads;
-use crate::live::scheduler::{LiveScheduler, PlacementPolicy, PlacementTotals};
+use crate::live::scheduler::{LiveScheduler, PlacementTotals};
 use crate::signals::SignalThread;
 use crate::vstate::handle::{RunState, VcpuHandle};
 use pvmm_scheduler::HostTopology;

@@ -24,8 +24,8 @@ use serde_json::{json, Value};
 
 use self::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
 use self::routes::{parse_request, ApiRequest, VmShape};
+use crate::config::PlacementPolicy;
 use crate::live::control::ExternalAssignment;
-use crate::live::scheduler::PlacementPolicy;
 
 /// Connections served at once; more are answered 503 at once. A few clients (an operator, a
 /// host balancer) are expected; the bound keeps a flood to a fixed number of threads.

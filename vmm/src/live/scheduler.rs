@@ -3,15 +3,18 @@
 //! placement to the vCPU threads with `sched_setaffinity`, and report.
 
 use std::io::Write;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pvmm_scheduler::{
-    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, Policy, UtilConfig,
-    UtilTracker, VcpuId, VcpuLoad,
+    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, UtilConfig, UtilTracker,
+    VcpuId, VcpuLoad,
 };
 use serde_json::json;
+
+use crate::config::PlacementPolicy;
+/// The tick's bounds, for the daemon's flags (defined with the rest of the configuration).
+pub use crate::config::{DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
 
 use super::capacity::CapacityReporter;
 use super::control::{ExternalAssignment, ExternalState, PlacementControl};
@@ -19,54 +22,8 @@ use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
 
-/// Default placement tick: fast enough to spread a vCPU that turns busy within a few hundred
-/// milliseconds, slow enough that reading stats and deciding costs well under 1 % of a CPU.
-pub const DEFAULT_TICK_MS: u64 = 100;
-/// Shortest tick accepted: below 10 ms the decayed utilization (32 ms half-life) barely moves
-/// between decisions and affinity changes would outpace the host scheduler.
-pub const MIN_TICK_MS: u64 = 10;
-/// Longest tick accepted: one minute.
-pub const MAX_TICK_MS: u64 = 60_000;
 /// The single VM a `pvmm` process runs is VM 0 in the engine's numbering.
 const THIS_VM: u32 = 0;
-
-/// What pvmm does with vCPU threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlacementPolicy {
-    /// Never pin: the host scheduler decides (the baseline users have today).
-    None,
-    /// Pin and migrate under a balancing policy.
-    Managed(Policy),
-}
-
-impl Default for PlacementPolicy {
-    /// `powersaving:1`: pvmm's reason to exist is packing an under-used guest onto few
-    /// packages; level 1 does so without level 2's wake-up bias.
-    fn default() -> Self {
-        PlacementPolicy::Managed(Policy::Powersaving { level: 1 })
-    }
-}
-
-impl FromStr for PlacementPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "none" {
-            return Ok(PlacementPolicy::None);
-        }
-        Policy::from_str(s)
-            .map(PlacementPolicy::Managed)
-            .map_err(|e| e.to_string())
-    }
-}
-
-impl std::fmt::Display for PlacementPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PlacementPolicy::None => f.write_str("none"),
-            PlacementPolicy::Managed(p) => write!(f, "{p}"),
-        }
-    }
-}
 
 /// Errors of the live scheduler.
 #[derive(Debug, thiserror::Error)]
@@ -539,7 +496,7 @@ pub fn parse_last_cpu(stat: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pvmm_scheduler::{IdleSample, RecordingExecutor};
+    use pvmm_scheduler::{IdleSample, Policy, RecordingExecutor};
 
     struct Scripted {
         busy_fraction: f64,
@@ -553,17 +510,6 @@ mod tests {
                 idle_ns: now_ns - busy,
             })
         }
-    }
-
-    #[test]
-    fn policy_names() {
-        assert_eq!("none".parse::<PlacementPolicy>(), Ok(PlacementPolicy::None));
-        assert_eq!(
-            "powersaving:2".parse::<PlacementPolicy>(),
-            Ok(PlacementPolicy::Managed(Policy::Powersaving { level: 2 }))
-        );
-        assert!("fastest".parse::<PlacementPolicy>().is_err());
-        assert_eq!(PlacementPolicy::default().to_string(), "powersaving:1");
     }
 
     #[test]
