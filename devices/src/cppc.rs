@@ -76,9 +76,6 @@ pub trait DemandCounters: Send + Sync {
     fn read(&self, tid: i32) -> Option<(u64, u64)>;
 }
 
-/// Demand counters from `/proc/self/task/<tid>/schedstat`: on-CPU time and run-queue wait.
-pub struct ProcSchedstat;
-
 /// Parses a schedstat line (`<ns on CPU> <ns waiting on a run queue> <timeslices>`) into
 /// (wanted, ran): how long the thread wanted to run (on CPU or waiting for one) and how long
 /// it ran.
@@ -87,12 +84,6 @@ pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
     let ran: u64 = f.next()?.parse().ok()?;
     let waited: u64 = f.next()?.parse().ok()?;
     Some((ran.saturating_add(waited), ran))
-}
-
-impl DemandCounters for ProcSchedstat {
-    fn read(&self, tid: i32) -> Option<(u64, u64)> {
-        parse_schedstat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
-    }
 }
 
 /// Per-vCPU values shared between the device (guest side) and the scheduler (host side).

@@ -30,12 +30,13 @@ use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
 use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, LiveVcpu};
 use crate::memory::{create_guest_memory, low_ram_end, MemoryError};
+use crate::procfs::ProcSchedstat;
 use crate::running::{PlacementReport, RunningVm, VmCore};
 use crate::signals::SignalThread;
 use crate::vstate::handle::{register_kick_handler, RunControl, VcpuHandle};
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuError, VcpuStarted};
 use crate::vstate::vm::{Vm, VmError};
-use pvmm_devices::cppc::{CppcDevice, CppcShared, ProcSchedstat};
+use pvmm_devices::cppc::{CppcDevice, CppcShared};
 use pvmm_devices::ged::{GedDevice, GedShared, GED_MMIO_LEN};
 use pvmm_scheduler::{CpuSet, EngineConfig, Executor, HostTopology, LinuxExecutor};
 

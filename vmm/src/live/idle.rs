@@ -3,7 +3,7 @@
 
 use pvmm_scheduler::IdleSample;
 
-use pvmm_devices::cppc::{DemandCounters, ProcSchedstat};
+use crate::procfs::{schedstat_path, thread_demand};
 
 use crate::vstate::stats::VcpuHaltStats;
 
@@ -146,8 +146,8 @@ struct ThreadBlocked {
 impl ThreadBlocked {
     /// Blocked time of thread `tid` out of the `elapsed_ns` since the first reading.
     fn read(&mut self, tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
-        let (wanted, _ran) = ProcSchedstat.read(tid).ok_or_else(|| IdleError::Proc {
-            path: format!("/proc/self/task/{tid}/schedstat"),
+        let (wanted, _ran) = thread_demand(tid).ok_or_else(|| IdleError::Proc {
+            path: schedstat_path(tid),
             why: "unreadable or in an unexpected format".into(),
         })?;
         let origin = *self.wanted_at_origin.get_or_insert(wanted);

@@ -21,6 +21,7 @@ use super::control::{ExternalAssignment, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
+use crate::procfs::last_cpu_of_thread;
 
 /// The single VM a `pvmm` process runs is VM 0 in the engine's numbering.
 const THIS_VM: u32 = 0;
@@ -479,20 +480,6 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// The CPU a thread last ran on (field 39 of /proc/self/task/<tid>/stat).
-pub fn last_cpu_of_thread(tid: i32) -> Option<u32> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    parse_last_cpu(&text)
-}
-
-/// Parses field 39 (`processor`) of a /proc stat line; the command name (field 2) may hold
-/// spaces and parentheses, so fields are counted after its closing parenthesis.
-pub fn parse_last_cpu(stat: &str) -> Option<u32> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    // After ")" come fields 3.. ; processor is field 39, i.e. index 36 here.
-    after.split_whitespace().nth(36)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -510,15 +497,6 @@ mod tests {
                 idle_ns: now_ns - busy,
             })
         }
-    }
-
-    #[test]
-    fn last_cpu_parsing_survives_odd_names() {
-        let mut fields: Vec<String> = (3..=52).map(|i| i.to_string()).collect();
-        fields[36] = "7".into(); // field 39
-        let line = format!("123 (vcpu (0) x) {}", fields.join(" "));
-        assert_eq!(parse_last_cpu(&line), Some(7));
-        assert_eq!(parse_last_cpu("garbage"), None);
     }
 
     #[test]
