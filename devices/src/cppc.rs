@@ -2,26 +2,28 @@
 //! guest through the `_CPC` objects in pvmm's DSDT.
 //!
 //! Each vCPU owns [`CPPC_VCPU_STRIDE`] bytes: eight 64-bit registers. The performance values
-//! are the placement engine's effective capacity of that vCPU (1..=1024), refreshed every
-//! tick; the guest's desired-performance writes are kept for pvmm's stats; the two feedback
+//! are the placement engine's effective capacity of that vCPU, refreshed every tick, on the
+//! scale the VMM gives [`CppcShared::new`] as the highest performance (pvmm passes the
+//! engine's capacity scale, and its `_CPC` objects name the same value as the reference
+//! performance); the guest's desired-performance writes are kept for pvmm's stats; the two feedback
 //! counters count, in nanoseconds, how long the vCPU wanted to run (reference) and how long it
 //! actually ran (delivered), so `delivered / reference` is the share of its demand the host
 //! served, as APERF/MPERF would show on hardware.
 //!
 //! Guest mistakes (writes to read-only registers, accesses that are not 8 bytes wide and
-//! 8-byte aligned, offsets past the last vCPU) are ignored and counted; reads of them return 0.
+//! 8-byte aligned, offsets past the last vCPU) are ignored and reported as
+//! [`GuestEvents::ignored_register_access`](crate::events::GuestEvents::ignored_register_access); reads of them return 0.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::bus::BusDevice;
+use crate::events::SharedEvents;
 
 /// Bytes per register.
 pub const CPPC_REG_SIZE: u64 = 8;
 /// Bytes of registers per vCPU (eight registers).
 pub const CPPC_VCPU_STRIDE: u64 = 64;
-/// The capacity scale shared with the scheduler: 1024 = one full CPU.
-pub const CPPC_MAX_PERF: u32 = 1024;
 /// Lowest performance the guest may be told: CPPC requires every performance level > 0.
 pub const CPPC_LOWEST_PERF: u32 = 1;
 
@@ -96,29 +98,36 @@ pub struct CppcVcpu {
 /// State shared by the device and the VMM.
 pub struct CppcShared {
     vcpus: Vec<CppcVcpu>,
-    ignored: AtomicU64,
+    highest: u32,
 }
 
 impl CppcShared {
-    /// State for `vcpus` vCPUs, each at full capacity until the scheduler says otherwise.
-    pub fn new(vcpus: u32) -> Self {
+    /// State for `vcpus` vCPUs whose performance scale tops out at `highest` (a vCPU with a
+    /// CPU of its own), each at `highest` until the scheduler says otherwise.
+    pub fn new(vcpus: u32, highest: u32) -> Self {
+        let highest = highest.max(CPPC_LOWEST_PERF);
         Self {
             vcpus: (0..vcpus)
                 .map(|_| CppcVcpu {
-                    capacity: AtomicU32::new(CPPC_MAX_PERF),
+                    capacity: AtomicU32::new(highest),
                     desired: AtomicU32::new(0),
                     tid: AtomicI32::new(0),
                 })
                 .collect(),
-            ignored: AtomicU64::new(0),
+            highest,
         }
     }
 
-    /// Publishes vCPU `vcpu`'s effective capacity (clamped to 1..=1024).
+    /// The highest performance of the scale.
+    pub fn highest(&self) -> u32 {
+        self.highest
+    }
+
+    /// Publishes vCPU `vcpu`'s effective capacity (clamped to the scale).
     pub fn set_capacity(&self, vcpu: u32, capacity: u32) {
         if let Some(v) = self.vcpus.get(vcpu as usize) {
             v.capacity.store(
-                capacity.clamp(CPPC_LOWEST_PERF, CPPC_MAX_PERF),
+                capacity.clamp(CPPC_LOWEST_PERF, self.highest),
                 Ordering::Relaxed,
             );
         }
@@ -145,18 +154,9 @@ impl CppcShared {
         }
     }
 
-    /// Guest accesses ignored so far.
-    pub fn ignored_accesses(&self) -> u64 {
-        self.ignored.load(Ordering::Relaxed)
-    }
-
     /// Number of vCPUs.
     pub fn vcpus(&self) -> u32 {
         self.vcpus.len() as u32
-    }
-
-    fn ignore(&self) {
-        self.ignored.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -164,12 +164,22 @@ impl CppcShared {
 pub struct CppcDevice {
     shared: Arc<CppcShared>,
     counters: Box<dyn DemandCounters>,
+    events: SharedEvents,
 }
 
 impl CppcDevice {
-    /// A device over `shared`, reading feedback counters from `counters`.
-    pub fn new(shared: Arc<CppcShared>, counters: Box<dyn DemandCounters>) -> Self {
-        Self { shared, counters }
+    /// A device over `shared`, reading feedback counters from `counters` and reporting guest
+    /// mistakes to `events`.
+    pub fn new(
+        shared: Arc<CppcShared>,
+        counters: Box<dyn DemandCounters>,
+        events: SharedEvents,
+    ) -> Self {
+        Self {
+            shared,
+            counters,
+            events,
+        }
     }
 
     /// Decodes an access: (vCPU, register) for a well-formed one.
@@ -212,7 +222,7 @@ impl BusDevice for CppcDevice {
         data.fill(0);
         match self.decode(offset, data.len()) {
             Some((vcpu, reg)) => data.copy_from_slice(&self.value(vcpu, reg).to_le_bytes()),
-            None => self.shared.ignore(),
+            None => self.events.ignored_register_access(),
         }
     }
 
@@ -221,12 +231,12 @@ impl BusDevice for CppcDevice {
             Some((vcpu, CppcRegister::Desired)) => {
                 let mut raw = [0u8; 8];
                 raw.copy_from_slice(data);
-                let wish = u64::from_le_bytes(raw).min(u64::from(CPPC_MAX_PERF)) as u32;
+                let wish = u64::from_le_bytes(raw).min(u64::from(self.shared.highest)) as u32;
                 self.shared.vcpus[vcpu as usize]
                     .desired
                     .store(wish, Ordering::Relaxed);
             }
-            _ => self.shared.ignore(),
+            _ => self.events.ignored_register_access(),
         }
     }
 }
@@ -234,6 +244,10 @@ impl BusDevice for CppcDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::GuestErrorCounter;
+
+    /// The scale the tests use: pvmm's (one CPU = 1024).
+    const HIGHEST: u32 = 1024;
 
     struct Fixed;
     impl DemandCounters for Fixed {
@@ -242,9 +256,11 @@ mod tests {
         }
     }
 
-    fn device(n: u32) -> (CppcDevice, Arc<CppcShared>) {
-        let shared = Arc::new(CppcShared::new(n));
-        (CppcDevice::new(shared.clone(), Box::new(Fixed)), shared)
+    fn device(n: u32) -> (CppcDevice, Arc<CppcShared>, Arc<GuestErrorCounter>) {
+        let shared = Arc::new(CppcShared::new(n, HIGHEST));
+        let errors = Arc::new(GuestErrorCounter::default());
+        let dev = CppcDevice::new(shared.clone(), Box::new(Fixed), errors.clone());
+        (dev, shared, errors)
     }
 
     fn read64(d: &mut CppcDevice, at: u64) -> u64 {
@@ -266,24 +282,27 @@ mod tests {
 
     #[test]
     fn capacity_is_live() {
-        let (mut d, s) = device(2);
+        let (mut d, s, _) = device(2);
         let hi = CppcRegister::Highest.address(0, 1);
-        assert_eq!(read64(&mut d, hi), 1024);
+        assert_eq!(read64(&mut d, hi), u64::from(HIGHEST));
         s.set_capacity(1, 512);
         assert_eq!(read64(&mut d, hi), 512);
         assert_eq!(read64(&mut d, CppcRegister::Nominal.address(0, 1)), 512);
         assert_eq!(read64(&mut d, CppcRegister::Guaranteed.address(0, 1)), 512);
-        assert_eq!(read64(&mut d, CppcRegister::Highest.address(0, 0)), 1024);
+        assert_eq!(
+            read64(&mut d, CppcRegister::Highest.address(0, 0)),
+            u64::from(HIGHEST)
+        );
         assert_eq!(read64(&mut d, CppcRegister::Lowest.address(0, 0)), 1);
         s.set_capacity(0, 0);
         assert_eq!(s.capacity(0), Some(1));
         s.set_capacity(0, 5000);
-        assert_eq!(s.capacity(0), Some(1024));
+        assert_eq!(s.capacity(0), Some(HIGHEST));
     }
 
     #[test]
     fn feedback_counters_and_desired() {
-        let (mut d, s) = device(1);
+        let (mut d, s, errors) = device(1);
         s.set_tid(0, 42);
         assert_eq!(
             read64(&mut d, CppcRegister::ReferenceCounter.address(0, 0)),
@@ -296,12 +315,12 @@ mod tests {
         d.write(CppcRegister::Desired.address(0, 0), &700u64.to_le_bytes());
         assert_eq!(s.desired(0), Some(700));
         assert_eq!(read64(&mut d, CppcRegister::Desired.address(0, 0)), 700);
-        assert_eq!(s.ignored_accesses(), 0);
+        assert_eq!(errors.total(), 0);
     }
 
     #[test]
     fn guest_mistakes_are_ignored_and_counted() {
-        let (mut d, s) = device(2);
+        let (mut d, s, errors) = device(2);
         d.write(CppcRegister::Highest.address(0, 0), &5u64.to_le_bytes()); // read-only
         d.write(CppcRegister::Desired.address(0, 0), &[1, 2, 3, 4]); // 4 bytes
         let mut b = [0xaau8; 4];
@@ -314,7 +333,7 @@ mod tests {
         d.read(u64::MAX - 7, &mut b);
         d.write(u64::MAX - 7, &[0; 8]);
         d.write(0, &[]);
-        assert_eq!(s.ignored_accesses(), 8);
-        assert_eq!(s.capacity(0), Some(1024));
+        assert_eq!(errors.total(), 8);
+        assert_eq!(s.capacity(0), Some(HIGHEST));
     }
 }

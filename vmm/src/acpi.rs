@@ -25,6 +25,7 @@ use pvmm_devices::serial::{COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
 
 use pvmm_devices::cppc::CppcRegister;
 use pvmm_devices::ged::{GED_MMIO_LEN, POWER_BUTTON_STATUS};
+use pvmm_scheduler::capacity::CAPACITY_SCALE;
 
 use crate::layout::{
     ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START,
@@ -137,8 +138,9 @@ const OSC_UNRECOGNIZED_UUID: u32 = 1 << 2;
 /// `_CPC` package: 23 entries, revision 3 (ACPI 6.2+).
 const CPC_NUM_ENTRIES: u8 = 23;
 const CPC_REVISION: u8 = 3;
-/// `_CPC` reference performance: the capacity scale's full CPU.
-const CPC_REFERENCE_PERF: u32 = 1024;
+/// `_CPC` reference performance: the capacity scale's full CPU, the highest performance the
+/// CPPC device reports.
+const CPC_REFERENCE_PERF: u32 = CAPACITY_SCALE;
 /// `_PSD`: 5 entries, revision 0, coordination SW_ANY (0xFD): every vCPU is its own domain,
 /// so the value is irrelevant but must be valid.
 const PSD_NUM_ENTRIES: u8 = 5;

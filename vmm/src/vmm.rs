@@ -37,7 +37,9 @@ use crate::vstate::handle::{register_kick_handler, RunControl, VcpuHandle};
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuError, VcpuStarted};
 use crate::vstate::vm::{Vm, VmError};
 use pvmm_devices::cppc::{CppcDevice, CppcShared};
+use pvmm_devices::events::{GuestErrorCounter, SharedEvents};
 use pvmm_devices::ged::{GedDevice, GedShared, GED_MMIO_LEN};
+use pvmm_scheduler::capacity::CAPACITY_SCALE;
 use pvmm_scheduler::{CpuSet, EngineConfig, Executor, HostTopology, LinuxExecutor};
 
 /// How long to wait for a retry when the UART's receive FIFO is full.
@@ -229,6 +231,8 @@ struct Devices {
     serial: Arc<Mutex<SerialConsole>>,
     cppc: Arc<CppcShared>,
     ged: Arc<GedShared>,
+    /// Every guest mistake the buses and devices report.
+    guest_errors: Arc<GuestErrorCounter>,
 }
 
 fn build_devices(
@@ -251,42 +255,47 @@ fn build_devices(
         serial_irq,
         Box::new(ConsoleOutput),
     )));
-    let mut pio = Bus::new();
+    let guest_errors = Arc::new(GuestErrorCounter::default());
+    let events = || -> SharedEvents { guest_errors.clone() };
+    let mut pio = Bus::new(events());
     pio.insert(
         serial.clone(),
         u64::from(COM1_PORT_BASE),
         u64::from(COM_PORT_LEN),
     )?;
     pio.insert(
-        Arc::new(Mutex::new(AcpiPowerDevice::new(power_sink(
-            exit_tx.clone(),
-        )))),
+        Arc::new(Mutex::new(AcpiPowerDevice::new(
+            power_sink(exit_tx.clone()),
+            events(),
+        ))),
         u64::from(ACPI_POWER_PORT_BASE),
         u64::from(ACPI_POWER_PORT_LEN),
     )?;
     pio.insert(
-        Arc::new(Mutex::new(I8042ResetDevice::new(power_sink(
-            exit_tx.clone(),
-        )))),
+        Arc::new(Mutex::new(I8042ResetDevice::new(
+            power_sink(exit_tx.clone()),
+            events(),
+        ))),
         u64::from(I8042_COMMAND_PORT),
         1,
     )?;
     // CPPC registers and the GED that announces capacity changes and the power button.
-    let cppc = Arc::new(CppcShared::new(config.vcpus));
+    let cppc = Arc::new(CppcShared::new(config.vcpus, CAPACITY_SCALE));
     let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Devices(e.to_string()))?;
     vm.register_irq(&ged_irq, GED_IRQ)?;
     let ged = Arc::new(GedShared::new(ged_irq));
-    let mut mmio = Bus::new();
+    let mut mmio = Bus::new(events());
     mmio.insert(
         Arc::new(Mutex::new(CppcDevice::new(
             cppc.clone(),
             Box::new(ProcSchedstat),
+            events(),
         ))),
         CPPC_MMIO_START,
         CPPC_MMIO_SIZE,
     )?;
     mmio.insert(
-        Arc::new(Mutex::new(GedDevice(ged.clone()))),
+        Arc::new(Mutex::new(GedDevice::new(ged.clone(), events()))),
         GED_MMIO_START,
         GED_MMIO_LEN,
     )?;
@@ -298,6 +307,7 @@ fn build_devices(
         serial,
         cppc,
         ged,
+        guest_errors,
     })
 }
 
@@ -414,6 +424,7 @@ fn start_scheduler(
     )
     .with_control(control.clone())
     .with_own_threads(OwnThreads::new(vcpu_tids))
+    .with_guest_errors(devices.guest_errors.clone())
     .with_capacity_reporter(Box::new(CppcReporter::new(
         devices.cppc.clone(),
         devices.ged.clone(),

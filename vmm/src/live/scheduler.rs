@@ -6,6 +6,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pvmm_devices::events::GuestErrorCounter;
+use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};
 use pvmm_scheduler::{
     CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, UtilConfig, UtilTracker,
     VcpuId, VcpuLoad,
@@ -61,7 +63,7 @@ impl LiveVcpu {
             tracker: UtilTracker::new(UtilConfig::default()),
             last_cpus: None,
             package: None,
-            capacity: pvmm_scheduler::capacity::CAPACITY_SCALE,
+            capacity: CAPACITY_SCALE,
         }
     }
 }
@@ -96,6 +98,9 @@ pub struct LiveScheduler {
     totals: Arc<Mutex<PlacementTotals>>,
     host_stat_at_start: Vec<(u32, CpuTimes)>,
     capacity: Option<Box<dyn CapacityReporter>>,
+    guest_errors: Option<Arc<GuestErrorCounter>>,
+    /// Each package's capacity (SMT counted as the engine counts it), in package order.
+    package_capacity: Vec<u32>,
 }
 
 impl LiveScheduler {
@@ -109,6 +114,12 @@ impl LiveScheduler {
     /// snapshot there.
     pub fn with_control(mut self, control: Arc<PlacementControl>) -> Self {
         self.control = Some(control);
+        self
+    }
+
+    /// Reports the guest's ignored device accesses, counted by `errors`, in every snapshot.
+    pub fn with_guest_errors(mut self, errors: Arc<GuestErrorCounter>) -> Self {
+        self.guest_errors = Some(errors);
         self
     }
 
@@ -127,6 +138,11 @@ impl LiveScheduler {
         vcpus: Vec<LiveVcpu>,
         stats: Option<Box<dyn Write + Send>>,
     ) -> Self {
+        let package_capacity = topology
+            .packages()
+            .iter()
+            .map(|p| group_capacity(&topology, &topology.package_cpus(p.id)).capacity)
+            .collect();
         Self {
             engine: make_engine(policy, &topology, &engine_config),
             policy,
@@ -142,6 +158,8 @@ impl LiveScheduler {
             totals: Arc::new(Mutex::new(PlacementTotals::default())),
             host_stat_at_start: read_proc_stat(),
             capacity: None,
+            guest_errors: None,
+            package_capacity,
         }
     }
 
@@ -289,7 +307,7 @@ impl LiveScheduler {
                 if self.executor.apply(v.tid, &all).is_ok() {
                     v.last_cpus = None;
                 }
-                v.capacity = pvmm_scheduler::capacity::CAPACITY_SCALE;
+                v.capacity = CAPACITY_SCALE;
             }
             if let Some(own) = self.own_threads.as_mut() {
                 own.pin(&all, self.executor.as_mut());
@@ -343,7 +361,7 @@ impl LiveScheduler {
                 json!({
                     "vcpu": v.index,
                     "tid": v.tid,
-                    "util": round3(f64::from(v.tracker.util()) / 1024.0),
+                    "util": round3(f64::from(v.tracker.util()) / f64::from(CAPACITY_SCALE)),
                     "busy": v.tracker.is_busy(),
                     "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
                     "package": v.package,
@@ -356,17 +374,17 @@ impl LiveScheduler {
             .topology
             .packages()
             .iter()
-            .map(|p| {
+            .zip(&self.package_capacity)
+            .map(|(p, &capacity)| {
                 let on: Vec<&LiveVcpu> = self
                     .vcpus
                     .iter()
                     .filter(|v| v.package == Some(p.id))
                     .collect();
                 let demand: u32 = on.iter().map(|v| v.tracker.util()).sum();
-                let cpus = self.topology.package_cpus(p.id).len().max(1) as f64;
                 json!({
                     "id": p.id,
-                    "util": round3(f64::from(demand) / (cpus * 1024.0)),
+                    "util": round3(f64::from(demand) / f64::from(capacity.max(1))),
                     "active": !on.is_empty(),
                 })
             })
@@ -382,7 +400,7 @@ impl LiveScheduler {
             "migrations_total": totals.migrations,
             "policy_changes": totals.policy_changes,
             "capacity_notifications": self.capacity.as_ref().map(|r| r.notifications()),
-            "guest_register_errors": self.capacity.as_ref().map(|r| r.ignored_accesses()),
+            "guest_register_errors": self.guest_errors.as_ref().map(|e| e.total()),
         })
     }
 
@@ -548,5 +566,46 @@ mod tests {
         }
         assert_eq!(last["packages"][1]["active"], false);
         assert_eq!(last["packages"][0]["active"], true);
+    }
+
+    /// A package's util is its vCPUs' demand over its capacity, SMT counted as the engine
+    /// counts it (two busy siblings are 1178, not 2048); guest mistakes are reported.
+    #[test]
+    fn package_util_is_over_its_capacity() {
+        use pvmm_devices::events::GuestEvents as _;
+        let topo = HostTopology::from_spec("1x2x2").unwrap();
+        let vcpus = (0..4)
+            .map(|i| {
+                LiveVcpu::new(
+                    i,
+                    2000 + i as i32,
+                    Box::new(Scripted { busy_fraction: 1.0 }),
+                )
+            })
+            .collect();
+        let errors = Arc::new(GuestErrorCounter::default());
+        let mut s = LiveScheduler::new(
+            PlacementPolicy::default(),
+            topo,
+            EngineConfig::default(),
+            Box::new(RecordingExecutor::new()),
+            vcpus,
+            None,
+        )
+        .with_guest_errors(errors.clone());
+        for _ in 0..3 {
+            s.tick().unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        errors.unclaimed_access(0x80);
+        let snap = s.snapshot(s.now_ns(), 0);
+        let demand: f64 = s.vcpus.iter().map(|v| f64::from(v.tracker.util())).sum();
+        assert!(demand > 0.0, "{snap}");
+        let util = snap["packages"][0]["util"].as_f64().unwrap();
+        assert!(
+            (util - round3(demand / (2.0 * 1178.0))).abs() < 1e-9,
+            "{snap}"
+        );
+        assert_eq!(snap["guest_register_errors"], 1);
     }
 }

@@ -96,7 +96,7 @@ fn u16_at(b: &[u8], at: usize) -> Result<u16, StatsError> {
         .ok_or(StatsError::Malformed("truncated field"))
 }
 
-/// Parses the header (the first [`HEADER_LEN`] bytes of the file) and checks that the
+/// Parses the header (the first `struct kvm_stats_header` of the file) and checks that the
 /// descriptor table it announces is plausible.
 pub fn parse_header(b: &[u8]) -> Result<kvm_stats_header, StatsError> {
     if b.len() < HEADER_LEN {
