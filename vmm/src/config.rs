@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use pvmm_scheduler::policy::PolicyParseError;
 use pvmm_scheduler::Policy;
 
 use crate::acpi::MAX_VCPUS;
@@ -61,14 +62,12 @@ impl Default for PlacementPolicy {
 }
 
 impl FromStr for PlacementPolicy {
-    type Err = String;
+    type Err = PolicyParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s == "none" {
             return Ok(PlacementPolicy::None);
         }
-        Policy::from_str(s)
-            .map(PlacementPolicy::Managed)
-            .map_err(|e| e.to_string())
+        Policy::from_str(s).map(PlacementPolicy::Managed)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Building and running one VM: the order of setup, the devices, and waiting for the end.
 
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ use crate::live::capacity::CppcReporter;
 use crate::live::control::PlacementControl;
 use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
 use crate::live::own_threads::OwnThreads;
-use crate::live::scheduler::{LiveScheduler, LiveVcpu};
+use crate::live::scheduler::{LiveError, LiveScheduler, LiveVcpu};
 use crate::memory::{create_guest_memory, low_ram_end, MemoryError};
 use crate::procfs::ProcSchedstat;
 use crate::running::{PlacementReport, RunningVm, VmCore};
@@ -40,7 +41,8 @@ use pvmm_devices::cppc::{CppcDevice, CppcShared};
 use pvmm_devices::events::{GuestErrorCounter, SharedEvents};
 use pvmm_devices::ged::{GedDevice, GedShared, GED_MMIO_LEN};
 use pvmm_scheduler::capacity::CAPACITY_SCALE;
-use pvmm_scheduler::{CpuSet, EngineConfig, Executor, HostTopology, LinuxExecutor};
+use pvmm_scheduler::cpuset::CpuSetError;
+use pvmm_scheduler::{CpuSet, EngineConfig, Executor, HostTopology, LinuxExecutor, TopologyError};
 
 /// How long to wait for a retry when the UART's receive FIFO is full.
 const SERIAL_INPUT_RETRY: Duration = Duration::from_millis(10);
@@ -68,15 +70,15 @@ pub enum VmmError {
     /// ACPI tables.
     #[error(transparent)]
     Acpi(#[from] AcpiError),
-    /// Device wiring.
+    /// Device wiring, vCPU threads and the threads that serve the VM.
     #[error("device setup: {0}")]
-    Devices(String),
+    Devices(#[from] SetupError),
     /// Host topology, CPU list or stats file: the user's input.
-    #[error("{0}")]
-    Placement(String),
+    #[error(transparent)]
+    Placement(#[from] PlacementInputError),
     /// Starting placement failed on the host.
     #[error("vCPU placement: {0}")]
-    PlacementHost(String),
+    PlacementHost(#[from] PlacementStartError),
     /// The control socket could not be set up.
     #[error(transparent)]
     Api(#[from] ApiError),
@@ -84,8 +86,90 @@ pub enum VmmError {
 
 impl From<BusError> for VmmError {
     fn from(e: BusError) -> Self {
-        VmmError::Devices(e.to_string())
+        SetupError::Bus(e).into()
     }
+}
+
+/// Errors wiring devices and starting the VM's threads: host failures.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A device range could not be put on a bus.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// An interrupt eventfd could not be created.
+    #[error(transparent)]
+    EventFd(std::io::Error),
+    /// The vCPU kick signal's handler could not be installed.
+    #[error("vCPU kick signal: {0}")]
+    KickSignal(#[source] vmm_sys_util::errno::Error),
+    /// A vCPU thread ended before reporting its start.
+    #[error("a vCPU thread died at start")]
+    VcpuDied,
+    /// A vCPU thread reported its start twice.
+    #[error("vCPU {0} started twice")]
+    VcpuStartedTwice(u32),
+    /// The control socket's thread could not be spawned.
+    #[error("control socket thread: {0}")]
+    ApiThread(#[source] std::io::Error),
+    /// The signal thread could not be spawned.
+    #[error("signal thread: {0}")]
+    SignalThread(#[source] std::io::Error),
+}
+
+/// Placement input that cannot be used: the user's flags or environment.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementInputError {
+    /// `--host-topology` names no usable topology.
+    #[error("--host-topology {arg}: {source}")]
+    Topology {
+        /// The flag's value.
+        arg: String,
+        /// Why.
+        source: TopologyError,
+    },
+    /// `--cpus` is not a CPU list.
+    #[error("--cpus {list}: {source}")]
+    CpuList {
+        /// The flag's value.
+        list: String,
+        /// Why.
+        source: CpuSetError,
+    },
+    /// `--cpus` leaves no usable topology.
+    #[error("--cpus {list}: {source}")]
+    Restrict {
+        /// The flag's value.
+        list: String,
+        /// Why.
+        source: TopologyError,
+    },
+    /// The topology names CPUs outside pvmm's own affinity.
+    #[error("host topology names CPUs {outside} that pvmm may not run on (allowed: {allowed}); use --cpus or a matching --host-topology")]
+    NotAllowed {
+        /// The CPUs pvmm may not use.
+        outside: CpuSet,
+        /// pvmm's affinity.
+        allowed: CpuSet,
+    },
+    /// The `--stats` file cannot be created.
+    #[error("--stats {}: {source}", path.display())]
+    Stats {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Errors starting live placement: host failures.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementStartError {
+    /// The first placement, before the guest runs, failed.
+    #[error(transparent)]
+    FirstPlacement(#[from] LiveError),
+    /// The scheduler thread could not be spawned.
+    #[error(transparent)]
+    Thread(std::io::Error),
 }
 
 impl VmmError {
@@ -93,7 +177,7 @@ impl VmmError {
     pub fn status(&self) -> i32 {
         match self {
             VmmError::Config(_) | VmmError::Memory(_) => EXIT_BAD_INPUT,
-            VmmError::Boot(BootError::GuestMemory(_)) => EXIT_HOST_ERROR,
+            VmmError::Boot(BootError::GuestMemory(_) | BootError::E820TooLong) => EXIT_HOST_ERROR,
             VmmError::Boot(_) => EXIT_BAD_INPUT,
             VmmError::Vm(
                 VmError::Open { .. } | VmError::NotKvm(_) | VmError::TooManyVcpus { .. },
@@ -125,16 +209,26 @@ impl Write for ConsoleOutput {
 /// Resolves `--host-topology` and `--cpus`, and checks that pvmm may run on every CPU left.
 pub fn resolve_topology(config: &VmConfig) -> Result<HostTopology, VmmError> {
     let p = &config.placement;
-    let topology = pvmm_scheduler::parse_host_topology_arg(&p.host_topology)
-        .map_err(|e| VmmError::Placement(format!("--host-topology {}: {e}", p.host_topology)))?;
+    let topology = pvmm_scheduler::parse_host_topology_arg(&p.host_topology).map_err(|source| {
+        PlacementInputError::Topology {
+            arg: p.host_topology.clone(),
+            source,
+        }
+    })?;
     let topology = match &p.cpus {
         Some(list) => {
             let set: CpuSet = list
                 .parse()
-                .map_err(|e| VmmError::Placement(format!("--cpus {list}: {e}")))?;
+                .map_err(|source| PlacementInputError::CpuList {
+                    list: list.clone(),
+                    source,
+                })?;
             topology
                 .restrict(&set)
-                .map_err(|e| VmmError::Placement(format!("--cpus {list}: {e}")))?
+                .map_err(|source| PlacementInputError::Restrict {
+                    list: list.clone(),
+                    source,
+                })?
         }
         None => topology,
     };
@@ -143,9 +237,7 @@ pub fn resolve_topology(config: &VmConfig) -> Result<HostTopology, VmmError> {
         if let Ok(allowed) = LinuxExecutor.read(0) {
             let outside = topology.cpu_set().difference(&allowed);
             if !outside.is_empty() {
-                return Err(VmmError::Placement(format!(
-                    "host topology names CPUs {outside} that pvmm may not run on (allowed: {allowed}); use --cpus or a matching --host-topology"
-                )));
+                return Err(PlacementInputError::NotAllowed { outside, allowed }.into());
             }
         }
     }
@@ -157,8 +249,10 @@ fn open_stats(target: &Option<StatsTarget>) -> Result<Option<Box<dyn Write + Sen
         None => None,
         Some(StatsTarget::Stderr) => Some(Box::new(std::io::stderr())),
         Some(StatsTarget::File(path)) => Some(Box::new(std::io::LineWriter::new(
-            std::fs::File::create(path)
-                .map_err(|e| VmmError::Placement(format!("--stats {}: {e}", path.display())))?,
+            std::fs::File::create(path).map_err(|source| PlacementInputError::Stats {
+                path: path.clone(),
+                source,
+            })?,
         ))),
     })
 }
@@ -209,7 +303,7 @@ fn load_guest(
     let tables = build_tables(config.vcpus)?;
     for t in &tables.tables {
         mem.write_slice(&t.bytes, GuestAddress(t.addr))
-            .map_err(|e| BootError::GuestMemory(e.to_string()))?;
+            .map_err(BootError::GuestMemory)?;
     }
     let entry = load_kernel(
         &mem,
@@ -248,8 +342,7 @@ fn build_devices(
             });
         })
     };
-    let serial_irq =
-        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Devices(e.to_string()))?;
+    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(SetupError::EventFd)?;
     vm.register_irq(&serial_irq, COM1_IRQ)?;
     let serial = Arc::new(Mutex::new(SerialConsole::new(
         serial_irq,
@@ -281,7 +374,7 @@ fn build_devices(
     )?;
     // CPPC registers and the GED that announces capacity changes and the power button.
     let cppc = Arc::new(CppcShared::new(config.vcpus, CAPACITY_SCALE));
-    let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Devices(e.to_string()))?;
+    let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(SetupError::EventFd)?;
     vm.register_irq(&ged_irq, GED_IRQ)?;
     let ged = Arc::new(GedShared::new(ged_irq));
     let mut mmio = Bus::new(events());
@@ -346,7 +439,7 @@ fn start_vcpus(
     if let Some(why) = stats_warning {
         eprintln!("pvmm: KVM halt statistics unavailable ({why}); using vCPU thread run time from /proc instead");
     }
-    register_kick_handler().map_err(|e| VmmError::Devices(format!("vCPU kick signal: {e}")))?;
+    register_kick_handler().map_err(SetupError::KickSignal)?;
     let gate = Arc::new(Barrier::new(vcpus.len() + 1));
     let (started_tx, started_rx) = unbounded();
     let mut threads = Vec::with_capacity(vcpus.len());
@@ -365,7 +458,7 @@ fn start_vcpus(
     for _ in 0..config.vcpus {
         match started_rx.recv() {
             Ok(s) => started.push(s),
-            Err(_) => return Err(VmmError::Devices("a vCPU thread died at start".into())),
+            Err(_) => return Err(SetupError::VcpuDied.into()),
         }
     }
     started.sort_by_key(|s| s.index);
@@ -375,7 +468,7 @@ fn start_vcpus(
         log(config, format!("vcpu{} tid {}", s.index, s.tid));
         let Some((thread, control)) = threads.get_mut(s.index as usize).and_then(Option::take)
         else {
-            return Err(VmmError::Devices(format!("vCPU {} started twice", s.index)));
+            return Err(SetupError::VcpuStartedTwice(s.index).into());
         };
         handles.push(VcpuHandle::new(s.index, s.tid, control, thread));
         let source: Box<dyn IdleSource> = match halt {
@@ -433,7 +526,7 @@ fn start_scheduler(
     // vCPUs start where the policy wants them: place before releasing the gate.
     let placed = scheduler.tick();
     gate.wait();
-    placed.map_err(|e| VmmError::PlacementHost(e.to_string()))?;
+    placed.map_err(PlacementStartError::FirstPlacement)?;
     let report = PlacementReport {
         topology: topology.clone(),
         totals: scheduler.totals(),
@@ -443,7 +536,7 @@ fn start_scheduler(
     let (stop_tx, stop_rx) = bounded(0);
     let thread = scheduler
         .spawn(Duration::from_millis(config.placement.tick_ms), stop_rx)
-        .map_err(|e| VmmError::PlacementHost(e.to_string()))?;
+        .map_err(PlacementStartError::Thread)?;
     Ok(StartedPlacement {
         control,
         report,
@@ -505,15 +598,10 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         ged_listening: Box::new(ged_unmasked),
     });
     let api = match api_socket {
-        Some(socket) => Some(
-            socket
-                .serve(core.clone())
-                .map_err(|e| VmmError::Devices(format!("control socket thread: {e}")))?,
-        ),
+        Some(socket) => Some(socket.serve(core.clone()).map_err(SetupError::ApiThread)?),
         None => None,
     };
-    let signals = SignalThread::spawn(core.clone())
-        .map_err(|e| VmmError::Devices(format!("signal thread: {e}")))?;
+    let signals = SignalThread::spawn(core.clone()).map_err(SetupError::SignalThread)?;
     spawn_console_input(devices.serial);
     Ok(RunningVm::new(
         core,

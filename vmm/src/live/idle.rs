@@ -13,13 +13,11 @@ pub enum IdleError {
     /// KVM stats could not be read.
     #[error(transparent)]
     Stats(#[from] crate::vstate::stats::StatsError),
-    /// /proc could not be read or parsed.
-    #[error("reading {path}: {why}")]
+    /// The thread's schedstat could not be read or parsed.
+    #[error("reading {path}: unreadable or in an unexpected format")]
     Proc {
         /// The file.
         path: String,
-        /// What went wrong.
-        why: String,
     },
 }
 
@@ -148,7 +146,6 @@ impl ThreadBlocked {
     fn read(&mut self, tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
         let (wanted, _ran) = thread_demand(tid).ok_or_else(|| IdleError::Proc {
             path: schedstat_path(tid),
-            why: "unreadable or in an unexpected format".into(),
         })?;
         let origin = *self.wanted_at_origin.get_or_insert(wanted);
         Ok(elapsed_ns.saturating_sub(wanted.saturating_sub(origin)))

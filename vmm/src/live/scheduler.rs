@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use pvmm_devices::events::GuestErrorCounter;
 use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};
 use pvmm_scheduler::{
-    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, UtilConfig, UtilTracker,
-    VcpuId, VcpuLoad,
+    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, PlaceError, UtilConfig,
+    UtilTracker, VcpuId, VcpuLoad,
 };
 use serde_json::json;
 
@@ -33,7 +33,7 @@ const THIS_VM: u32 = 0;
 pub enum LiveError {
     /// The engine refused the input (a pvmm bug).
     #[error("placement engine: {0}")]
-    Engine(String),
+    Engine(#[from] PlaceError),
     /// Applying affinity failed.
     #[error("applying placement: {0}")]
     Apply(#[from] pvmm_scheduler::ExecutorError),
@@ -256,7 +256,7 @@ impl LiveScheduler {
         engine
             .place(now_ns / 1_000_000, &loads)
             .map(Some)
-            .map_err(|e| LiveError::Engine(e.to_string()))
+            .map_err(LiveError::Engine)
     }
 
     /// Applies the engine's decision; returns (moves, refused affinity changes).
