@@ -6,9 +6,10 @@
 //! - FADT: hardware-reduced (no PM1/GPE blocks); power-off through the sleep control register
 //!   and reboot through the reset register, both in pvmm's ACPI power I/O block.
 //! - MADT: one local APIC per vCPU (UID = APIC id = vCPU index) and the IOAPIC.
-//! - DSDT: one processor device (`ACPI0007`) per vCPU with the matching `_UID`, COM1, and the
-//!   `\_S5_` sleep type the power device expects. Later features add objects per processor
-//!   (capacity through `_CPC`).
+//! - DSDT: one processor device (`ACPI0007`) per vCPU with the matching `_UID` and its `_CPC`
+//!   (the live capacity registers) and `_PSD`, the platform `_OSC` that grants CPPC, the
+//!   Generic Event Device and power button, COM1, and the `\_S5_` sleep type the power device
+//!   expects.
 
 use acpi_tables::aml;
 use acpi_tables::fadt::{FADTBuilder, Flags, PmProfile};
