@@ -7,7 +7,7 @@ use clap::Parser;
 use crate::acpi::MAX_VCPUS;
 use crate::config::{
     PlacementConfig, PlacementPolicy, StatsTarget, VmConfig, DEFAULT_CMDLINE,
-    DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
+    DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_HOST_TOPOLOGY, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
     DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS,
 };
 
@@ -100,7 +100,7 @@ pub struct Cli {
     pub policy: PlacementPolicy,
 
     /// Host topology: auto (read sysfs), a spec SxCxT such as 2x4x2, or a topology file.
-    #[arg(long, value_name = "auto|SPEC|FILE", default_value = "auto")]
+    #[arg(long, value_name = "auto|SPEC|FILE", default_value = DEFAULT_HOST_TOPOLOGY)]
     pub host_topology: String,
 
     /// Host CPUs pvmm may place vCPUs on, e.g. 2-15,18 (default: all).

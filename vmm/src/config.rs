@@ -25,6 +25,8 @@ pub const MIN_MEMORY_MIB: u64 = 64;
 /// Largest guest RAM pvmm accepts: 1 TiB, far above what one host package feeds usefully and
 /// below what a 4-level identity map could describe.
 pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+/// `--host-topology`'s default: read the host's topology from sysfs.
+pub const DEFAULT_HOST_TOPOLOGY: &str = "auto";
 /// The KVM device.
 pub const DEFAULT_KVM_DEVICE: &str = "/dev/kvm";
 /// How long a shutdown waits for the guest to power off after the power button: a distribution
@@ -53,11 +55,15 @@ pub enum PlacementPolicy {
     Managed(Policy),
 }
 
+/// The balancing policy pvmm (and `pvmm-host`) places under by default, `powersaving:1`:
+/// pvmm's reason to exist is packing an under-used guest onto few packages; level 1 does so
+/// without level 2's wake-up bias.
+pub const DEFAULT_POLICY: Policy = Policy::Powersaving { level: 1 };
+
 impl Default for PlacementPolicy {
-    /// `powersaving:1`: pvmm's reason to exist is packing an under-used guest onto few
-    /// packages; level 1 does so without level 2's wake-up bias.
+    /// [`DEFAULT_POLICY`].
     fn default() -> Self {
-        PlacementPolicy::Managed(Policy::Powersaving { level: 1 })
+        PlacementPolicy::Managed(DEFAULT_POLICY)
     }
 }
 
@@ -151,7 +157,7 @@ impl Default for PlacementConfig {
     fn default() -> Self {
         Self {
             policy: PlacementPolicy::default(),
-            host_topology: "auto".into(),
+            host_topology: DEFAULT_HOST_TOPOLOGY.into(),
             cpus: None,
             tick_ms: DEFAULT_TICK_MS,
             stats: None,

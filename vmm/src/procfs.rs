@@ -1,5 +1,5 @@
 //! What pvmm reads about its own threads from `/proc/self/task/<tid>/`: the scheduler's
-//! accounting of each vCPU thread. The idle signal ([`crate::live::idle`]) and the CPPC
+//! accounting of each vCPU thread. The idle signal (`live::idle`) and the CPPC
 //! feedback counters (through [`pvmm_devices::cppc::DemandCounters`]) read the same files
 //! through this module.
 
