@@ -118,11 +118,6 @@ impl CppcShared {
         }
     }
 
-    /// The highest performance of the scale.
-    pub fn highest(&self) -> u32 {
-        self.highest
-    }
-
     /// Publishes vCPU `vcpu`'s effective capacity (clamped to the scale).
     pub fn set_capacity(&self, vcpu: u32, capacity: u32) {
         if let Some(v) = self.vcpus.get(vcpu as usize) {

@@ -21,8 +21,8 @@ use linux_loader::loader::{BzImage, Cmdline, KernelLoader, KernelLoaderResult};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::layout::{
-    ACPI_TABLES_START, CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, PVH_INFO_START,
-    PVH_MEMMAP_START, PVH_MODLIST_START, ZERO_PAGE_START,
+    CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, PVH_INFO_START, PVH_MEMMAP_START,
+    PVH_MODLIST_START, ZERO_PAGE_START,
 };
 use crate::memory::{e820_map, low_ram_end, E820Entry, GuestMemory};
 
@@ -451,14 +451,10 @@ pub fn pvh_memmap_bytes(map: &[E820Entry]) -> Vec<u8> {
     b
 }
 
-/// The RSDP's guest address (the first thing in the ACPI area).
-pub const fn rsdp_address() -> u64 {
-    ACPI_TABLES_START
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::ACPI_TABLES_START;
     use crate::memory::{create_guest_memory, E820Type};
 
     fn spec<'a>(kernel: &'a Path, initrd: Option<&'a Path>) -> BootSpec<'a> {
