@@ -49,7 +49,7 @@ pub const DEFAULT_EXTERNAL_LEASE_MS: u64 = 3000;
 /// What pvmm does with vCPU threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlacementPolicy {
-    /// Never pin: the host scheduler decides (the baseline users have today).
+    /// Never pin: the host scheduler decides (the baseline the policies are measured against).
     None,
     /// Pin and migrate under a balancing policy.
     Managed(Policy),

@@ -14,16 +14,16 @@ use pvmm_scheduler::{
 };
 use serde_json::json;
 
-use crate::config::PlacementPolicy;
-/// The tick's bounds, for the daemon's flags (defined with the rest of the configuration).
-pub use crate::config::{DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
-
 use super::capacity::CapacityReporter;
 use super::control::{ExternalAssignment, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
+use crate::config::PlacementPolicy;
 use crate::procfs::last_cpu_of_thread;
+
+/// The tick's bounds, for the daemon's flags (defined with the rest of the configuration).
+pub use crate::config::{DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
 
 /// The single VM a `pvmm` process runs is VM 0 in the engine's numbering.
 const THIS_VM: u32 = 0;
