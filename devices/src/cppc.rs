@@ -3,16 +3,18 @@
 //!
 //! Each vCPU owns [`CPPC_VCPU_STRIDE`] bytes: eight 64-bit registers. The performance values
 //! are the placement engine's effective capacity of that vCPU, refreshed every tick, on the
-//! scale the VMM gives [`CppcShared::new`] as the highest performance (pvmm passes the
-//! engine's capacity scale, and its `_CPC` objects name the same value as the reference
-//! performance); the guest's desired-performance writes are kept for pvmm's stats; the two feedback
-//! counters count, in nanoseconds, how long the vCPU wanted to run (reference) and how long it
-//! actually ran (delivered), so `delivered / reference` is the share of its demand the host
-//! served, as APERF/MPERF would show on hardware.
+//! scale whose top the VMM gives [`CppcShared::new`] (pvmm passes the engine's capacity scale,
+//! which its `_CPC` objects also name as the reference performance). The guest's
+//! desired-performance writes are kept for pvmm's stats. The two feedback counters count, in
+//! nanoseconds, how long the vCPU wanted to run (reference) and how long it actually ran
+//! (delivered), so `delivered / reference` is the share of its demand the host served, as
+//! APERF/MPERF would show on hardware.
 //!
 //! Guest mistakes (writes to read-only registers, accesses that are not 8 bytes wide and
 //! 8-byte aligned, offsets past the last vCPU) are ignored and reported as
-//! [`GuestEvents::ignored_register_access`](crate::events::GuestEvents::ignored_register_access); reads of them return 0.
+//! [`GuestEvents::ignored_register_access`]; reads of them return 0.
+//!
+//! [`GuestEvents::ignored_register_access`]: crate::events::GuestEvents::ignored_register_access
 
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::Arc;

@@ -84,7 +84,9 @@ impl GedShared {
 }
 
 /// The GED's MMIO status register. Accesses other than a 4-byte read of it are ignored and
-/// reported as [`GuestEvents::ignored_register_access`](crate::events::GuestEvents::ignored_register_access).
+/// reported as [`GuestEvents::ignored_register_access`].
+///
+/// [`GuestEvents::ignored_register_access`]: crate::events::GuestEvents::ignored_register_access
 pub struct GedDevice {
     shared: Arc<GedShared>,
     events: SharedEvents,

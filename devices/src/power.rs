@@ -51,7 +51,9 @@ pub type PowerEventSink = Box<dyn Fn(PowerEvent) + Send>;
 
 /// The ACPI hardware-reduced sleep control/status and reset registers. Writes that ask for
 /// nothing pvmm implements (other sleep states, a wrong reset value, other registers) are
-/// ignored and reported as [`GuestEvents::ignored_power_write`](crate::events::GuestEvents::ignored_power_write).
+/// ignored and reported as [`GuestEvents::ignored_power_write`].
+///
+/// [`GuestEvents::ignored_power_write`]: crate::events::GuestEvents::ignored_power_write
 pub struct AcpiPowerDevice {
     sink: PowerEventSink,
     events: SharedEvents,
@@ -99,7 +101,9 @@ impl BusDevice for AcpiPowerDevice {
 ///
 /// Status reads return 0 ("input buffer empty") so Linux's `reboot=k` path does not spin
 /// waiting for a controller that is not there. Other commands are ignored and reported as
-/// [`GuestEvents::ignored_power_write`](crate::events::GuestEvents::ignored_power_write).
+/// [`GuestEvents::ignored_power_write`].
+///
+/// [`GuestEvents::ignored_power_write`]: crate::events::GuestEvents::ignored_power_write
 pub struct I8042ResetDevice {
     sink: PowerEventSink,
     events: SharedEvents,
