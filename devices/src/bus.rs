@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::events::{NoEvents, SharedEvents};
+
 /// A device that answers guest reads and writes within its address range.
 ///
 /// `offset` is relative to the start of the range the device was inserted at. `data.len()` is
@@ -46,17 +48,26 @@ struct BusEntry {
 /// A set of non-overlapping address ranges, each served by one device.
 ///
 /// Unclaimed reads return all ones (what real hardware returns for an empty ISA port or an
-/// unbacked MMIO address), unclaimed writes are dropped; both are counted.
-#[derive(Default)]
+/// unbacked MMIO address), unclaimed writes are dropped; both are reported to the bus's
+/// [`crate::events::GuestEvents`].
 pub struct Bus {
     entries: Vec<BusEntry>,
-    unclaimed: std::sync::atomic::AtomicU64,
+    events: SharedEvents,
+}
+
+impl Default for Bus {
+    fn default() -> Self {
+        Self::new(Arc::new(NoEvents))
+    }
 }
 
 impl Bus {
-    /// An empty bus.
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty bus reporting unclaimed accesses to `events`.
+    pub fn new(events: SharedEvents) -> Self {
+        Self {
+            entries: Vec::new(),
+            events,
+        }
     }
 
     /// Puts `device` at `[base, base + len)`.
@@ -92,8 +103,7 @@ impl Bus {
             }
             None => {
                 data.fill(0xff);
-                self.unclaimed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.events.unclaimed_access(addr);
                 false
             }
         }
@@ -107,16 +117,10 @@ impl Bus {
                 true
             }
             None => {
-                self.unclaimed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.events.unclaimed_access(addr);
                 false
             }
         }
-    }
-
-    /// How many accesses hit no device so far.
-    pub fn unclaimed_accesses(&self) -> u64 {
-        self.unclaimed.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -131,6 +135,7 @@ fn lock(device: &SharedDevice) -> std::sync::MutexGuard<'_, dyn BusDevice + 'sta
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::GuestErrorCounter;
 
     struct Echo(Vec<(u64, Vec<u8>)>);
     impl BusDevice for Echo {
@@ -144,7 +149,8 @@ mod tests {
 
     #[test]
     fn routes_by_range_and_offset() {
-        let mut bus = Bus::new();
+        let errors = Arc::new(GuestErrorCounter::default());
+        let mut bus = Bus::new(errors.clone());
         let a = Arc::new(Mutex::new(Echo(vec![])));
         bus.insert(a.clone(), 0x3f8, 8).unwrap();
         bus.insert(Arc::new(Mutex::new(Echo(vec![]))), 0x600, 4)
@@ -157,12 +163,13 @@ mod tests {
         assert!(!bus.read(0x400, &mut b));
         assert_eq!(b, [0xff]);
         assert!(!bus.read(0x3f7, &mut b));
-        assert_eq!(bus.unclaimed_accesses(), 2);
+        assert!(!bus.write(0x3f0, &[1]));
+        assert_eq!(errors.total(), 3);
     }
 
     #[test]
     fn rejects_overlaps_and_empty_ranges() {
-        let mut bus = Bus::new();
+        let mut bus = Bus::default();
         bus.insert(Arc::new(Mutex::new(Echo(vec![]))), 0x10, 0x10)
             .unwrap();
         assert!(matches!(

@@ -2,26 +2,30 @@
 //! guest through the `_CPC` objects in pvmm's DSDT.
 //!
 //! Each vCPU owns [`CPPC_VCPU_STRIDE`] bytes: eight 64-bit registers. The performance values
-//! are the placement engine's effective capacity of that vCPU (1..=1024), refreshed every
-//! tick; the guest's desired-performance writes are kept for pvmm's stats; the two feedback
-//! counters count, in nanoseconds, how long the vCPU wanted to run (reference) and how long it
-//! actually ran (delivered), so `delivered / reference` is the share of its demand the host
-//! served, as APERF/MPERF would show on hardware.
+//! are the placement engine's effective capacity of that vCPU, refreshed every tick, on the
+//! scale whose top the VMM gives [`CppcShared::new`] (pvmm passes the engine's capacity scale,
+//! which its `_CPC` objects also name as the reference performance). The guest's
+//! desired-performance writes are kept for pvmm's stats. The two feedback counters count, in
+//! nanoseconds, how long the vCPU wanted to run (reference) and how long it actually ran
+//! (delivered), so `delivered / reference` is the share of its demand the host served, as
+//! APERF/MPERF would show on hardware.
 //!
 //! Guest mistakes (writes to read-only registers, accesses that are not 8 bytes wide and
-//! 8-byte aligned, offsets past the last vCPU) are ignored and counted; reads of them return 0.
+//! 8-byte aligned, offsets past the last vCPU) are ignored and reported as
+//! [`GuestEvents::ignored_register_access`]; reads of them return 0.
+//!
+//! [`GuestEvents::ignored_register_access`]: crate::events::GuestEvents::ignored_register_access
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::bus::BusDevice;
+use crate::events::SharedEvents;
 
 /// Bytes per register.
 pub const CPPC_REG_SIZE: u64 = 8;
 /// Bytes of registers per vCPU (eight registers).
 pub const CPPC_VCPU_STRIDE: u64 = 64;
-/// The capacity scale shared with the scheduler: 1024 = one full CPU.
-pub const CPPC_MAX_PERF: u32 = 1024;
 /// Lowest performance the guest may be told: CPPC requires every performance level > 0.
 pub const CPPC_LOWEST_PERF: u32 = 1;
 
@@ -76,25 +80,6 @@ pub trait DemandCounters: Send + Sync {
     fn read(&self, tid: i32) -> Option<(u64, u64)>;
 }
 
-/// Demand counters from `/proc/self/task/<tid>/schedstat`: on-CPU time and run-queue wait.
-pub struct ProcSchedstat;
-
-/// Parses a schedstat line (`<ns on CPU> <ns waiting on a run queue> <timeslices>`) into
-/// (wanted, ran): how long the thread wanted to run (on CPU or waiting for one) and how long
-/// it ran.
-pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
-    let mut f = text.split_whitespace();
-    let ran: u64 = f.next()?.parse().ok()?;
-    let waited: u64 = f.next()?.parse().ok()?;
-    Some((ran.saturating_add(waited), ran))
-}
-
-impl DemandCounters for ProcSchedstat {
-    fn read(&self, tid: i32) -> Option<(u64, u64)> {
-        parse_schedstat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
-    }
-}
-
 /// Per-vCPU values shared between the device (guest side) and the scheduler (host side).
 pub struct CppcVcpu {
     capacity: AtomicU32,
@@ -105,29 +90,31 @@ pub struct CppcVcpu {
 /// State shared by the device and the VMM.
 pub struct CppcShared {
     vcpus: Vec<CppcVcpu>,
-    ignored: AtomicU64,
+    highest: u32,
 }
 
 impl CppcShared {
-    /// State for `vcpus` vCPUs, each at full capacity until the scheduler says otherwise.
-    pub fn new(vcpus: u32) -> Self {
+    /// State for `vcpus` vCPUs whose performance scale tops out at `highest` (a vCPU with a
+    /// CPU of its own), each at `highest` until the scheduler says otherwise.
+    pub fn new(vcpus: u32, highest: u32) -> Self {
+        let highest = highest.max(CPPC_LOWEST_PERF);
         Self {
             vcpus: (0..vcpus)
                 .map(|_| CppcVcpu {
-                    capacity: AtomicU32::new(CPPC_MAX_PERF),
+                    capacity: AtomicU32::new(highest),
                     desired: AtomicU32::new(0),
                     tid: AtomicI32::new(0),
                 })
                 .collect(),
-            ignored: AtomicU64::new(0),
+            highest,
         }
     }
 
-    /// Publishes vCPU `vcpu`'s effective capacity (clamped to 1..=1024).
+    /// Publishes vCPU `vcpu`'s effective capacity (clamped to the scale).
     pub fn set_capacity(&self, vcpu: u32, capacity: u32) {
         if let Some(v) = self.vcpus.get(vcpu as usize) {
             v.capacity.store(
-                capacity.clamp(CPPC_LOWEST_PERF, CPPC_MAX_PERF),
+                capacity.clamp(CPPC_LOWEST_PERF, self.highest),
                 Ordering::Relaxed,
             );
         }
@@ -154,18 +141,9 @@ impl CppcShared {
         }
     }
 
-    /// Guest accesses ignored so far.
-    pub fn ignored_accesses(&self) -> u64 {
-        self.ignored.load(Ordering::Relaxed)
-    }
-
     /// Number of vCPUs.
     pub fn vcpus(&self) -> u32 {
         self.vcpus.len() as u32
-    }
-
-    fn ignore(&self) {
-        self.ignored.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -173,12 +151,22 @@ impl CppcShared {
 pub struct CppcDevice {
     shared: Arc<CppcShared>,
     counters: Box<dyn DemandCounters>,
+    events: SharedEvents,
 }
 
 impl CppcDevice {
-    /// A device over `shared`, reading feedback counters from `counters`.
-    pub fn new(shared: Arc<CppcShared>, counters: Box<dyn DemandCounters>) -> Self {
-        Self { shared, counters }
+    /// A device over `shared`, reading feedback counters from `counters` and reporting guest
+    /// mistakes to `events`.
+    pub fn new(
+        shared: Arc<CppcShared>,
+        counters: Box<dyn DemandCounters>,
+        events: SharedEvents,
+    ) -> Self {
+        Self {
+            shared,
+            counters,
+            events,
+        }
     }
 
     /// Decodes an access: (vCPU, register) for a well-formed one.
@@ -221,7 +209,7 @@ impl BusDevice for CppcDevice {
         data.fill(0);
         match self.decode(offset, data.len()) {
             Some((vcpu, reg)) => data.copy_from_slice(&self.value(vcpu, reg).to_le_bytes()),
-            None => self.shared.ignore(),
+            None => self.events.ignored_register_access(),
         }
     }
 
@@ -230,12 +218,12 @@ impl BusDevice for CppcDevice {
             Some((vcpu, CppcRegister::Desired)) => {
                 let mut raw = [0u8; 8];
                 raw.copy_from_slice(data);
-                let wish = u64::from_le_bytes(raw).min(u64::from(CPPC_MAX_PERF)) as u32;
+                let wish = u64::from_le_bytes(raw).min(u64::from(self.shared.highest)) as u32;
                 self.shared.vcpus[vcpu as usize]
                     .desired
                     .store(wish, Ordering::Relaxed);
             }
-            _ => self.shared.ignore(),
+            _ => self.events.ignored_register_access(),
         }
     }
 }
@@ -243,6 +231,10 @@ impl BusDevice for CppcDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::GuestErrorCounter;
+
+    /// The scale the tests use: pvmm's (one CPU = 1024).
+    const HIGHEST: u32 = 1024;
 
     struct Fixed;
     impl DemandCounters for Fixed {
@@ -251,9 +243,11 @@ mod tests {
         }
     }
 
-    fn device(n: u32) -> (CppcDevice, Arc<CppcShared>) {
-        let shared = Arc::new(CppcShared::new(n));
-        (CppcDevice::new(shared.clone(), Box::new(Fixed)), shared)
+    fn device(n: u32) -> (CppcDevice, Arc<CppcShared>, Arc<GuestErrorCounter>) {
+        let shared = Arc::new(CppcShared::new(n, HIGHEST));
+        let errors = Arc::new(GuestErrorCounter::default());
+        let dev = CppcDevice::new(shared.clone(), Box::new(Fixed), errors.clone());
+        (dev, shared, errors)
     }
 
     fn read64(d: &mut CppcDevice, at: u64) -> u64 {
@@ -263,36 +257,28 @@ mod tests {
     }
 
     #[test]
-    fn schedstat_parsing() {
-        assert_eq!(
-            parse_schedstat("123456 789 10\n"),
-            Some((123456 + 789, 123456))
-        );
-        assert_eq!(parse_schedstat(""), None);
-        assert_eq!(parse_schedstat("x 1 2"), None);
-        assert_eq!(parse_schedstat("5"), None);
-    }
-
-    #[test]
     fn capacity_is_live() {
-        let (mut d, s) = device(2);
+        let (mut d, s, _) = device(2);
         let hi = CppcRegister::Highest.address(0, 1);
-        assert_eq!(read64(&mut d, hi), 1024);
+        assert_eq!(read64(&mut d, hi), u64::from(HIGHEST));
         s.set_capacity(1, 512);
         assert_eq!(read64(&mut d, hi), 512);
         assert_eq!(read64(&mut d, CppcRegister::Nominal.address(0, 1)), 512);
         assert_eq!(read64(&mut d, CppcRegister::Guaranteed.address(0, 1)), 512);
-        assert_eq!(read64(&mut d, CppcRegister::Highest.address(0, 0)), 1024);
+        assert_eq!(
+            read64(&mut d, CppcRegister::Highest.address(0, 0)),
+            u64::from(HIGHEST)
+        );
         assert_eq!(read64(&mut d, CppcRegister::Lowest.address(0, 0)), 1);
         s.set_capacity(0, 0);
         assert_eq!(s.capacity(0), Some(1));
         s.set_capacity(0, 5000);
-        assert_eq!(s.capacity(0), Some(1024));
+        assert_eq!(s.capacity(0), Some(HIGHEST));
     }
 
     #[test]
     fn feedback_counters_and_desired() {
-        let (mut d, s) = device(1);
+        let (mut d, s, errors) = device(1);
         s.set_tid(0, 42);
         assert_eq!(
             read64(&mut d, CppcRegister::ReferenceCounter.address(0, 0)),
@@ -305,12 +291,12 @@ mod tests {
         d.write(CppcRegister::Desired.address(0, 0), &700u64.to_le_bytes());
         assert_eq!(s.desired(0), Some(700));
         assert_eq!(read64(&mut d, CppcRegister::Desired.address(0, 0)), 700);
-        assert_eq!(s.ignored_accesses(), 0);
+        assert_eq!(errors.total(), 0);
     }
 
     #[test]
     fn guest_mistakes_are_ignored_and_counted() {
-        let (mut d, s) = device(2);
+        let (mut d, s, errors) = device(2);
         d.write(CppcRegister::Highest.address(0, 0), &5u64.to_le_bytes()); // read-only
         d.write(CppcRegister::Desired.address(0, 0), &[1, 2, 3, 4]); // 4 bytes
         let mut b = [0xaau8; 4];
@@ -323,7 +309,7 @@ mod tests {
         d.read(u64::MAX - 7, &mut b);
         d.write(u64::MAX - 7, &[0; 8]);
         d.write(0, &[]);
-        assert_eq!(s.ignored_accesses(), 8);
-        assert_eq!(s.capacity(0), Some(1024));
+        assert_eq!(errors.total(), 8);
+        assert_eq!(s.capacity(0), Some(HIGHEST));
     }
 }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::BusDevice;
+use crate::events::SharedEvents;
 
 /// Size of the GED's MMIO window: one 32-bit status register.
 pub const GED_MMIO_LEN: u64 = 4;
@@ -36,7 +37,6 @@ pub struct GedShared {
     pending: Mutex<VecDeque<u32>>,
     irq: EventFd,
     raised: AtomicU64,
-    ignored: AtomicU64,
 }
 
 impl GedShared {
@@ -46,7 +46,6 @@ impl GedShared {
             pending: Mutex::new(VecDeque::new()),
             irq,
             raised: AtomicU64::new(0),
-            ignored: AtomicU64::new(0),
         }
     }
 
@@ -78,45 +77,55 @@ impl GedShared {
         self.raised.load(Ordering::Relaxed)
     }
 
-    /// Guest accesses ignored so far.
-    pub fn ignored_accesses(&self) -> u64 {
-        self.ignored.load(Ordering::Relaxed)
-    }
-
     fn pop(&self) -> u32 {
         let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         q.pop_front().unwrap_or(0)
     }
 }
 
-/// The GED's MMIO status register.
-pub struct GedDevice(pub Arc<GedShared>);
+/// The GED's MMIO status register. Accesses other than a 4-byte read of it are ignored and
+/// reported as [`GuestEvents::ignored_register_access`].
+///
+/// [`GuestEvents::ignored_register_access`]: crate::events::GuestEvents::ignored_register_access
+pub struct GedDevice {
+    shared: Arc<GedShared>,
+    events: SharedEvents,
+}
+
+impl GedDevice {
+    /// The register over `shared`, reporting guest mistakes to `events`.
+    pub fn new(shared: Arc<GedShared>, events: SharedEvents) -> Self {
+        Self { shared, events }
+    }
+}
 
 impl BusDevice for GedDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         if offset == 0 && data.len() == GED_STATUS_SIZE {
-            data.copy_from_slice(&self.0.pop().to_le_bytes());
+            data.copy_from_slice(&self.shared.pop().to_le_bytes());
         } else {
-            self.0.ignored.fetch_add(1, Ordering::Relaxed);
+            self.events.ignored_register_access();
         }
     }
 
     fn write(&mut self, _offset: u64, _data: &[u8]) {
         // The status register is read-only.
-        self.0.ignored.fetch_add(1, Ordering::Relaxed);
+        self.events.ignored_register_access();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::GuestErrorCounter;
 
     #[test]
     fn events_drain_in_order_without_duplicates() {
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let shared = Arc::new(GedShared::new(irq.try_clone().unwrap()));
-        let mut dev = GedDevice(shared.clone());
+        let errors = Arc::new(GuestErrorCounter::default());
+        let mut dev = GedDevice::new(shared.clone(), errors.clone());
         shared.notify_capacity_changed(3).unwrap();
         shared.notify_capacity_changed(0).unwrap();
         shared.notify_capacity_changed(3).unwrap();
@@ -144,7 +153,7 @@ mod tests {
         dev.write(0, &[1, 0, 0, 0]);
         let mut b8 = [0u8; 8];
         dev.read(0, &mut b8);
-        assert_eq!(shared.ignored_accesses(), 2);
+        assert_eq!(errors.total(), 2);
         assert_eq!(shared.raised(), 5);
     }
 }

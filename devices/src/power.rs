@@ -7,6 +7,7 @@
 //! through the i8042 keyboard controller instead, served by [`I8042ResetDevice`].
 
 use crate::bus::BusDevice;
+use crate::events::SharedEvents;
 
 /// First I/O port of the ACPI power block (sleep control, sleep status, reset).
 pub const ACPI_POWER_PORT_BASE: u16 = 0x600;
@@ -48,24 +49,20 @@ pub enum PowerEvent {
 /// Receives power events raised by devices.
 pub type PowerEventSink = Box<dyn Fn(PowerEvent) + Send>;
 
-/// The ACPI hardware-reduced sleep control/status and reset registers.
+/// The ACPI hardware-reduced sleep control/status and reset registers. Writes that ask for
+/// nothing pvmm implements (other sleep states, a wrong reset value, other registers) are
+/// ignored and reported as [`GuestEvents::ignored_power_write`].
+///
+/// [`GuestEvents::ignored_power_write`]: crate::events::GuestEvents::ignored_power_write
 pub struct AcpiPowerDevice {
     sink: PowerEventSink,
-    ignored_writes: u64,
+    events: SharedEvents,
 }
 
 impl AcpiPowerDevice {
-    /// A device that reports power events to `sink`.
-    pub fn new(sink: PowerEventSink) -> Self {
-        Self {
-            sink,
-            ignored_writes: 0,
-        }
-    }
-
-    /// Writes that asked for nothing pvmm implements (other sleep states, wrong reset value).
-    pub fn ignored_writes(&self) -> u64 {
-        self.ignored_writes
+    /// A device that reports power events to `sink` and guest mistakes to `events`.
+    pub fn new(sink: PowerEventSink, events: SharedEvents) -> Self {
+        Self { sink, events }
     }
 }
 
@@ -82,7 +79,7 @@ impl BusDevice for AcpiPowerDevice {
 
     fn write(&mut self, offset: u64, data: &[u8]) {
         let Some(&value) = data.first() else {
-            self.ignored_writes += 1;
+            self.events.ignored_power_write();
             return;
         };
         match offset {
@@ -91,11 +88,11 @@ impl BusDevice for AcpiPowerDevice {
                 if sleep_type == S5_SLEEP_TYPE {
                     (self.sink)(PowerEvent::PowerOff);
                 } else {
-                    self.ignored_writes += 1;
+                    self.events.ignored_power_write();
                 }
             }
             RESET_OFFSET if value == RESET_VALUE => (self.sink)(PowerEvent::Reset),
-            _ => self.ignored_writes += 1,
+            _ => self.events.ignored_power_write(),
         }
     }
 }
@@ -103,15 +100,19 @@ impl BusDevice for AcpiPowerDevice {
 /// The reset line of an i8042 keyboard controller (port 0x64, command 0xFE) and nothing else.
 ///
 /// Status reads return 0 ("input buffer empty") so Linux's `reboot=k` path does not spin
-/// waiting for a controller that is not there.
+/// waiting for a controller that is not there. Other commands are ignored and reported as
+/// [`GuestEvents::ignored_power_write`].
+///
+/// [`GuestEvents::ignored_power_write`]: crate::events::GuestEvents::ignored_power_write
 pub struct I8042ResetDevice {
     sink: PowerEventSink,
+    events: SharedEvents,
 }
 
 impl I8042ResetDevice {
-    /// A device that reports resets to `sink`.
-    pub fn new(sink: PowerEventSink) -> Self {
-        Self { sink }
+    /// A device that reports resets to `sink` and guest mistakes to `events`.
+    pub fn new(sink: PowerEventSink, events: SharedEvents) -> Self {
+        Self { sink, events }
     }
 }
 
@@ -123,6 +124,8 @@ impl BusDevice for I8042ResetDevice {
     fn write(&mut self, _offset: u64, data: &[u8]) {
         if data.first() == Some(&I8042_CMD_RESET_CPU) {
             (self.sink)(PowerEvent::Reset);
+        } else {
+            self.events.ignored_power_write();
         }
     }
 }
@@ -130,6 +133,7 @@ impl BusDevice for I8042ResetDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::{GuestErrorCounter, NoEvents};
     use std::sync::{Arc, Mutex};
 
     fn recording() -> (PowerEventSink, Arc<Mutex<Vec<PowerEvent>>>) {
@@ -141,7 +145,7 @@ mod tests {
     #[test]
     fn s5_with_slp_en_powers_off() {
         let (sink, log) = recording();
-        let mut dev = AcpiPowerDevice::new(sink);
+        let mut dev = AcpiPowerDevice::new(sink, Arc::new(NoEvents));
         dev.write(SLEEP_CONTROL_OFFSET, &[S5_SLEEP_TYPE << SLP_TYP_SHIFT]); // no SLP_EN
         assert!(log.lock().unwrap().is_empty());
         dev.write(
@@ -154,13 +158,14 @@ mod tests {
     #[test]
     fn other_sleep_states_and_bad_writes_are_ignored() {
         let (sink, log) = recording();
-        let mut dev = AcpiPowerDevice::new(sink);
+        let errors = Arc::new(GuestErrorCounter::default());
+        let mut dev = AcpiPowerDevice::new(sink, errors.clone());
         dev.write(SLEEP_CONTROL_OFFSET, &[(3 << SLP_TYP_SHIFT) | SLP_EN]);
         dev.write(RESET_OFFSET, &[RESET_VALUE + 1]);
         dev.write(RESET_OFFSET, &[]);
         dev.write(99, &[1, 2, 3, 4]);
         assert!(log.lock().unwrap().is_empty());
-        assert_eq!(dev.ignored_writes(), 4);
+        assert_eq!(errors.total(), 4);
         dev.write(RESET_OFFSET, &[RESET_VALUE, 0]);
         assert_eq!(*log.lock().unwrap(), vec![PowerEvent::Reset]);
     }
@@ -168,7 +173,7 @@ mod tests {
     #[test]
     fn status_reads_awake() {
         let (sink, _) = recording();
-        let mut dev = AcpiPowerDevice::new(sink);
+        let mut dev = AcpiPowerDevice::new(sink, Arc::new(NoEvents));
         let mut b = [0u8; 2];
         dev.read(SLEEP_STATUS_OFFSET, &mut b);
         assert_eq!(b, [WAK_STS, 0]);
@@ -177,9 +182,11 @@ mod tests {
     #[test]
     fn i8042_reset_command() {
         let (sink, log) = recording();
-        let mut dev = I8042ResetDevice::new(sink);
+        let errors = Arc::new(GuestErrorCounter::default());
+        let mut dev = I8042ResetDevice::new(sink, errors.clone());
         dev.write(0, &[0xaa]);
         assert!(log.lock().unwrap().is_empty());
+        assert_eq!(errors.total(), 1);
         dev.write(0, &[0xfe]);
         assert_eq!(*log.lock().unwrap(), vec![PowerEvent::Reset]);
     }

@@ -6,9 +6,10 @@
 //! - FADT: hardware-reduced (no PM1/GPE blocks); power-off through the sleep control register
 //!   and reboot through the reset register, both in pvmm's ACPI power I/O block.
 //! - MADT: one local APIC per vCPU (UID = APIC id = vCPU index) and the IOAPIC.
-//! - DSDT: one processor device (`ACPI0007`) per vCPU with the matching `_UID`, COM1, and the
-//!   `\_S5_` sleep type the power device expects. Later features add objects per processor
-//!   (capacity through `_CPC`).
+//! - DSDT: one processor device (`ACPI0007`) per vCPU with the matching `_UID` and its `_CPC`
+//!   (the live capacity registers) and `_PSD`, the platform `_OSC` that grants CPPC, the
+//!   Generic Event Device and power button, COM1, and the `\_S5_` sleep type the power device
+//!   expects.
 
 use acpi_tables::aml;
 use acpi_tables::fadt::{FADTBuilder, Flags, PmProfile};
@@ -25,6 +26,7 @@ use pvmm_devices::serial::{COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
 
 use pvmm_devices::cppc::CppcRegister;
 use pvmm_devices::ged::{GED_MMIO_LEN, POWER_BUTTON_STATUS};
+use pvmm_scheduler::capacity::CAPACITY_SCALE;
 
 use crate::layout::{
     ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START,
@@ -137,8 +139,9 @@ const OSC_UNRECOGNIZED_UUID: u32 = 1 << 2;
 /// `_CPC` package: 23 entries, revision 3 (ACPI 6.2+).
 const CPC_NUM_ENTRIES: u8 = 23;
 const CPC_REVISION: u8 = 3;
-/// `_CPC` reference performance: the capacity scale's full CPU.
-const CPC_REFERENCE_PERF: u32 = 1024;
+/// `_CPC` reference performance: the capacity scale's full CPU, the highest performance the
+/// CPPC device reports.
+const CPC_REFERENCE_PERF: u32 = CAPACITY_SCALE;
 /// `_PSD`: 5 entries, revision 0, coordination SW_ANY (0xFD): every vCPU is its own domain,
 /// so the value is irrelevant but must be valid.
 const PSD_NUM_ENTRIES: u8 = 5;

@@ -4,12 +4,12 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::acpi::MAX_VCPUS;
 use crate::config::{
-    PlacementConfig, StatsTarget, VmConfig, DEFAULT_CMDLINE, DEFAULT_KVM_DEVICE,
-    DEFAULT_MEMORY_MIB, DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+    PlacementConfig, PlacementPolicy, StatsTarget, VmConfig, DEFAULT_CMDLINE,
+    DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_HOST_TOPOLOGY, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
+    DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS,
 };
-use crate::live::control::DEFAULT_EXTERNAL_LEASE_MS;
-use crate::live::scheduler::{PlacementPolicy, DEFAULT_TICK_MS};
 
 /// Help text after the options: exit statuses and an example.
 const AFTER_HELP: &str = "\
@@ -70,8 +70,8 @@ pub struct Cli {
     pub dump_acpi: Option<PathBuf>,
 
     /// Number of vCPUs (1-255).
-    #[arg(long, value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=255))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_VCPUS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_VCPUS)))]
     pub vcpus: u32,
 
     /// Guest RAM in MiB (64 or more).
@@ -95,12 +95,12 @@ pub struct Cli {
     pub verbose: bool,
 
     /// vCPU placement policy: performance | balance | powersaving[:1|:2] | none.
-    #[arg(long, value_name = "POLICY", default_value = "powersaving:1",
+    #[arg(long, value_name = "POLICY", default_value_t = PlacementPolicy::default(),
           value_parser = clap::value_parser!(PlacementPolicy))]
     pub policy: PlacementPolicy,
 
     /// Host topology: auto (read sysfs), a spec SxCxT such as 2x4x2, or a topology file.
-    #[arg(long, value_name = "auto|SPEC|FILE", default_value = "auto")]
+    #[arg(long, value_name = "auto|SPEC|FILE", default_value = DEFAULT_HOST_TOPOLOGY)]
     pub host_topology: String,
 
     /// Host CPUs pvmm may place vCPUs on, e.g. 2-15,18 (default: all).
@@ -254,6 +254,24 @@ mod tests {
         assert_eq!(c.vcpus, 1);
         assert_eq!(c.memory_mib, DEFAULT_MEMORY_MIB);
         assert_eq!(c.cmdline, DEFAULT_CMDLINE);
+        assert_eq!(c.placement.policy, PlacementPolicy::default());
+    }
+
+    /// The help text spells out the limits and defaults that clap takes from constants.
+    #[test]
+    fn help_matches_the_constants() {
+        let ParseOutcome::Print(help) = parse(["pvmm", "--help"]) else {
+            panic!()
+        };
+        assert!(
+            help.contains(&format!("Number of vCPUs (1-{MAX_VCPUS})")),
+            "{help}"
+        );
+        assert!(help.contains(&format!("[default: {}]", PlacementPolicy::default())));
+        let ParseOutcome::Run(_) = parse(["pvmm", "--vcpus", &MAX_VCPUS.to_string(), "k"]) else {
+            panic!()
+        };
+        assert!(err(&["pvmm", "--vcpus", &(MAX_VCPUS + 1).to_string(), "k"]).contains("--vcpus"));
     }
 
     #[test]

@@ -2,14 +2,20 @@
 //! that bad input fails before any KVM object exists.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
-use crate::live::scheduler::{PlacementPolicy, DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
+use pvmm_scheduler::policy::PolicyParseError;
+use pvmm_scheduler::Policy;
+
+use crate::acpi::MAX_VCPUS;
 
 /// The kernel command line pvmm uses when `--cmdline` is not given: the serial console on
 /// COM1, reboot through the keyboard controller (pvmm also serves the ACPI reset register), a
 /// panicking guest reboots at once (so pvmm exits with the reboot status instead of hanging),
 /// and no PCI probing (pvmm has no PCI bus).
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+/// Default number of vCPUs.
+pub const DEFAULT_VCPUS: u32 = 1;
 /// Default guest RAM.
 pub const DEFAULT_MEMORY_MIB: u64 = 512;
 /// Smallest guest RAM pvmm accepts: a compressed kernel is loaded at 1 MiB and decompresses
@@ -19,12 +25,66 @@ pub const MIN_MEMORY_MIB: u64 = 64;
 /// Largest guest RAM pvmm accepts: 1 TiB, far above what one host package feeds usefully and
 /// below what a 4-level identity map could describe.
 pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+/// `--host-topology`'s default: read the host's topology from sysfs.
+pub const DEFAULT_HOST_TOPOLOGY: &str = "auto";
 /// The KVM device.
 pub const DEFAULT_KVM_DEVICE: &str = "/dev/kvm";
 /// How long a shutdown waits for the guest to power off after the power button: a distribution
 /// guest's orderly shutdown takes seconds; systemd's own default stop timeout is 90 s, so pvmm
 /// stops well inside it.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
+/// Default placement tick: fast enough to spread a vCPU that turns busy within a few hundred
+/// milliseconds, slow enough that reading stats and deciding costs well under 1 % of a CPU.
+pub const DEFAULT_TICK_MS: u64 = 100;
+/// Shortest tick accepted: below 10 ms the decayed utilization (32 ms half-life) barely moves
+/// between decisions and affinity changes would outpace the host scheduler.
+pub const MIN_TICK_MS: u64 = 10;
+/// Longest tick accepted: one minute.
+pub const MAX_TICK_MS: u64 = 60_000;
+/// How long an outside balancer's assignments hold without renewal, by default: 30 ticks of
+/// 100 ms, so a balancer that misses a few ticks keeps control, and one that died gives the
+/// VM back to its own policy within seconds.
+pub const DEFAULT_EXTERNAL_LEASE_MS: u64 = 3000;
+
+/// What pvmm does with vCPU threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementPolicy {
+    /// Never pin: the host scheduler decides (the baseline the policies are measured against).
+    None,
+    /// Pin and migrate under a balancing policy.
+    Managed(Policy),
+}
+
+/// The balancing policy pvmm (and `pvmm-host`) places under by default, `powersaving:1`:
+/// pvmm's reason to exist is packing an under-used guest onto few packages; level 1 does so
+/// without level 2's wake-up bias.
+pub const DEFAULT_POLICY: Policy = Policy::Powersaving { level: 1 };
+
+impl Default for PlacementPolicy {
+    /// [`DEFAULT_POLICY`].
+    fn default() -> Self {
+        PlacementPolicy::Managed(DEFAULT_POLICY)
+    }
+}
+
+impl FromStr for PlacementPolicy {
+    type Err = PolicyParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "none" {
+            return Ok(PlacementPolicy::None);
+        }
+        Policy::from_str(s).map(PlacementPolicy::Managed)
+    }
+}
+
+impl std::fmt::Display for PlacementPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlacementPolicy::None => f.write_str("none"),
+            PlacementPolicy::Managed(p) => write!(f, "{p}"),
+        }
+    }
+}
 
 /// Errors in a configuration.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -38,7 +98,7 @@ pub enum ConfigError {
     #[error("--tick-ms {0} is out of range: {MIN_TICK_MS}..={MAX_TICK_MS}")]
     TickOutOfRange(u64),
     /// vCPU count outside the accepted range.
-    #[error("--vcpus {0} is out of range: 1..={max}", max = crate::acpi::MAX_VCPUS)]
+    #[error("--vcpus {0} is out of range: 1..={MAX_VCPUS}")]
     VcpusOutOfRange(u32),
 }
 
@@ -97,7 +157,7 @@ impl Default for PlacementConfig {
     fn default() -> Self {
         Self {
             policy: PlacementPolicy::default(),
-            host_topology: "auto".into(),
+            host_topology: DEFAULT_HOST_TOPOLOGY.into(),
             cpus: None,
             tick_ms: DEFAULT_TICK_MS,
             stats: None,
@@ -111,7 +171,7 @@ impl VmConfig {
         if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&self.memory_mib) {
             return Err(ConfigError::MemoryOutOfRange(self.memory_mib));
         }
-        if self.vcpus == 0 || self.vcpus > crate::acpi::MAX_VCPUS {
+        if !(1..=MAX_VCPUS).contains(&self.vcpus) {
             return Err(ConfigError::VcpusOutOfRange(self.vcpus));
         }
         if !(MIN_TICK_MS..=MAX_TICK_MS).contains(&self.placement.tick_ms) {
@@ -141,9 +201,20 @@ mod tests {
             verbose: false,
             placement: PlacementConfig::default(),
             api_socket: None,
-            external_lease_ms: crate::live::control::DEFAULT_EXTERNAL_LEASE_MS,
+            external_lease_ms: DEFAULT_EXTERNAL_LEASE_MS,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
         }
+    }
+
+    #[test]
+    fn policy_names() {
+        assert_eq!("none".parse::<PlacementPolicy>(), Ok(PlacementPolicy::None));
+        assert_eq!(
+            "powersaving:2".parse::<PlacementPolicy>(),
+            Ok(PlacementPolicy::Managed(Policy::Powersaving { level: 2 }))
+        );
+        assert!("fastest".parse::<PlacementPolicy>().is_err());
+        assert_eq!(PlacementPolicy::default().to_string(), "powersaving:1");
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! status are in [`exit`]. A started VM is a [`running::RunningVm`]; the control socket
 //! ([`api`]) acts on it through [`api::VmControl`]. [`host`] is `pvmm-host`, the daemon that
 //! places every VM of the host with one engine.
+//!
+//! Dependencies point one way: [`config`] and [`vstate`] (KVM objects) know nothing of
+//! [`live`] placement; [`live`] reads KVM statistics through [`vstate`] and the vCPU threads'
+//! accounting through [`procfs`], which the CPPC device's feedback counters share.
 
 pub mod acpi;
 pub mod api;
@@ -19,6 +23,7 @@ pub mod host;
 pub mod layout;
 pub mod live;
 pub mod memory;
+pub mod procfs;
 pub mod running;
 pub mod signals;
 pub mod vmm;

@@ -11,13 +11,14 @@ use serde_json::{json, Value};
 
 use crate::api::routes::VmShape;
 use crate::api::{ApiServer, VmControl};
+use crate::config::PlacementPolicy;
 use crate::exit::VmExit;
 use crate::live::control::{ExternalAssignment, PlacementControl};
 use crate::live::hoststat::CpuTimes;
 use crate::live::own_threads::OwnThreads;
-use crate::live::scheduler::{LiveScheduler, PlacementPolicy, PlacementTotals};
+use crate::live::scheduler::{LiveScheduler, PlacementTotals};
 use crate::signals::SignalThread;
-use crate::vstate::handle::{RunState, VcpuHandle};
+use crate::vstate::handle::{HandleError, RunState, VcpuHandle};
 use pvmm_scheduler::HostTopology;
 
 /// How long pause, resume and stop wait for each vCPU thread: far longer than a kick takes
@@ -67,10 +68,9 @@ impl VmCore {
         let _ = self.deadlines.send(Instant::now());
     }
 
-    fn set_all(&self, state: RunState) -> Result<(), String> {
+    fn set_all(&self, state: RunState) -> Result<(), HandleError> {
         for v in &self.vcpus {
-            v.set_state(state, VCPU_STATE_TIMEOUT)
-                .map_err(|e| e.to_string())?;
+            v.set_state(state, VCPU_STATE_TIMEOUT)?;
         }
         Ok(())
     }
@@ -142,11 +142,11 @@ impl VmControl for VmCore {
         self.control.clear_external()
     }
 
-    fn pause(&self) -> Result<(), String> {
+    fn pause(&self) -> Result<(), HandleError> {
         self.set_all(RunState::Paused)
     }
 
-    fn resume(&self) -> Result<(), String> {
+    fn resume(&self) -> Result<(), HandleError> {
         self.set_all(RunState::Running)
     }
 

@@ -25,8 +25,8 @@ use crate::tuning::L1Tuning;
 /// longer: the real console does not repeat what the early one printed).
 pub const GUEST_EARLY_CONSOLE: &str = "earlyprintk=ttyS0";
 
-/// pvmm's default guest command line (pvmm's `DEFAULT_CMDLINE`); the rig appends the command.
-pub const GUEST_BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+/// pvmm's default guest command line; the rig appends the command.
+pub const GUEST_BASE_CMDLINE: &str = pvmm::config::DEFAULT_CMDLINE;
 
 /// L1's kernel command line. `loglevel=4` keeps L1's boot chatter off the console while still
 /// showing warnings and errors (RCU stalls, soft lockups) that explain a hung rig.
@@ -37,9 +37,9 @@ pub const L1_CMDLINE: &str = "console=ttyS0 panic=-1 loglevel=4";
 pub const MAX_GUEST_CMDLINE: usize = 2047;
 
 /// pvmm's defaults for `--vcpus` and `--memory`, used to size `--vmm qemu` the same way.
-pub const PVMM_DEFAULT_VCPUS: u32 = 1;
+pub const PVMM_DEFAULT_VCPUS: u32 = pvmm::config::DEFAULT_VCPUS;
 /// See [`PVMM_DEFAULT_VCPUS`].
-pub const PVMM_DEFAULT_MEMORY_MIB: u64 = 512;
+pub const PVMM_DEFAULT_MEMORY_MIB: u64 = pvmm::config::DEFAULT_MEMORY_MIB;
 
 /// L1 memory besides the guest and the initramfs: L1's kernel, busybox and the inner VMM's own
 /// allocations fit in a few hundred MiB; 512 leaves room for page cache and a probe script.

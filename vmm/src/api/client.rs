@@ -26,9 +26,15 @@ pub enum ClientError {
     /// Sending or receiving failed.
     #[error("control socket: {0}")]
     Io(#[from] std::io::Error),
-    /// The answer is not HTTP with a JSON body.
+    /// The connection closed before the answer's head was complete.
+    #[error("control socket: bad response: connection closed mid-answer")]
+    Truncated,
+    /// The answer is not HTTP.
     #[error("control socket: bad response: {0}")]
-    BadResponse(String),
+    NotHttp(#[source] httparse::Error),
+    /// The answer's body is not JSON.
+    #[error("control socket: bad response: body is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
 }
 
 /// An answer: status and JSON body.
@@ -80,16 +86,11 @@ pub fn parse_answer(raw: &[u8]) -> Result<Answer, ClientError> {
     let mut resp = httparse::Response::new(&mut headers);
     let head = match resp.parse(raw) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return Err(ClientError::BadResponse(
-                "connection closed mid-answer".into(),
-            ))
-        }
-        Err(e) => return Err(ClientError::BadResponse(e.to_string())),
+        Ok(httparse::Status::Partial) => return Err(ClientError::Truncated),
+        Err(e) => return Err(ClientError::NotHttp(e)),
     };
     let status = resp.code.unwrap_or(0);
-    let body = serde_json::from_slice(&raw[head..])
-        .map_err(|e| ClientError::BadResponse(format!("body is not JSON: {e}")))?;
+    let body = serde_json::from_slice(&raw[head..]).map_err(ClientError::NotJson)?;
     Ok(Answer { status, body })
 }
 

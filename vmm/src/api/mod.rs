@@ -24,8 +24,9 @@ use serde_json::{json, Value};
 
 use self::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
 use self::routes::{parse_request, ApiRequest, VmShape};
+use crate::config::PlacementPolicy;
 use crate::live::control::ExternalAssignment;
-use crate::live::scheduler::PlacementPolicy;
+use crate::vstate::handle::HandleError;
 
 /// Connections served at once; more are answered 503 at once. A few clients (an operator, a
 /// host balancer) are expected; the bound keeps a flood to a fixed number of threads.
@@ -54,9 +55,9 @@ pub trait VmControl: Send + Sync {
     /// Takes placement back; `true` if an outside balancer had it.
     fn clear_external(&self) -> bool;
     /// Stops running guest code.
-    fn pause(&self) -> Result<(), String>;
+    fn pause(&self) -> Result<(), HandleError>;
     /// Runs guest code again.
-    fn resume(&self) -> Result<(), String>;
+    fn resume(&self) -> Result<(), HandleError>;
     /// Power button, then a hard stop after `timeout` (None: the VM's `--shutdown-timeout`);
     /// says which was done.
     fn shutdown(&self, timeout: Option<Duration>) -> Value;
@@ -87,11 +88,11 @@ pub fn dispatch(request: ApiRequest, vm: &dyn VmControl) -> HttpResponse {
         }
         ApiRequest::Pause => match vm.pause() {
             Ok(()) => ok(json!({ "state": "paused" })),
-            Err(e) => HttpResponse::error(409, e),
+            Err(e) => HttpResponse::error(409, e.to_string()),
         },
         ApiRequest::Resume => match vm.resume() {
             Ok(()) => ok(json!({ "state": "running" })),
-            Err(e) => HttpResponse::error(409, e),
+            Err(e) => HttpResponse::error(409, e.to_string()),
         },
         ApiRequest::Shutdown(timeout) => HttpResponse::new(202, vm.shutdown(timeout)),
     }

@@ -8,8 +8,8 @@ use pvmm_scheduler::CpuSet;
 use serde::Deserialize;
 
 use super::http::{HttpRequest, HttpResponse};
+use crate::config::PlacementPolicy;
 use crate::live::control::ExternalAssignment;
-use crate::live::scheduler::PlacementPolicy;
 
 /// The longest shutdown wait a request may ask for: ten minutes.
 pub const MAX_SHUTDOWN_TIMEOUT_MS: u64 = 600_000;

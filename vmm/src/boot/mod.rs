@@ -21,8 +21,8 @@ use linux_loader::loader::{BzImage, Cmdline, KernelLoader, KernelLoaderResult};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::layout::{
-    ACPI_TABLES_START, CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, PVH_INFO_START,
-    PVH_MEMMAP_START, PVH_MODLIST_START, ZERO_PAGE_START,
+    CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, PVH_INFO_START, PVH_MEMMAP_START,
+    PVH_MODLIST_START, ZERO_PAGE_START,
 };
 use crate::memory::{e820_map, low_ram_end, E820Entry, GuestMemory};
 
@@ -53,7 +53,7 @@ const PAGE_SIZE: u64 = 0x1000;
 const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
 
 /// Errors from loading the kernel and initrd. All are the user's input problems (exit status 2)
-/// except [`BootError::GuestMemory`].
+/// except [`BootError::GuestMemory`] and [`BootError::E820TooLong`].
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
     /// The kernel file cannot be opened or read.
@@ -73,7 +73,7 @@ pub enum BootError {
         /// The file.
         path: PathBuf,
         /// What is missing.
-        why: String,
+        why: &'static str,
     },
     /// The ELF kernel has no PVH entry note.
     #[error(
@@ -106,12 +106,42 @@ pub enum BootError {
         /// The highest address it may end at.
         limit: u64,
     },
-    /// The command line is invalid or too long.
+    /// The initrd could not be copied into guest memory.
+    #[error("cannot read initrd {path}: {source}")]
+    InitrdLoad {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: vm_memory::GuestMemoryError,
+    },
+    /// The command line is longer than pvmm passes.
+    #[error("invalid kernel command line: {len} bytes, the most pvmm passes is {max}")]
+    CmdlineTooLong {
+        /// Its length.
+        len: usize,
+        /// The most pvmm passes.
+        max: usize,
+    },
+    /// The command line is longer than the kernel's setup header accepts.
+    #[error("invalid kernel command line: {len} bytes, this kernel accepts at most {max}")]
+    CmdlineTooLongForKernel {
+        /// Its length.
+        len: u32,
+        /// The most the kernel accepts.
+        max: u32,
+    },
+    /// linux-loader refused the command line.
     #[error("invalid kernel command line: {0}")]
-    Cmdline(String),
+    Cmdline(#[source] linux_loader::cmdline::Error),
+    /// The command line could not be written into guest memory.
+    #[error("invalid kernel command line: {0}")]
+    CmdlineLoad(#[source] linux_loader::loader::Error),
     /// Writing boot structures into guest memory failed (a pvmm bug or too little memory).
     #[error("cannot write boot data into guest memory: {0}")]
-    GuestMemory(String),
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// The e820 map has more entries than the zero page holds (a pvmm bug).
+    #[error("cannot write boot data into guest memory: e820 map too long")]
+    E820TooLong,
 }
 
 /// The two kernel formats pvmm boots.
@@ -201,7 +231,7 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
     };
     let cmdline = build_cmdline(spec.cmdline)?;
     linux_loader::loader::load_cmdline(mem, GuestAddress(CMDLINE_START), &cmdline)
-        .map_err(|e| BootError::Cmdline(e.to_string()))?;
+        .map_err(BootError::CmdlineLoad)?;
     let cmdline_len = spec.cmdline.len() as u32 + 1;
 
     match format {
@@ -212,8 +242,7 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
             let initrd = load_initrd(mem, spec, &loaded, header.initrd_addr_max as u64)?;
             let zero_page =
                 build_zero_page(&loaded, spec, initrd, cmdline_len, header.cmdline_size)?;
-            mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_START))
-                .map_err(|e| BootError::GuestMemory(e.to_string()))?;
+            mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_START))?;
             Ok(EntryPoint::Linux64 {
                 rip: loaded.kernel_load.0 + BZIMAGE_64BIT_ENTRY_OFFSET,
                 zero_page: ZERO_PAGE_START,
@@ -238,13 +267,12 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
 
 fn build_cmdline(text: &str) -> Result<Cmdline, BootError> {
     if text.len() >= CMDLINE_MAX_SIZE {
-        return Err(BootError::Cmdline(format!(
-            "{} bytes, the most pvmm passes is {}",
-            text.len(),
-            CMDLINE_MAX_SIZE - 1
-        )));
+        return Err(BootError::CmdlineTooLong {
+            len: text.len(),
+            max: CMDLINE_MAX_SIZE - 1,
+        });
     }
-    Cmdline::try_from(text, CMDLINE_MAX_SIZE).map_err(|e| BootError::Cmdline(e.to_string()))
+    Cmdline::try_from(text, CMDLINE_MAX_SIZE).map_err(BootError::Cmdline)
 }
 
 /// The fields of the bzImage setup header pvmm checks before loading.
@@ -268,9 +296,9 @@ fn read_setup_header(file: &mut File, path: &Path) -> Result<SetupHeaderInfo, Bo
     // its size is a valid value, and `raw` has exactly that size.
     params.hdr = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
     let hdr = params.hdr;
-    let unsupported = |why: &str| BootError::UnsupportedBzImage {
+    let unsupported = |why| BootError::UnsupportedBzImage {
         path: path.to_path_buf(),
-        why: why.to_string(),
+        why,
     };
     if hdr.version < MIN_BOOT_PROTOCOL {
         return Err(unsupported("boot protocol older than 2.12"));
@@ -322,7 +350,10 @@ fn load_initrd(
         limit,
     })?;
     mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
-        .map_err(|e| read_err(std::io::Error::other(e.to_string())))?;
+        .map_err(|source| BootError::InitrdLoad {
+            path: path.to_path_buf(),
+            source,
+        })?;
     Ok(Some(InitrdPlacement { addr, size }))
 }
 
@@ -335,11 +366,10 @@ pub fn build_zero_page(
     kernel_cmdline_size: u32,
 ) -> Result<boot_params, BootError> {
     if kernel_cmdline_size != 0 && cmdline_len > kernel_cmdline_size {
-        return Err(BootError::Cmdline(format!(
-            "{} bytes, this kernel accepts at most {}",
-            cmdline_len - 1,
-            kernel_cmdline_size.saturating_sub(1)
-        )));
+        return Err(BootError::CmdlineTooLongForKernel {
+            len: cmdline_len - 1,
+            max: kernel_cmdline_size.saturating_sub(1),
+        });
     }
     let mut params = boot_params::default();
     if let Some(hdr) = loaded.setup_header {
@@ -357,7 +387,7 @@ pub fn build_zero_page(
     params.acpi_rsdp_addr = spec.rsdp_addr;
     let map = e820_map(spec.mem_size);
     if map.len() > params.e820_table.len() {
-        return Err(BootError::GuestMemory("e820 map too long".into()));
+        return Err(BootError::E820TooLong);
     }
     for (slot, entry) in params.e820_table.iter_mut().zip(&map) {
         slot.addr = entry.addr;
@@ -378,7 +408,7 @@ fn write_pvh_start_info(
     let bytes = pvh_start_info_bytes(spec.rsdp_addr, initrd.is_some(), map.len() as u32);
     let write = |data: &[u8], at: u64| {
         mem.write_slice(data, GuestAddress(at))
-            .map_err(|e| BootError::GuestMemory(e.to_string()))
+            .map_err(BootError::GuestMemory)
     };
     write(&bytes, PVH_INFO_START)?;
     if let Some(initrd) = initrd {
@@ -421,14 +451,10 @@ pub fn pvh_memmap_bytes(map: &[E820Entry]) -> Vec<u8> {
     b
 }
 
-/// The RSDP's guest address (the first thing in the ACPI area).
-pub const fn rsdp_address() -> u64 {
-    ACPI_TABLES_START
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::ACPI_TABLES_START;
     use crate::memory::{create_guest_memory, E820Type};
 
     fn spec<'a>(kernel: &'a Path, initrd: Option<&'a Path>) -> BootSpec<'a> {
@@ -487,7 +513,7 @@ mod tests {
         // A command line longer than the kernel accepts is refused.
         assert!(matches!(
             build_zero_page(&loaded, &spec(k, None), None, 4000, 2048),
-            Err(BootError::Cmdline(_))
+            Err(BootError::CmdlineTooLongForKernel { .. })
         ));
     }
 

@@ -24,7 +24,7 @@ pub enum RegsError {
     },
     /// Writing GDT or page tables into guest memory failed.
     #[error("cannot write boot tables into guest memory: {0}")]
-    GuestMemory(String),
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
 }
 
 /// CR0.PE: protected mode.
@@ -128,17 +128,17 @@ pub fn segment_from_gdt(entry: u64, table_index: u16) -> kvm_segment {
 fn write_gdt_idt(mem: &GuestMemory) -> Result<(), RegsError> {
     for (i, entry) in BOOT_GDT.iter().enumerate() {
         mem.write_obj(*entry, GuestAddress(BOOT_GDT_START + (i as u64) * 8))
-            .map_err(|e| RegsError::GuestMemory(e.to_string()))?;
+            .map_err(RegsError::GuestMemory)?;
     }
     mem.write_obj(0u64, GuestAddress(BOOT_IDT_START))
-        .map_err(|e| RegsError::GuestMemory(e.to_string()))
+        .map_err(RegsError::GuestMemory)
 }
 
 /// Identity-maps the first GiB with 2 MiB pages (PML4 -> PDPT -> PD).
 fn write_identity_page_tables(mem: &GuestMemory) -> Result<(), RegsError> {
     let w = |v: u64, at: u64| {
         mem.write_obj(v, GuestAddress(at))
-            .map_err(|e| RegsError::GuestMemory(e.to_string()))
+            .map_err(RegsError::GuestMemory)
     };
     w(PDPTE_START | PTE_PRESENT_RW, PML4_START)?;
     w(PDE_START | PTE_PRESENT_RW, PDPTE_START)?;

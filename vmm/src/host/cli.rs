@@ -7,7 +7,9 @@ use pvmm_scheduler::{CpuSet, Policy};
 
 use super::discover::Roots;
 use super::HostConfig;
-use crate::live::scheduler::{DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS};
+use crate::config::{
+    DEFAULT_HOST_TOPOLOGY, DEFAULT_POLICY, DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS,
+};
 
 /// The runtime directory pvmm VMs put their control sockets in to join the daemon.
 pub const DEFAULT_RUNTIME_DIR: &str = "/run/pvmm";
@@ -46,11 +48,11 @@ Example:
 #[command(name = "pvmm-host", version, about, after_help = AFTER_HELP)]
 pub struct HostCli {
     /// Placement policy: performance | balance | powersaving[:1|:2].
-    #[arg(long, value_name = "POLICY", default_value_t = Policy::Powersaving { level: 1 })]
+    #[arg(long, value_name = "POLICY", default_value_t = DEFAULT_POLICY)]
     pub policy: Policy,
 
     /// Host topology: auto (read sysfs), a spec SxCxT such as 2x4x2, or a topology file.
-    #[arg(long, value_name = "auto|SPEC|FILE", default_value = "auto")]
+    #[arg(long, value_name = "auto|SPEC|FILE", default_value = DEFAULT_HOST_TOPOLOGY)]
     pub host_topology: String,
 
     /// Host CPUs to place vCPUs on, e.g. 2-15,18 (default: all).

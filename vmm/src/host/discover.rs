@@ -234,7 +234,7 @@ pub fn thread_demand_ns(proc: &Path, pid: i32, tid: i32) -> Option<(u64, u64)> {
         .join(tid.to_string())
         .join("schedstat");
     let text = std::fs::read_to_string(path).ok()?;
-    pvmm_devices::cppc::parse_schedstat(&text)
+    crate::procfs::parse_schedstat(&text)
 }
 
 /// The kernel's clock tick for `/proc` CPU times (`USER_HZ`, from `sysconf(_SC_CLK_TCK)`).

@@ -18,14 +18,12 @@ pub const NOTIFY_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Where the live scheduler publishes each vCPU's effective capacity.
 pub trait CapacityReporter: Send {
-    /// vCPU `vcpu` now has `capacity` (1..=1024) at time `now`.
+    /// vCPU `vcpu` now has `capacity` (1 up to the capacity scale) at time `now`.
     fn publish(&mut self, vcpu: u32, capacity: u32, now: Instant);
     /// The guest's last desired-performance request for `vcpu` (0 = none).
     fn guest_desired(&self, vcpu: u32) -> u32;
     /// Notifications raised so far.
     fn notifications(&self) -> u64;
-    /// Guest register accesses ignored so far (mistakes).
-    fn ignored_accesses(&self) -> u64;
 }
 
 /// Whether a change from `last` to `new` reaches [`NOTIFY_THRESHOLD_PERCENT`].
@@ -103,19 +101,16 @@ impl CapacityReporter for CppcReporter {
     fn notifications(&self) -> u64 {
         self.notifications
     }
-
-    fn ignored_accesses(&self) -> u64 {
-        self.cppc.ignored_accesses() + self.ged.ignored_accesses()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pvmm_scheduler::capacity::CAPACITY_SCALE;
     use vmm_sys_util::eventfd::EventFd;
 
     fn reporter_with(n: u32, ready: GuestReady) -> (CppcReporter, Arc<CppcShared>, Arc<GedShared>) {
-        let cppc = Arc::new(CppcShared::new(n));
+        let cppc = Arc::new(CppcShared::new(n, CAPACITY_SCALE));
         let ged = Arc::new(GedShared::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
         (
             CppcReporter::new(cppc.clone(), ged.clone(), ready),

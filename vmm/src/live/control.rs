@@ -10,12 +10,7 @@ use std::time::{Duration, Instant};
 
 use pvmm_scheduler::CpuSet;
 
-use super::scheduler::PlacementPolicy;
-
-/// How long an outside balancer's assignments hold without renewal, by default: 30 ticks of
-/// 100 ms, so a balancer that misses a few ticks keeps control, and one that died gives the
-/// VM back to its own policy within seconds.
-pub const DEFAULT_EXTERNAL_LEASE_MS: u64 = 3000;
+use crate::config::PlacementPolicy;
 
 /// One vCPU's placement as an outside balancer sets it.
 #[derive(Debug, Clone, PartialEq, Eq)]

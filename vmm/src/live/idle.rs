@@ -3,23 +3,21 @@
 
 use pvmm_scheduler::IdleSample;
 
-use pvmm_devices::cppc::{DemandCounters, ProcSchedstat};
+use crate::procfs::{schedstat_path, thread_demand};
 
-use super::kvm_stats::VcpuHaltStats;
+use crate::vstate::stats::VcpuHaltStats;
 
 /// Errors reading an idle signal.
 #[derive(Debug, thiserror::Error)]
 pub enum IdleError {
     /// KVM stats could not be read.
     #[error(transparent)]
-    Stats(#[from] super::kvm_stats::StatsError),
-    /// /proc could not be read or parsed.
-    #[error("reading {path}: {why}")]
+    Stats(#[from] crate::vstate::stats::StatsError),
+    /// The thread's schedstat could not be read or parsed.
+    #[error("reading {path}: unreadable or in an unexpected format")]
     Proc {
         /// The file.
         path: String,
-        /// What went wrong.
-        why: String,
     },
 }
 
@@ -57,10 +55,9 @@ impl IdleAccumulator {
 
 /// A cumulative busy/idle signal for one vCPU.
 pub trait IdleSource: Send {
-    /// Reads the counters at `now_ns` (monotonic) given the vCPU started at `start_ns`.
-    fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError>;
-    /// A short name for logs and stats.
-    fn kind(&self) -> &'static str;
+    /// Reads the counters at `now_ns` on the caller's monotonic clock, which starts at 0 when
+    /// the vCPU's placement starts.
+    fn sample(&mut self, now_ns: u64) -> Result<IdleSample, IdleError>;
 }
 
 /// The guest's idle time: when the vCPU thread sleeps in a halt, from the thread's scheduler
@@ -70,14 +67,13 @@ pub trait IdleSource: Send {
 /// Why not KVM's `halt_wait_ns` alone: KVM adds a halt's time when the halt *ends*, so a vCPU
 /// halted for seconds (a tickless idle guest) shows none of it until it wakes, and pvmm, which
 /// gives each tick at most its own length of idle time, would see that vCPU busy for the whole
-/// halt. Nor the larger of the two cumulative totals (what pvmm once did): `halt_wait_ns` also
-/// counts the wait for a host CPU after each wake-up and halts from before pvmm's scheduler
-/// started, so it runs ahead of the thread's blocked time, the larger total was then KVM's,
-/// and idle vCPUs read as busy for seconds (seen in the rig: 1.0 for a vCPU thread that had
-/// not run for 5 s). The thread's blocked time is the time the guest was halted, counted as it
-/// passes; KVM's counters add the polling it cannot see. When the thread's `/proc` entry is
-/// unreadable at the start, KVM's counters are the whole signal (late, but never wrong in
-/// total).
+/// halt. Nor the larger of the two cumulative totals: `halt_wait_ns` also counts the wait for a
+/// host CPU after each wake-up and halts from before pvmm's scheduler started, so it runs ahead
+/// of the thread's blocked time; the larger total would then always be KVM's, with its late
+/// credits, and an idle vCPU would read as busy for as long as its halt lasts. The thread's
+/// blocked time is the time the guest was halted, counted as it passes; KVM's counters add the
+/// polling it cannot see. When the thread's `/proc` entry is unreadable at the start, KVM's
+/// counters are the whole signal (late, but never wrong in total).
 ///
 /// Busy is the rest of wall time: the guest's demand, including time it waited for a host CPU.
 pub struct KvmHaltIdle {
@@ -105,19 +101,14 @@ impl KvmHaltIdle {
 }
 
 impl IdleSource for KvmHaltIdle {
-    fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
+    fn sample(&mut self, now_ns: u64) -> Result<IdleSample, IdleError> {
         let idle = if self.use_sched {
-            let blocked = self
-                .blocked
-                .read(self.tid, now_ns.saturating_sub(start_ns))?;
+            let blocked = self.blocked.read(self.tid, now_ns)?;
             blocked.saturating_add(self.halt.polled_ns()?)
         } else {
             self.halt.halted_ns()?
         };
         Ok(self.acc.update(now_ns, idle))
-    }
-    fn kind(&self) -> &'static str {
-        "kvm-halt-stats"
     }
 }
 
@@ -153,9 +144,8 @@ struct ThreadBlocked {
 impl ThreadBlocked {
     /// Blocked time of thread `tid` out of the `elapsed_ns` since the first reading.
     fn read(&mut self, tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
-        let (wanted, _ran) = ProcSchedstat.read(tid).ok_or_else(|| IdleError::Proc {
-            path: format!("/proc/self/task/{tid}/schedstat"),
-            why: "unreadable or in an unexpected format".into(),
+        let (wanted, _ran) = thread_demand(tid).ok_or_else(|| IdleError::Proc {
+            path: schedstat_path(tid),
         })?;
         let origin = *self.wanted_at_origin.get_or_insert(wanted);
         Ok(elapsed_ns.saturating_sub(wanted.saturating_sub(origin)))
@@ -163,14 +153,9 @@ impl ThreadBlocked {
 }
 
 impl IdleSource for ThreadRunTime {
-    fn sample(&mut self, now_ns: u64, start_ns: u64) -> Result<IdleSample, IdleError> {
-        let blocked = self
-            .blocked
-            .read(self.tid, now_ns.saturating_sub(start_ns))?;
+    fn sample(&mut self, now_ns: u64) -> Result<IdleSample, IdleError> {
+        let blocked = self.blocked.read(self.tid, now_ns)?;
         Ok(self.acc.update(now_ns, blocked))
-    }
-    fn kind(&self) -> &'static str {
-        "thread-run-time"
     }
 }
 
@@ -183,18 +168,19 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let mut src = ThreadRunTime::new(tid);
-        src.sample(10_000_000_000, 0).unwrap();
-        let s = src.sample(20_000_000_000, 0).unwrap();
+        src.sample(10_000_000_000).unwrap();
+        let s = src.sample(20_000_000_000).unwrap();
         assert_eq!(s.busy_ns + s.idle_ns, 10_000_000_000);
     }
 
     /// A vCPU thread asleep in a halt reads as idle while it sleeps, even when KVM's halt
     /// counter is far ahead of the thread's blocked time and credits nothing until the halt
-    /// ends (the rig case: a tickless idle guest read as busy for seconds).
+    /// ends (a tickless idle guest).
     #[test]
     fn a_long_halt_is_idle_while_it_lasts() {
-        use super::super::kvm_stats::fake::{file_with, image};
-        use super::super::kvm_stats::{HALT_POLL_SUCCESS_NS, HALT_WAIT_NS, STATS_UNIT_SECONDS};
+        use crate::vstate::stats::fake::{file_with, image};
+        use crate::vstate::stats::{HALT_POLL_SUCCESS_NS, HALT_WAIT_NS};
+        use kvm_bindings::KVM_STATS_UNIT_SECONDS;
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let sleeper = std::thread::spawn(move || {
@@ -204,7 +190,7 @@ mod tests {
         });
         let tid = tid_rx.recv().unwrap();
         // 100 s of halts already credited, 1 ms of polling; nothing more while it sleeps.
-        let secs = STATS_UNIT_SECONDS;
+        let secs = KVM_STATS_UNIT_SECONDS;
         let img = image(&[
             (HALT_WAIT_NS, secs, -9, 100_000_000_000),
             (HALT_POLL_SUCCESS_NS, secs, -9, 1_000_000),
@@ -221,10 +207,10 @@ mod tests {
         }
         let mut src = KvmHaltIdle::new(halt, tid);
         let start = std::time::Instant::now();
-        let first = src.sample(0, 0).unwrap();
+        let first = src.sample(0).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(200));
         let now = start.elapsed().as_nanos() as u64;
-        let s = src.sample(now, 0).unwrap();
+        let s = src.sample(now).unwrap();
         stop_tx.send(()).unwrap();
         sleeper.join().unwrap();
         let (busy, idle) = (s.busy_ns - first.busy_ns, s.idle_ns - first.idle_ns);

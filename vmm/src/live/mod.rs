@@ -1,6 +1,5 @@
 //! Live vCPU placement: the guest's idleness drives where pvmm's vCPU threads may run.
 //!
-//! - [`kvm_stats`]: KVM's binary statistics fd per vCPU (halt counters).
 //! - [`idle`]: the idle signal per vCPU, from KVM stats or, as a fallback, /proc run time.
 //! - [`scheduler`]: the tick loop running the scheduler crate's engine and applying affinity.
 //! - [`capacity`]: publishing each vCPU's capacity to the guest (CPPC) and notifying it.
@@ -12,6 +11,5 @@ pub mod capacity;
 pub mod control;
 pub mod hoststat;
 pub mod idle;
-pub mod kvm_stats;
 pub mod own_threads;
 pub mod scheduler;

@@ -3,12 +3,13 @@
 //! placement to the vCPU threads with `sched_setaffinity`, and report.
 
 use std::io::Write;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pvmm_devices::events::GuestErrorCounter;
+use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};
 use pvmm_scheduler::{
-    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, Policy, UtilConfig,
+    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, PlaceError, UtilConfig,
     UtilTracker, VcpuId, VcpuLoad,
 };
 use serde_json::json;
@@ -18,62 +19,18 @@ use super::control::{ExternalAssignment, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
+use crate::config::PlacementPolicy;
+use crate::procfs::last_cpu_of_thread;
 
-/// Default placement tick: fast enough to spread a vCPU that turns busy within a few hundred
-/// milliseconds, slow enough that reading stats and deciding costs well under 1 % of a CPU.
-pub const DEFAULT_TICK_MS: u64 = 100;
-/// Shortest tick accepted: below 10 ms the decayed utilization (32 ms half-life) barely moves
-/// between decisions and affinity changes would outpace the host scheduler.
-pub const MIN_TICK_MS: u64 = 10;
-/// Longest tick accepted: one minute.
-pub const MAX_TICK_MS: u64 = 60_000;
 /// The single VM a `pvmm` process runs is VM 0 in the engine's numbering.
 const THIS_VM: u32 = 0;
-
-/// What pvmm does with vCPU threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlacementPolicy {
-    /// Never pin: the host scheduler decides (the baseline users have today).
-    None,
-    /// Pin and migrate under a balancing policy.
-    Managed(Policy),
-}
-
-impl Default for PlacementPolicy {
-    /// `powersaving:1`: pvmm's reason to exist is packing an under-used guest onto few
-    /// packages; level 1 does so without level 2's wake-up bias.
-    fn default() -> Self {
-        PlacementPolicy::Managed(Policy::Powersaving { level: 1 })
-    }
-}
-
-impl FromStr for PlacementPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "none" {
-            return Ok(PlacementPolicy::None);
-        }
-        Policy::from_str(s)
-            .map(PlacementPolicy::Managed)
-            .map_err(|e| e.to_string())
-    }
-}
-
-impl std::fmt::Display for PlacementPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PlacementPolicy::None => f.write_str("none"),
-            PlacementPolicy::Managed(p) => write!(f, "{p}"),
-        }
-    }
-}
 
 /// Errors of the live scheduler.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
     /// The engine refused the input (a pvmm bug).
     #[error("placement engine: {0}")]
-    Engine(String),
+    Engine(#[from] PlaceError),
     /// Applying affinity failed.
     #[error("applying placement: {0}")]
     Apply(#[from] pvmm_scheduler::ExecutorError),
@@ -103,7 +60,7 @@ impl LiveVcpu {
             tracker: UtilTracker::new(UtilConfig::default()),
             last_cpus: None,
             package: None,
-            capacity: pvmm_scheduler::capacity::CAPACITY_SCALE,
+            capacity: CAPACITY_SCALE,
         }
     }
 }
@@ -138,6 +95,9 @@ pub struct LiveScheduler {
     totals: Arc<Mutex<PlacementTotals>>,
     host_stat_at_start: Vec<(u32, CpuTimes)>,
     capacity: Option<Box<dyn CapacityReporter>>,
+    guest_errors: Option<Arc<GuestErrorCounter>>,
+    /// Each package's capacity (SMT counted as the engine counts it), in package order.
+    package_capacity: Vec<u32>,
 }
 
 impl LiveScheduler {
@@ -151,6 +111,12 @@ impl LiveScheduler {
     /// snapshot there.
     pub fn with_control(mut self, control: Arc<PlacementControl>) -> Self {
         self.control = Some(control);
+        self
+    }
+
+    /// Reports the guest's ignored device accesses, counted by `errors`, in every snapshot.
+    pub fn with_guest_errors(mut self, errors: Arc<GuestErrorCounter>) -> Self {
+        self.guest_errors = Some(errors);
         self
     }
 
@@ -169,6 +135,11 @@ impl LiveScheduler {
         vcpus: Vec<LiveVcpu>,
         stats: Option<Box<dyn Write + Send>>,
     ) -> Self {
+        let package_capacity = topology
+            .packages()
+            .iter()
+            .map(|p| group_capacity(&topology, &topology.package_cpus(p.id)).capacity)
+            .collect();
         Self {
             engine: make_engine(policy, &topology, &engine_config),
             policy,
@@ -184,6 +155,8 @@ impl LiveScheduler {
             totals: Arc::new(Mutex::new(PlacementTotals::default())),
             host_stat_at_start: read_proc_stat(),
             capacity: None,
+            guest_errors: None,
+            package_capacity,
         }
     }
 
@@ -255,7 +228,7 @@ impl LiveScheduler {
     fn sample(&mut self, now_ns: u64) {
         for v in &mut self.vcpus {
             // A failed read leaves the previous utilization in place; the thread may be exiting.
-            if let Ok(sample) = v.source.sample(now_ns, 0) {
+            if let Ok(sample) = v.source.sample(now_ns) {
                 v.tracker.update(sample);
             }
         }
@@ -280,7 +253,7 @@ impl LiveScheduler {
         engine
             .place(now_ns / 1_000_000, &loads)
             .map(Some)
-            .map_err(|e| LiveError::Engine(e.to_string()))
+            .map_err(LiveError::Engine)
     }
 
     /// Applies the engine's decision; returns (moves, refused affinity changes).
@@ -331,7 +304,7 @@ impl LiveScheduler {
                 if self.executor.apply(v.tid, &all).is_ok() {
                     v.last_cpus = None;
                 }
-                v.capacity = pvmm_scheduler::capacity::CAPACITY_SCALE;
+                v.capacity = CAPACITY_SCALE;
             }
             if let Some(own) = self.own_threads.as_mut() {
                 own.pin(&all, self.executor.as_mut());
@@ -385,7 +358,7 @@ impl LiveScheduler {
                 json!({
                     "vcpu": v.index,
                     "tid": v.tid,
-                    "util": round3(f64::from(v.tracker.util()) / 1024.0),
+                    "util": round3(f64::from(v.tracker.util()) / f64::from(CAPACITY_SCALE)),
                     "busy": v.tracker.is_busy(),
                     "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
                     "package": v.package,
@@ -398,17 +371,17 @@ impl LiveScheduler {
             .topology
             .packages()
             .iter()
-            .map(|p| {
+            .zip(&self.package_capacity)
+            .map(|(p, &capacity)| {
                 let on: Vec<&LiveVcpu> = self
                     .vcpus
                     .iter()
                     .filter(|v| v.package == Some(p.id))
                     .collect();
                 let demand: u32 = on.iter().map(|v| v.tracker.util()).sum();
-                let cpus = self.topology.package_cpus(p.id).len().max(1) as f64;
                 json!({
                     "id": p.id,
-                    "util": round3(f64::from(demand) / (cpus * 1024.0)),
+                    "util": round3(f64::from(demand) / f64::from(capacity.max(1))),
                     "active": !on.is_empty(),
                 })
             })
@@ -424,7 +397,7 @@ impl LiveScheduler {
             "migrations_total": totals.migrations,
             "policy_changes": totals.policy_changes,
             "capacity_notifications": self.capacity.as_ref().map(|r| r.notifications()),
-            "guest_register_errors": self.capacity.as_ref().map(|r| r.ignored_accesses()),
+            "guest_register_errors": self.guest_errors.as_ref().map(|e| e.total()),
         })
     }
 
@@ -522,65 +495,23 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// The CPU a thread last ran on (field 39 of /proc/self/task/<tid>/stat).
-pub fn last_cpu_of_thread(tid: i32) -> Option<u32> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    parse_last_cpu(&text)
-}
-
-/// Parses field 39 (`processor`) of a /proc stat line; the command name (field 2) may hold
-/// spaces and parentheses, so fields are counted after its closing parenthesis.
-pub fn parse_last_cpu(stat: &str) -> Option<u32> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    // After ")" come fields 3.. ; processor is field 39, i.e. index 36 here.
-    after.split_whitespace().nth(36)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pvmm_scheduler::{IdleSample, RecordingExecutor};
+    use pvmm_scheduler::{IdleSample, Policy, RecordingExecutor};
 
     struct Scripted {
         busy_fraction: f64,
     }
     impl IdleSource for Scripted {
-        fn sample(
-            &mut self,
-            now_ns: u64,
-            start_ns: u64,
-        ) -> Result<IdleSample, super::super::idle::IdleError> {
-            let e = now_ns - start_ns;
-            let busy = (e as f64 * self.busy_fraction) as u64;
+        fn sample(&mut self, now_ns: u64) -> Result<IdleSample, super::super::idle::IdleError> {
+            let busy = (now_ns as f64 * self.busy_fraction) as u64;
             Ok(IdleSample {
                 t_ns: now_ns,
                 busy_ns: busy,
-                idle_ns: e - busy,
+                idle_ns: now_ns - busy,
             })
         }
-        fn kind(&self) -> &'static str {
-            "scripted"
-        }
-    }
-
-    #[test]
-    fn policy_names() {
-        assert_eq!("none".parse::<PlacementPolicy>(), Ok(PlacementPolicy::None));
-        assert_eq!(
-            "powersaving:2".parse::<PlacementPolicy>(),
-            Ok(PlacementPolicy::Managed(Policy::Powersaving { level: 2 }))
-        );
-        assert!("fastest".parse::<PlacementPolicy>().is_err());
-        assert_eq!(PlacementPolicy::default().to_string(), "powersaving:1");
-    }
-
-    #[test]
-    fn last_cpu_parsing_survives_odd_names() {
-        let mut fields: Vec<String> = (3..=52).map(|i| i.to_string()).collect();
-        fields[36] = "7".into(); // field 39
-        let line = format!("123 (vcpu (0) x) {}", fields.join(" "));
-        assert_eq!(parse_last_cpu(&line), Some(7));
-        assert_eq!(parse_last_cpu("garbage"), None);
     }
 
     #[test]
@@ -632,5 +563,46 @@ mod tests {
         }
         assert_eq!(last["packages"][1]["active"], false);
         assert_eq!(last["packages"][0]["active"], true);
+    }
+
+    /// A package's util is its vCPUs' demand over its capacity, SMT counted as the engine
+    /// counts it (two busy siblings are 1178, not 2048); guest mistakes are reported.
+    #[test]
+    fn package_util_is_over_its_capacity() {
+        use pvmm_devices::events::GuestEvents as _;
+        let topo = HostTopology::from_spec("1x2x2").unwrap();
+        let vcpus = (0..4)
+            .map(|i| {
+                LiveVcpu::new(
+                    i,
+                    2000 + i as i32,
+                    Box::new(Scripted { busy_fraction: 1.0 }),
+                )
+            })
+            .collect();
+        let errors = Arc::new(GuestErrorCounter::default());
+        let mut s = LiveScheduler::new(
+            PlacementPolicy::default(),
+            topo,
+            EngineConfig::default(),
+            Box::new(RecordingExecutor::new()),
+            vcpus,
+            None,
+        )
+        .with_guest_errors(errors.clone());
+        for _ in 0..3 {
+            s.tick().unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        errors.unclaimed_access(0x80);
+        let snap = s.snapshot(s.now_ns(), 0);
+        let demand: f64 = s.vcpus.iter().map(|v| f64::from(v.tracker.util())).sum();
+        assert!(demand > 0.0, "{snap}");
+        let util = snap["packages"][0]["util"].as_f64().unwrap();
+        assert!(
+            (util - round3(demand / (2.0 * 1178.0))).abs() < 1e-9,
+            "{snap}"
+        );
+        assert_eq!(snap["guest_register_errors"], 1);
     }
 }

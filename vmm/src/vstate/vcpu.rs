@@ -9,7 +9,9 @@ use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::Sender;
-use kvm_bindings::CpuId;
+use kvm_bindings::{
+    CpuId, KVM_SYSTEM_EVENT_CRASH, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
+};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use pvmm_devices::bus::Bus;
 
@@ -17,15 +19,11 @@ use crate::boot::regs::{setup_boot_vcpu, setup_common_vcpu_state, RegsError};
 use crate::boot::EntryPoint;
 use crate::cpuid::{configure_cpuid, CpuidError};
 use crate::exit::VmExit;
-use crate::live::kvm_stats::{StatsError, VcpuHaltStats};
 use crate::memory::GuestMemory;
 use crate::vstate::handle::RunControl;
+use crate::vstate::stats::{StatsError, VcpuHaltStats};
 use crate::vstate::vm::Vm;
 
-/// `KVM_SYSTEM_EVENT_*` types (include/uapi/linux/kvm.h).
-const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
-const KVM_SYSTEM_EVENT_RESET: u32 = 2;
-const KVM_SYSTEM_EVENT_CRASH: u32 = 3;
 /// Room for the host's supported CPUID list (KVM_MAX_CPUID_ENTRIES).
 const MAX_CPUID_ENTRIES: usize = kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 

@@ -208,8 +208,3 @@ impl Vm {
             .map_err(kvm_err("irqfd registration"))
     }
 }
-
-/// Counts the memory `mem` covers, for sanity checks.
-pub fn total_memory(mem: &PvmmGuestMemory) -> u64 {
-    mem.iter().map(|r| r.len()).sum()
-}

@@ -4,25 +4,24 @@
 //! which tell how long the guest kept the vCPU idle.
 
 use std::fs::File;
+use std::mem::{offset_of, size_of};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
+use kvm_bindings::{
+    kvm_stats_desc, kvm_stats_header, KVMIO, KVM_STATS_BASE_MASK, KVM_STATS_BASE_POW10,
+    KVM_STATS_UNIT_MASK, KVM_STATS_UNIT_SECONDS,
+};
 use vmm_sys_util::ioctl::ioctl;
 use vmm_sys_util::ioctl_io_nr;
 
-/// KVM's ioctl type number.
-const KVMIO: u32 = 0xae;
+// kvm-ioctls has no wrapper for this vCPU ioctl (include/uapi/linux/kvm.h: _IO(KVMIO, 0xce)).
 ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
 
-/// Size of `struct kvm_stats_header`: six u32 fields.
-const HEADER_LEN: usize = 24;
-/// Size of `struct kvm_stats_desc` before its name: flags, exponent, size, offset, bucket_size.
-const DESC_FIXED_LEN: usize = 16;
-/// Descriptor flags: the unit field (bits 4..7) and the base field (bits 8..11).
-const STATS_UNIT_MASK: u32 = 0xf0;
-pub(crate) const STATS_UNIT_SECONDS: u32 = 0x20;
-const STATS_BASE_MASK: u32 = 0xf00;
-const STATS_BASE_POW10: u32 = 0;
+/// Size of `struct kvm_stats_header`.
+const HEADER_LEN: usize = size_of::<kvm_stats_header>();
+/// Size of `struct kvm_stats_desc` before its name (a flexible array of `name_size` bytes).
+const DESC_FIXED_LEN: usize = size_of::<kvm_stats_desc>();
 /// Nanoseconds are 10^-9 seconds.
 const NANO_EXPONENT: i32 = -9;
 /// A descriptor table larger than this is not a KVM stats file.
@@ -83,22 +82,42 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32, StatsError> {
         .ok_or(StatsError::Malformed("truncated field"))
 }
 
-/// Parses the header (first [`HEADER_LEN`] bytes) into (name_size, num_desc, desc_offset,
-/// data_offset).
-pub fn parse_header(b: &[u8]) -> Result<(usize, usize, u64, u64), StatsError> {
+fn i16_at(b: &[u8], at: usize) -> Result<i16, StatsError> {
+    b.get(at..at + 2)
+        .and_then(|s| s.try_into().ok())
+        .map(i16::from_le_bytes)
+        .ok_or(StatsError::Malformed("truncated field"))
+}
+
+fn u16_at(b: &[u8], at: usize) -> Result<u16, StatsError> {
+    b.get(at..at + 2)
+        .and_then(|s| s.try_into().ok())
+        .map(u16::from_le_bytes)
+        .ok_or(StatsError::Malformed("truncated field"))
+}
+
+/// Parses the header (the first `struct kvm_stats_header` of the file) and checks that the
+/// descriptor table it announces is plausible.
+pub fn parse_header(b: &[u8]) -> Result<kvm_stats_header, StatsError> {
     if b.len() < HEADER_LEN {
         return Err(StatsError::Malformed("short header"));
     }
-    let name_size = u32_at(b, 4)? as usize;
-    let num_desc = u32_at(b, 8)? as usize;
-    let desc_offset = u64::from(u32_at(b, 16)?);
-    let data_offset = u64::from(u32_at(b, 20)?);
+    let field = |at| u32_at(b, at);
+    let header = kvm_stats_header {
+        flags: field(offset_of!(kvm_stats_header, flags))?,
+        name_size: field(offset_of!(kvm_stats_header, name_size))?,
+        num_desc: field(offset_of!(kvm_stats_header, num_desc))?,
+        id_offset: field(offset_of!(kvm_stats_header, id_offset))?,
+        desc_offset: field(offset_of!(kvm_stats_header, desc_offset))?,
+        data_offset: field(offset_of!(kvm_stats_header, data_offset))?,
+    };
+    let (name_size, num_desc) = (header.name_size as usize, header.num_desc as usize);
     if name_size == 0
         || (DESC_FIXED_LEN + name_size).saturating_mul(num_desc) > MAX_DESCRIPTOR_BYTES
     {
         return Err(StatsError::Malformed("implausible descriptor table"));
     }
-    Ok((name_size, num_desc, desc_offset, data_offset))
+    Ok(header)
 }
 
 /// Parses `num_desc` descriptors of `DESC_FIXED_LEN + name_size` bytes each.
@@ -114,14 +133,14 @@ pub fn parse_descriptors(
     (0..num_desc)
         .map(|i| {
             let d = &b[i * stride..(i + 1) * stride];
-            let name_bytes = &d[DESC_FIXED_LEN..];
+            let name_bytes = &d[offset_of!(kvm_stats_desc, name)..];
             let end = name_bytes.iter().position(|&c| c == 0).unwrap_or(name_size);
             Ok(StatDescriptor {
                 name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
-                flags: u32_at(d, 0)?,
-                exponent: i16::from_le_bytes([d[4], d[5]]),
-                size: u16::from_le_bytes([d[6], d[7]]),
-                offset: u32_at(d, 8)?,
+                flags: u32_at(d, offset_of!(kvm_stats_desc, flags))?,
+                exponent: i16_at(d, offset_of!(kvm_stats_desc, exponent))?,
+                size: u16_at(d, offset_of!(kvm_stats_desc, size))?,
+                offset: u32_at(d, offset_of!(kvm_stats_desc, offset))?,
             })
         })
         .collect()
@@ -142,8 +161,8 @@ impl NsCounter {
             .iter()
             .find(|d| d.name == name)
             .ok_or(StatsError::Missing(name))?;
-        if d.flags & STATS_UNIT_MASK != STATS_UNIT_SECONDS
-            || d.flags & STATS_BASE_MASK != STATS_BASE_POW10
+        if d.flags & KVM_STATS_UNIT_MASK != KVM_STATS_UNIT_SECONDS
+            || d.flags & KVM_STATS_BASE_MASK != KVM_STATS_BASE_POW10
             || d.size == 0
         {
             return Err(StatsError::Malformed(
@@ -192,12 +211,13 @@ impl VcpuHaltStats {
         let mut header = [0u8; HEADER_LEN];
         file.read_exact_at(&mut header, 0)
             .map_err(StatsError::Read)?;
-        let (name_size, num_desc, desc_offset, data_offset) = parse_header(&header)?;
+        let header = parse_header(&header)?;
+        let (name_size, num_desc) = (header.name_size as usize, header.num_desc as usize);
         let mut table = vec![0u8; (DESC_FIXED_LEN + name_size) * num_desc];
-        file.read_exact_at(&mut table, desc_offset)
+        file.read_exact_at(&mut table, u64::from(header.desc_offset))
             .map_err(StatsError::Read)?;
         let layout = StatsLayout {
-            data_offset,
+            data_offset: u64::from(header.data_offset),
             descriptors: parse_descriptors(&table, name_size, num_desc)?,
         };
         let wait = NsCounter::from_descriptor(&layout, HALT_WAIT_NS)?;
@@ -285,7 +305,7 @@ mod tests {
 
     #[test]
     fn reads_halt_counters_by_name_with_scaling() {
-        let secs = STATS_UNIT_SECONDS;
+        let secs = KVM_STATS_UNIT_SECONDS;
         let img = image(&[
             ("halt_exits", 0, 0, 99),
             (HALT_WAIT_NS, secs, -9, 5_000),
@@ -315,7 +335,7 @@ mod tests {
     #[test]
     fn garbage_is_malformed_not_a_panic() {
         assert!(VcpuHaltStats::from_file(file_with(&[1, 2, 3])).is_err());
-        let mut img = image(&[(HALT_WAIT_NS, STATS_UNIT_SECONDS, -9, 1)]);
+        let mut img = image(&[(HALT_WAIT_NS, KVM_STATS_UNIT_SECONDS, -9, 1)]);
         img[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(VcpuHaltStats::from_file(file_with(&img)).is_err());
     }
