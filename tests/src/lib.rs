@@ -642,23 +642,7 @@ pub fn dump_outcome(test: &str, outcome: &pvmm_rig::RigOutcome) {
         return;
     };
     let path = std::path::Path::new(&dir).join(format!("{test}.log"));
-    let mut text = String::new();
-    for event in &outcome.events {
-        text.push_str(&format!(
-            "[rig] {} {} {}\n",
-            event.kind, event.label, event.value
-        ));
-    }
-    for (tag, lines) in [
-        ("L1", &outcome.l1_lines),
-        ("guest", &outcome.guest_lines),
-        ("pvmm", &outcome.vmm_lines),
-        ("probe", &outcome.probe_lines),
-    ] {
-        for line in lines {
-            text.push_str(&format!("[{tag}] {line}\n"));
-        }
-    }
+    let text = outcome.log_text();
     if let Err(e) = std::fs::write(&path, text) {
         eprintln!("PVMM_RIG_DUMP: cannot write {}: {e}", path.display());
     }

@@ -555,6 +555,30 @@ impl RigOutcome {
         }
     }
 
+    /// Every classified line of the boot (`[rig]` events, then L1, guest, VMM and probe
+    /// lines, each tagged), for a post-mortem: a failing test or benchmark shows only what it
+    /// checked.
+    pub fn log_text(&self) -> String {
+        let mut text = String::new();
+        for event in &self.events {
+            text.push_str(&format!(
+                "[rig] {} {} {}\n",
+                event.kind, event.label, event.value
+            ));
+        }
+        for (tag, lines) in [
+            ("L1", &self.l1_lines),
+            ("guest", &self.guest_lines),
+            ("pvmm", &self.vmm_lines),
+            ("probe", &self.probe_lines),
+        ] {
+            for line in lines {
+                text.push_str(&format!("[{tag}] {line}\n"));
+            }
+        }
+        text
+    }
+
     /// One line saying how the run ended.
     pub fn summary(&self, vmm_name: &str) -> String {
         let secs = self.elapsed.as_secs_f64();

@@ -182,7 +182,16 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         let mut cases = Vec::new();
         for &regime in &options.regimes {
             images::progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
-            match host_bench::run_case(ws, &images, &options, regime, vms) {
+            let result = host_bench::run_case(ws, &images, &options, regime, vms);
+            if let (Ok((_, outcome)), Some(dir)) = (&result, std::env::var_os("PVMM_RIG_DUMP")) {
+                // Debugging aid: every classified line of the case's boot.
+                let path =
+                    PathBuf::from(dir).join(format!("bench-host-{}-{vms}.log", regime.name()));
+                if let Err(error) = std::fs::write(&path, outcome.log_text()) {
+                    eprintln!("xtask: cannot write {}: {error}", path.display());
+                }
+            }
+            match result {
                 Ok((Ok(case), _)) => cases.push(case),
                 Ok((Err(why), outcome)) => {
                     failed = true;
