@@ -46,6 +46,9 @@ pub struct Answer {
     pub body: Value,
 }
 
+/// Initial read buffer for an answer: every answer pvmm gives for a VM of a few dozen vCPUs.
+const ANSWER_BUFFER_BYTES: usize = 16 * 1024;
+
 /// Sends `method path` with `body` (JSON, or empty) to the pvmm at `socket`.
 pub fn request(
     socket: &Path,
@@ -60,12 +63,15 @@ pub fn request(
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let body = body.unwrap_or("");
-    let sent = write!(
-        stream,
+    // One buffer, one write (`write!` to the socket would send each piece of the format
+    // separately).
+    let text = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .and_then(|_| stream.flush());
+    );
+    let sent = stream
+        .write_all(text.as_bytes())
+        .and_then(|_| stream.flush());
     // pvmm answers a request it refuses from its head alone (a body over the limit) and
     // closes: the rest of the body cannot be sent, but the answer is there to read.
     if let Err(e) = sent {
@@ -73,7 +79,9 @@ pub fn request(
             return Err(e.into());
         }
     }
-    let mut raw = Vec::new();
+    // Room for a usual answer at once: an empty Vec makes `read_to_end` start with small
+    // reads, a system call each.
+    let mut raw = Vec::with_capacity(ANSWER_BUFFER_BYTES);
     stream
         .take((MAX_HEAD_BYTES + MAX_BODY_BYTES * 16) as u64)
         .read_to_end(&mut raw)?;
