@@ -20,8 +20,8 @@ use super::{
     format_table, simulate, svg, Placement, PowerModel, Progress, RunResult, SimConfig, SimError,
     VmSpec,
 };
-use crate::placement::EngineConfig;
-use crate::topology::{parse_host_topology_arg, HostTopology};
+use pvmm_scheduler::placement::EngineConfig;
+use pvmm_scheduler::topology::{parse_host_topology_arg, HostTopology};
 
 /// Exit status for bad command lines and bad input files.
 pub const EXIT_BAD_INPUT: u8 = 2;

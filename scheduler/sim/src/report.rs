@@ -26,7 +26,7 @@
 use std::fmt::Write as _;
 
 use super::run::{Placement, RunResult};
-use crate::policy::Policy;
+use pvmm_scheduler::policy::Policy;
 
 /// Index of the reference row: the `performance` row, else the first.
 pub fn reference_index(results: &[RunResult]) -> usize {

@@ -12,7 +12,7 @@
 //!
 //! # What happens each work step (default 1 ms)
 //!
-//! 1. Work arrives at each vCPU from its generator ([`crate::sim::load`]),
+//! 1. Work arrives at each vCPU from its generator ([`crate::load`]),
 //!    limited by what is left of its VM's job (`work=`).
 //! 2. A vCPU with undone work is runnable. Under [`Placement::Unpinned`] the
 //!    host's own scheduler places it (below); otherwise it runs on the one CPU
@@ -56,17 +56,17 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::capacity::{thread_share, CAPACITY_SCALE};
-use crate::cpuset::CpuSet;
-use crate::executor::{Executor, ExecutorError, RecordingExecutor};
-use crate::placement::{Engine, EngineConfig, PlaceError, VcpuId, VcpuLoad};
-use crate::policy::Policy;
-use crate::topology::HostTopology;
-use crate::util::{IdleSample, UtilConfig, UtilTracker};
+use pvmm_scheduler::capacity::{thread_share, CAPACITY_SCALE};
+use pvmm_scheduler::cpuset::CpuSet;
+use pvmm_scheduler::executor::{Executor, ExecutorError, RecordingExecutor};
+use pvmm_scheduler::placement::{Engine, EngineConfig, PlaceError, VcpuId, VcpuLoad};
+use pvmm_scheduler::policy::Policy;
+use pvmm_scheduler::topology::HostTopology;
+use pvmm_scheduler::util::{IdleSample, UtilConfig, UtilTracker};
 
 use super::load::{LoadState, Rng, EMPTY_BACKLOG_NS, NS_PER_MS};
-use super::power::{thread_overlap, PowerModel};
 use super::spec::VmSpec;
+use pvmm_scheduler::power::{thread_overlap, PowerModel};
 
 /// Default placement tick (ms): the live VMM's default (`DEFAULT_TICK_MS` in
 /// `vmm/src/live/scheduler.rs`), so the simulator decides as often as pvmm does.

@@ -283,9 +283,9 @@ fn write_axis(s: &mut String, y: f64, max_s: f64, scale: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::VcpuId;
-    use crate::policy::Policy;
-    use crate::sim::run::Placement;
+    use crate::run::Placement;
+    use pvmm_scheduler::placement::VcpuId;
+    use pvmm_scheduler::policy::Policy;
 
     fn cell(package: Option<u16>, busy: f32) -> TimelineCell {
         TimelineCell { package, busy }

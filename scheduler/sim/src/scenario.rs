@@ -25,10 +25,10 @@
 //!   no cache sharing) takes about the seeds' 217.37 s at sched_mc=0.
 //!
 //! The power model's defaults are Len Brown's SNB-EP figures
-//! ([`crate::sim::power`]); the seeds' 2008 machine drew different watts, so
+//! ([`crate::power`]); the seeds' 2008 machine drew different watts, so
 //! compare ratios, not joules.
 
-use crate::topology::{HostTopology, TopologyError};
+use pvmm_scheduler::topology::{HostTopology, TopologyError};
 
 use super::load::LoadSpec;
 use super::run::CACHE_SHARING_SPEEDUP;
