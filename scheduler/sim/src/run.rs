@@ -454,6 +454,93 @@ struct Vm {
     total_ns: f64,
 }
 
+impl Vm {
+    /// Whether the VM has a job that is not finished yet.
+    fn job_pending(&self) -> bool {
+        self.remaining_ns.is_some() && self.done_s.is_none()
+    }
+}
+
+/// What a migration costs a vCPU (ns of running without progress).
+#[derive(Debug, Clone, Copy)]
+struct MigrationCost {
+    same_package_ns: f64,
+    cross_package_ns: f64,
+}
+
+impl MigrationCost {
+    /// The cost of moving from dense CPU `from` to dense CPU `to`.
+    fn between(&self, host: &Host, from: usize, to: usize) -> f64 {
+        if host.cpu_pkg[from] == host.cpu_pkg[to] {
+            self.same_package_ns
+        } else {
+            self.cross_package_ns
+        }
+    }
+}
+
+/// The simulated time base: work steps inside placement ticks, up to a limit.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    /// Now (ns since the start).
+    t: u64,
+    step_ns: u64,
+    tick_ns: u64,
+    limit_ns: u64,
+    next_progress_ns: u64,
+}
+
+/// Per-step buffers, reused so that a step allocates nothing.
+#[derive(Default)]
+struct StepBuffers {
+    loads: Vec<VcpuLoad>,
+    /// Runnable vCPUs of each dense CPU this step.
+    runq: Vec<Vec<usize>>,
+    /// Fraction of the step each CPU ran.
+    cpu_busy: Vec<f64>,
+    core_busy_threads: Vec<u32>,
+    /// Each vCPU's speed factor from cache sharing (1 = its VM on its package).
+    speed: Vec<f64>,
+    /// `vm_pkg_count[vm * packages + p]`: the VM's placed vCPUs on package `p`.
+    vm_pkg_count: Vec<u32>,
+    vm_placed: Vec<u32>,
+    /// Water-filling order of one CPU: (time the vCPU needs, vCPU).
+    fill: Vec<(f64, usize)>,
+    overlap: Vec<f64>,
+    thread_busy: Vec<f64>,
+}
+
+/// What a run has measured so far.
+#[derive(Default)]
+struct Totals {
+    energy_j: f64,
+    work_done_ns: f64,
+    migrations: u64,
+    ticks: u64,
+    pkg_idle_ns: Vec<f64>,
+}
+
+/// One run's whole state: [`simulate`] is `Sim::new`, then [`Sim::step`]
+/// until every job is done or the limit is reached, then [`Sim::finish`].
+struct Sim<'a> {
+    config: &'a SimConfig,
+    placement: Placement,
+    host: Host,
+    vcpus: Vec<Vcpu>,
+    vms: Vec<Vm>,
+    has_jobs: bool,
+    total_job_ns: f64,
+    /// The engine; `None` for [`Placement::Unpinned`].
+    engine: Option<Engine>,
+    executor: RecordingExecutor,
+    unpinned: UnpinnedHost,
+    cost: MigrationCost,
+    clock: Clock,
+    timeline: Option<Timeline>,
+    buffers: StepBuffers,
+    totals: Totals,
+}
+
 /// Simulates `vms` on `topology` under `placement`. `progress` is called about
 /// every simulated second.
 pub fn simulate(
@@ -464,131 +551,195 @@ pub fn simulate(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<RunResult, SimError> {
     config.validate()?;
-    let host = Host::new(topology);
-    let num_pkgs = host.package_ids.len();
-    let num_cpus = host.num_cpus();
-    let mut vcpus: Vec<Vcpu> = Vec::new();
-    let mut vm_state: Vec<Vm> = Vec::new();
-    for (vm_index, vm) in vms.iter().enumerate() {
-        let first = vcpus.len();
-        for (i, spec) in vm.vcpus.iter().enumerate() {
-            let rng = Rng::stream(config.seed, vm_index as u64, i as u64);
-            vcpus.push(Vcpu {
-                id: VcpuId {
-                    vm: vm_index as u32,
-                    vcpu: i as u32,
-                },
-                vm: vm_index,
-                load: LoadState::new(spec.clone(), rng),
-                backlog_ns: 0.0,
-                warmup_ns: 0.0,
-                cpu: NO_CPU,
-                runnable: false,
-                busy_ns: 0.0,
-                idle_ns: 0.0,
-                tracker: UtilTracker::new(config.util),
-                displace_at_ns: f64::INFINITY,
-                tick_busy_ns: 0.0,
-                tick_pkg_ns: vec![0.0; num_pkgs],
+    let mut sim = Sim::new(topology, vms, placement, config)?;
+    loop {
+        sim.step()?;
+        if let Some(p) = sim.progress_due() {
+            progress(p);
+        }
+        if sim.all_jobs_done() || sim.clock.t >= sim.clock.limit_ns {
+            break;
+        }
+    }
+    Ok(sim.finish())
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        topology: &HostTopology,
+        vms: &[VmSpec],
+        placement: Placement,
+        config: &'a SimConfig,
+    ) -> Result<Self, SimError> {
+        let host = Host::new(topology);
+        let (vcpus, vm_state) = Self::build_vms(vms, &host, config);
+        if vcpus.is_empty() {
+            return Err(SimError::NoVcpus);
+        }
+        let num_pkgs = host.package_ids.len();
+        let num_cpus = host.num_cpus();
+        let has_jobs = vm_state.iter().any(|v| v.remaining_ns.is_some());
+        let total_job_ns: f64 = vm_state.iter().map(|v| v.total_ns).sum();
+        let engine = match placement {
+            Placement::Engine(policy) => Some(Engine::new(topology.clone(), policy, config.engine)),
+            Placement::Unpinned => None,
+        };
+        let timeline = config.timeline.then(|| Timeline {
+            tick_ms: config.tick_ms,
+            vcpus: vcpus.iter().map(|v| v.id).collect(),
+            cells: vec![Vec::new(); vcpus.len()],
+        });
+        let buffers = StepBuffers {
+            loads: Vec::with_capacity(vcpus.len()),
+            runq: vec![Vec::new(); num_cpus],
+            cpu_busy: vec![0.0; num_cpus],
+            core_busy_threads: vec![0; host.core_cpus.len()],
+            speed: vec![1.0; vcpus.len()],
+            vm_pkg_count: vec![0; vm_state.len() * num_pkgs],
+            vm_placed: vec![0; vm_state.len()],
+            ..StepBuffers::default()
+        };
+        Ok(Sim {
+            config,
+            placement,
+            has_jobs,
+            total_job_ns,
+            engine,
+            executor: RecordingExecutor::new(),
+            unpinned: UnpinnedHost {
+                rng: Rng::stream(config.seed, u64::MAX, 0),
+                idle_cpus: Vec::new(),
+                residency_ns: config.unpinned_mean_residency_ms * 1e6,
+            },
+            cost: MigrationCost {
+                same_package_ns: config.migration_cost_same_package_us * 1e3,
+                cross_package_ns: config.migration_cost_cross_package_us * 1e3,
+            },
+            clock: Clock {
+                t: 0,
+                step_ns: config.step_us * 1000,
+                tick_ns: config.tick_ms * NS_PER_MS,
+                limit_ns: config.duration_ms * NS_PER_MS,
+                next_progress_ns: 1_000 * NS_PER_MS,
+            },
+            timeline,
+            buffers,
+            totals: Totals {
+                pkg_idle_ns: vec![0.0; num_pkgs],
+                ..Totals::default()
+            },
+            host,
+            vcpus,
+            vms: vm_state,
+        })
+    }
+
+    /// The simulated vCPUs and VMs of `vms`, each vCPU with its own load
+    /// stream and utilization tracker.
+    fn build_vms(vms: &[VmSpec], host: &Host, config: &SimConfig) -> (Vec<Vcpu>, Vec<Vm>) {
+        let num_pkgs = host.package_ids.len();
+        let mut vcpus = Vec::new();
+        let mut vm_state = Vec::new();
+        for (vm_index, vm) in vms.iter().enumerate() {
+            let first = vcpus.len();
+            for (i, spec) in vm.vcpus.iter().enumerate() {
+                let rng = Rng::stream(config.seed, vm_index as u64, i as u64);
+                vcpus.push(Vcpu {
+                    id: VcpuId {
+                        vm: vm_index as u32,
+                        vcpu: i as u32,
+                    },
+                    vm: vm_index,
+                    load: LoadState::new(spec.clone(), rng),
+                    backlog_ns: 0.0,
+                    warmup_ns: 0.0,
+                    cpu: NO_CPU,
+                    runnable: false,
+                    busy_ns: 0.0,
+                    idle_ns: 0.0,
+                    tracker: UtilTracker::new(config.util),
+                    displace_at_ns: f64::INFINITY,
+                    tick_busy_ns: 0.0,
+                    tick_pkg_ns: vec![0.0; num_pkgs],
+                });
+            }
+            vm_state.push(Vm {
+                remaining_ns: vm.work_s.map(|w| w * 1e9),
+                done_s: None,
+                first,
+                count: vm.vcpus.len(),
+                total_ns: vm.work_s.map_or(0.0, |w| w * 1e9),
             });
         }
-        let total_ns = vm.work_s.map_or(0.0, |w| w * 1e9);
-        vm_state.push(Vm {
-            remaining_ns: vm.work_s.map(|w| w * 1e9),
-            done_s: None,
-            first,
-            count: vm.vcpus.len(),
-            total_ns,
-        });
+        (vcpus, vm_state)
     }
-    if vcpus.is_empty() {
-        return Err(SimError::NoVcpus);
-    }
-    let has_jobs = vm_state.iter().any(|v| v.remaining_ns.is_some());
-    let total_job_ns: f64 = vm_state.iter().map(|v| v.total_ns).sum();
 
-    let mut engine = match placement {
-        Placement::Engine(policy) => Some(Engine::new(topology.clone(), policy, config.engine)),
-        Placement::Unpinned => None,
-    };
-    let mut executor = RecordingExecutor::new();
-    let mut host_rng = Rng::stream(config.seed, u64::MAX, 0);
-    let mut timeline = config.timeline.then(|| Timeline {
-        tick_ms: config.tick_ms,
-        vcpus: vcpus.iter().map(|v| v.id).collect(),
-        cells: vec![Vec::new(); vcpus.len()],
-    });
-
-    let step_ns = config.step_us * 1000;
-    let dt = step_ns as f64;
-    let tick_ns = config.tick_ms * NS_PER_MS;
-    let limit_ns = config.duration_ms * NS_PER_MS;
-    let mut loads: Vec<VcpuLoad> = Vec::with_capacity(vcpus.len());
-    let mut runq: Vec<Vec<usize>> = vec![Vec::new(); num_cpus];
-    let mut cpu_busy = vec![0.0f64; num_cpus];
-    let mut core_busy_threads = vec![0u32; host.core_cpus.len()];
-    let mut speed = vec![1.0f64; vcpus.len()];
-    let mut vm_pkg_count = vec![0u32; vm_state.len() * num_pkgs];
-    let mut vm_placed = vec![0u32; vm_state.len()];
-    let mut pkg_idle_ns = vec![0.0f64; num_pkgs];
-    let mut fill: Vec<(f64, usize)> = Vec::new();
-    let mut overlap: Vec<f64> = Vec::new();
-    let mut thread_busy: Vec<f64> = Vec::new();
-    let mut idle_cpus: Vec<usize> = Vec::new();
-    let mut energy_j = 0.0f64;
-    let mut work_done_ns = 0.0f64;
-    let mut migrations = 0u64;
-    let mut ticks = 0u64;
-    let mut next_progress_ns = 1_000 * NS_PER_MS;
-    let mut t: u64 = 0;
-    let same_cost = config.migration_cost_same_package_us * 1e3;
-    let cross_cost = config.migration_cost_cross_package_us * 1e3;
-    let residency_ns = config.unpinned_mean_residency_ms * 1e6;
-
-    loop {
-        if t.is_multiple_of(tick_ns) {
-            if t > 0 {
-                record_tick(&mut timeline, &mut vcpus, &host, tick_ns as f64);
+    /// One work step, preceded by a placement tick when one is due.
+    fn step(&mut self) -> Result<(), SimError> {
+        if self.clock.t.is_multiple_of(self.clock.tick_ns) {
+            if self.clock.t > 0 {
+                let tick_ns = self.clock.tick_ns as f64;
+                record_tick(&mut self.timeline, &mut self.vcpus, &self.host, tick_ns);
             }
-            if let Some(engine) = engine.as_mut() {
-                loads.clear();
-                for v in &mut vcpus {
-                    v.tracker.update(IdleSample {
-                        t_ns: t,
-                        busy_ns: v.busy_ns.round() as u64,
-                        idle_ns: v.idle_ns.round() as u64,
-                    });
-                    loads.push(VcpuLoad {
-                        id: v.id,
-                        util: v.tracker.util(),
-                        busy: v.tracker.is_busy(),
-                    });
-                }
-                let decision = engine.place(t / NS_PER_MS, &loads)?;
-                migrations += decision.moves() as u64;
-                for (i, assignment) in decision.assignments.iter().enumerate() {
-                    let tid = i as i32 + 1;
-                    if executor.current().get(&tid) != Some(&assignment.cpus) {
-                        executor.apply(tid, &assignment.cpus)?;
-                    }
-                    let cpu = host.dense(&executor.read(tid)?)?;
-                    let v = &mut vcpus[i];
-                    if v.cpu != NO_CPU && v.cpu != cpu {
-                        v.warmup_ns += if host.cpu_pkg[v.cpu] == host.cpu_pkg[cpu] {
-                            same_cost
-                        } else {
-                            cross_cost
-                        };
-                    }
-                    v.cpu = cpu;
-                }
-            }
-            ticks += 1;
+            self.placement_tick()?;
+            self.totals.ticks += 1;
         }
+        self.arrivals();
+        self.fill_run_queues();
+        self.cache_factors();
+        self.serve();
+        self.account_power();
+        self.clock.t += self.clock.step_ns;
+        self.mark_finished_jobs();
+        Ok(())
+    }
 
-        // 1. Arrivals.
-        for v in &mut vcpus {
-            let vm = &mut vm_state[v.vm];
+    /// The live VMM's tick with simulated threads: utilization from the
+    /// simulated busy/idle time, one engine decision, applied through the
+    /// executor and read back. Moved vCPUs owe the migration cost.
+    fn placement_tick(&mut self) -> Result<(), SimError> {
+        let Some(engine) = self.engine.as_mut() else {
+            return Ok(());
+        };
+        let t = self.clock.t;
+        let loads = &mut self.buffers.loads;
+        loads.clear();
+        for v in &mut self.vcpus {
+            v.tracker.update(IdleSample {
+                t_ns: t,
+                busy_ns: v.busy_ns.round() as u64,
+                idle_ns: v.idle_ns.round() as u64,
+            });
+            loads.push(VcpuLoad {
+                id: v.id,
+                util: v.tracker.util(),
+                busy: v.tracker.is_busy(),
+            });
+        }
+        let decision = engine.place(t / NS_PER_MS, loads)?;
+        self.totals.migrations += decision.moves() as u64;
+        for (i, assignment) in decision.assignments.iter().enumerate() {
+            let tid = i as i32 + 1;
+            if self.executor.current().get(&tid) != Some(&assignment.cpus) {
+                self.executor.apply(tid, &assignment.cpus)?;
+            }
+            let cpu = self.host.dense(&self.executor.read(tid)?)?;
+            let v = &mut self.vcpus[i];
+            if v.cpu != NO_CPU && v.cpu != cpu {
+                v.warmup_ns += self.cost.between(&self.host, v.cpu, cpu);
+            }
+            v.cpu = cpu;
+        }
+        Ok(())
+    }
+
+    /// Step 1: work arrives from each vCPU's generator, limited by what is
+    /// left of its VM's job; a vCPU with work is runnable.
+    fn arrivals(&mut self) {
+        let (t, step_ns) = (self.clock.t, self.clock.step_ns);
+        let unpinned = self.engine.is_none();
+        for v in &mut self.vcpus {
+            let vm = &mut self.vms[v.vm];
             let mut work = v.load.arrivals(t, step_ns, v.backlog_ns);
             if let Some(remaining) = vm.remaining_ns.as_mut() {
                 work = work.min(*remaining);
@@ -599,181 +750,228 @@ pub fn simulate(
             v.runnable = v.backlog_ns >= EMPTY_BACKLOG_NS;
             if !v.runnable {
                 v.displace_at_ns = f64::INFINITY;
-            } else if !was && engine.is_none() {
-                // 2. Unpinned wake-up: a random idle CPU anywhere.
-                v.displace_at_ns = f64::NAN; // marks "just woke", placed below
+            } else if !was && unpinned {
+                // Step 2 places a vCPU that just woke on a random idle CPU.
+                v.displace_at_ns = f64::NAN;
             }
         }
+    }
 
-        // 2. Run queues.
-        for q in &mut runq {
+    /// Step 2: the runnable vCPUs of each CPU, on the engine's CPUs or, for
+    /// the unpinned baseline, where the modelled host scheduler puts them.
+    fn fill_run_queues(&mut self) {
+        let runq = &mut self.buffers.runq;
+        for q in runq.iter_mut() {
             q.clear();
         }
-        if engine.is_none() {
-            unpinned_place(
-                &mut vcpus,
-                &host,
-                &mut runq,
-                &mut idle_cpus,
-                &mut host_rng,
-                t as f64,
-                residency_ns,
-                same_cost,
-                cross_cost,
-                &mut migrations,
+        if self.engine.is_none() {
+            self.unpinned.place(
+                &mut self.vcpus,
+                &self.host,
+                runq,
+                self.cost,
+                self.clock.t as f64,
+                &mut self.totals.migrations,
             );
         } else {
-            for (i, v) in vcpus.iter().enumerate() {
+            for (i, v) in self.vcpus.iter().enumerate() {
                 if v.runnable && v.cpu != NO_CPU {
                     runq[v.cpu].push(i);
                 }
             }
         }
+    }
 
-        // Cache factor per vCPU: the share of its VM's other vCPUs elsewhere.
-        vm_pkg_count.iter_mut().for_each(|c| *c = 0);
-        vm_placed.iter_mut().for_each(|c| *c = 0);
-        for v in &vcpus {
+    /// Each vCPU's cache factor: slower by the share of its VM's other
+    /// vCPUs that sit on other packages ([`SimConfig::cache_sharing_speedup`]).
+    fn cache_factors(&mut self) {
+        let num_pkgs = self.host.package_ids.len();
+        let b = &mut self.buffers;
+        b.vm_pkg_count.iter_mut().for_each(|c| *c = 0);
+        b.vm_placed.iter_mut().for_each(|c| *c = 0);
+        for v in &self.vcpus {
             if v.cpu != NO_CPU {
-                vm_pkg_count[v.vm * num_pkgs + host.cpu_pkg[v.cpu]] += 1;
-                vm_placed[v.vm] += 1;
+                b.vm_pkg_count[v.vm * num_pkgs + self.host.cpu_pkg[v.cpu]] += 1;
+                b.vm_placed[v.vm] += 1;
             }
         }
-        for (i, v) in vcpus.iter().enumerate() {
-            speed[i] = if v.cpu == NO_CPU || vm_placed[v.vm] <= 1 {
+        for (i, v) in self.vcpus.iter().enumerate() {
+            b.speed[i] = if v.cpu == NO_CPU || b.vm_placed[v.vm] <= 1 {
                 1.0
             } else {
-                let others = f64::from(vm_placed[v.vm] - 1);
-                let same = f64::from(vm_pkg_count[v.vm * num_pkgs + host.cpu_pkg[v.cpu]] - 1);
-                1.0 / (1.0 + config.cache_sharing_speedup * (others - same) / others)
+                let others = f64::from(b.vm_placed[v.vm] - 1);
+                let same =
+                    f64::from(b.vm_pkg_count[v.vm * num_pkgs + self.host.cpu_pkg[v.cpu]] - 1);
+                1.0 / (1.0 + self.config.cache_sharing_speedup * (others - same) / others)
             };
         }
+    }
 
-        // 3. Service: SMT sharing per core, time slicing per CPU.
-        core_busy_threads.iter_mut().for_each(|c| *c = 0);
-        for (c, q) in runq.iter().enumerate() {
+    /// Steps 3 and 4: SMT sharing per core, time slicing per CPU; running
+    /// time counts as busy, time without work as idle.
+    fn serve(&mut self) {
+        let b = &mut self.buffers;
+        b.core_busy_threads.iter_mut().for_each(|c| *c = 0);
+        for (c, q) in b.runq.iter().enumerate() {
             if !q.is_empty() {
-                core_busy_threads[host.cpu_core[c]] += 1;
+                b.core_busy_threads[self.host.cpu_core[c]] += 1;
             }
         }
-        for (c, q) in runq.iter().enumerate() {
-            cpu_busy[c] = 0.0;
-            if q.is_empty() {
-                continue;
-            }
-            let share = f64::from(thread_share(
-                host.cpu_capacity[c],
-                host.cpu_threads[c],
-                core_busy_threads[host.cpu_core[c]],
-            )) / f64::from(CAPACITY_SCALE);
-            fill.clear();
-            for &i in q {
-                let v = &vcpus[i];
-                let rate = share * speed[i];
-                fill.push((v.warmup_ns + v.backlog_ns / rate, i));
-            }
-            fill.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let mut left = dt;
-            let mut count = fill.len();
-            let mut used = 0.0;
-            for &(need, i) in &fill {
-                let slice = (left / count as f64).min(need);
-                left -= slice;
-                count -= 1;
-                used += slice;
-                let v = &mut vcpus[i];
-                let warm = slice.min(v.warmup_ns);
-                v.warmup_ns -= warm;
-                let work = ((slice - warm) * share * speed[i]).min(v.backlog_ns);
-                v.backlog_ns -= work;
-                work_done_ns += work;
-                v.busy_ns += slice;
-                v.tick_busy_ns += slice;
-                v.tick_pkg_ns[host.cpu_pkg[c]] += slice;
-                if v.backlog_ns < EMPTY_BACKLOG_NS {
-                    // Done within the step: halted for the rest of it.
-                    v.idle_ns += dt - slice;
-                }
-            }
-            cpu_busy[c] = (used / dt).min(1.0);
+        for c in 0..self.host.num_cpus() {
+            self.buffers.cpu_busy[c] = self.serve_cpu(c);
         }
-        for v in &mut vcpus {
+        let dt = self.clock.step_ns as f64;
+        for v in &mut self.vcpus {
             if !v.runnable {
                 v.idle_ns += dt;
             }
         }
+    }
 
-        // 5. Power and package idle time.
-        let mut power = config.power.platform_w;
-        for (p, cores) in host.pkg_cores.iter().enumerate() {
+    /// Serves CPU `c`'s run queue for one step by water-filling (equal
+    /// shares; a vCPU that needs less leaves the rest to the others) and
+    /// returns the fraction of the step the CPU ran.
+    fn serve_cpu(&mut self, c: usize) -> f64 {
+        let host = &self.host;
+        let b = &mut self.buffers;
+        if b.runq[c].is_empty() {
+            return 0.0;
+        }
+        let dt = self.clock.step_ns as f64;
+        let share = f64::from(thread_share(
+            host.cpu_capacity[c],
+            host.cpu_threads[c],
+            b.core_busy_threads[host.cpu_core[c]],
+        )) / f64::from(CAPACITY_SCALE);
+        b.fill.clear();
+        for &i in &b.runq[c] {
+            let v = &self.vcpus[i];
+            let rate = share * b.speed[i];
+            b.fill.push((v.warmup_ns + v.backlog_ns / rate, i));
+        }
+        b.fill.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut left = dt;
+        let mut count = b.fill.len();
+        let mut used = 0.0;
+        for &(need, i) in &b.fill {
+            let slice = (left / count as f64).min(need);
+            left -= slice;
+            count -= 1;
+            used += slice;
+            let v = &mut self.vcpus[i];
+            let warm = slice.min(v.warmup_ns);
+            v.warmup_ns -= warm;
+            let work = ((slice - warm) * share * b.speed[i]).min(v.backlog_ns);
+            v.backlog_ns -= work;
+            self.totals.work_done_ns += work;
+            v.busy_ns += slice;
+            v.tick_busy_ns += slice;
+            v.tick_pkg_ns[host.cpu_pkg[c]] += slice;
+            if v.backlog_ns < EMPTY_BACKLOG_NS {
+                // Done within the step: halted for the rest of it.
+                v.idle_ns += dt - slice;
+            }
+        }
+        (used / dt).min(1.0)
+    }
+
+    /// Step 5: the step's power from package, core and SMT activity, and
+    /// each package's idle time.
+    fn account_power(&mut self) {
+        let dt = self.clock.step_ns as f64;
+        let model = &self.config.power;
+        let b = &mut self.buffers;
+        let mut power = model.platform_w;
+        for (p, cores) in self.host.pkg_cores.iter().enumerate() {
             let mut awake = 0.0f64;
             let mut cores_w = 0.0;
             for &core in cores {
-                thread_busy.clear();
-                thread_busy.extend(host.core_cpus[core].iter().map(|&c| cpu_busy[c]));
-                thread_overlap(&thread_busy, &mut overlap);
-                awake = awake.max(overlap.first().copied().unwrap_or(0.0));
-                cores_w += config.power.core_power(&overlap);
+                b.thread_busy.clear();
+                b.thread_busy
+                    .extend(self.host.core_cpus[core].iter().map(|&c| b.cpu_busy[c]));
+                thread_overlap(&b.thread_busy, &mut b.overlap);
+                awake = awake.max(b.overlap.first().copied().unwrap_or(0.0));
+                cores_w += model.core_power(&b.overlap);
             }
-            power += config.power.package_base_power(awake) + cores_w;
-            pkg_idle_ns[p] += (1.0 - awake) * dt;
+            power += model.package_base_power(awake) + cores_w;
+            self.totals.pkg_idle_ns[p] += (1.0 - awake) * dt;
         }
-        energy_j += power * dt * 1e-9;
+        self.totals.energy_j += power * dt * 1e-9;
+    }
 
-        t += step_ns;
-
-        // Jobs done?
-        for vm in &mut vm_state {
+    /// Records when each VM's job finished: all its work arrived and done.
+    fn mark_finished_jobs(&mut self) {
+        let now_s = self.clock.t as f64 * 1e-9;
+        for vm in &mut self.vms {
             if vm.done_s.is_none() && vm.remaining_ns.is_some_and(|r| r < EMPTY_BACKLOG_NS) {
-                let drained = vcpus[vm.first..vm.first + vm.count]
+                let drained = self.vcpus[vm.first..vm.first + vm.count]
                     .iter()
                     .all(|v| v.backlog_ns < EMPTY_BACKLOG_NS);
                 if drained {
-                    vm.done_s = Some(t as f64 * 1e-9);
+                    vm.done_s = Some(now_s);
                 }
             }
         }
-        let jobs_done = has_jobs
-            && vm_state
-                .iter()
-                .all(|vm| vm.remaining_ns.is_none() || vm.done_s.is_some());
-        if t >= next_progress_ns {
-            next_progress_ns += 1_000 * NS_PER_MS;
-            progress(Progress {
-                simulated_s: t as f64 * 1e-9,
-                limit_s: limit_ns as f64 * 1e-9,
-                work_fraction: has_jobs.then(|| (work_done_ns / total_job_ns).min(1.0)),
-            });
+    }
+
+    /// Whether there are jobs and every one of them finished.
+    fn all_jobs_done(&self) -> bool {
+        self.has_jobs && !self.vms.iter().any(Vm::job_pending)
+    }
+
+    /// The progress report, once per simulated second.
+    fn progress_due(&mut self) -> Option<Progress> {
+        let clock = &mut self.clock;
+        if clock.t < clock.next_progress_ns {
+            return None;
         }
-        if jobs_done || t >= limit_ns {
-            break;
+        clock.next_progress_ns += 1_000 * NS_PER_MS;
+        Some(Progress {
+            simulated_s: clock.t as f64 * 1e-9,
+            limit_s: clock.limit_ns as f64 * 1e-9,
+            work_fraction: self
+                .has_jobs
+                .then(|| (self.totals.work_done_ns / self.total_job_ns).min(1.0)),
+        })
+    }
+
+    /// Closes the last (maybe partial) tick and reports the run.
+    fn finish(mut self) -> RunResult {
+        let t = self.clock.t;
+        let partial = t % self.clock.tick_ns;
+        let last_tick_ns = if partial == 0 {
+            self.clock.tick_ns
+        } else {
+            partial
+        };
+        record_tick(
+            &mut self.timeline,
+            &mut self.vcpus,
+            &self.host,
+            last_tick_ns as f64,
+        );
+        let elapsed_ns = t as f64;
+        RunResult {
+            placement: self.placement,
+            elapsed_s: elapsed_ns * 1e-9,
+            has_jobs: self.has_jobs,
+            finished: !self.vms.iter().any(Vm::job_pending),
+            vm_done_s: self.vms.iter().map(|vm| vm.done_s).collect(),
+            work_done_s: self.totals.work_done_ns * 1e-9,
+            backlog_s: self.vcpus.iter().map(|v| v.backlog_ns).sum::<f64>() * 1e-9,
+            package_idle: self
+                .totals
+                .pkg_idle_ns
+                .iter()
+                .map(|ns| ns / elapsed_ns)
+                .collect(),
+            energy_j: self.totals.energy_j,
+            migrations: self.totals.migrations,
+            ticks: self.totals.ticks,
+            timeline: self.timeline,
+            package_ids: self.host.package_ids,
         }
     }
-    let partial = t % tick_ns;
-    record_tick(
-        &mut timeline,
-        &mut vcpus,
-        &host,
-        if partial == 0 { tick_ns } else { partial } as f64,
-    );
-    let elapsed_ns = t as f64;
-    Ok(RunResult {
-        placement,
-        package_ids: host.package_ids.clone(),
-        elapsed_s: elapsed_ns * 1e-9,
-        has_jobs,
-        finished: vm_state
-            .iter()
-            .all(|vm| vm.remaining_ns.is_none() || vm.done_s.is_some()),
-        vm_done_s: vm_state.iter().map(|vm| vm.done_s).collect(),
-        work_done_s: work_done_ns * 1e-9,
-        backlog_s: vcpus.iter().map(|v| v.backlog_ns).sum::<f64>() * 1e-9,
-        package_idle: pkg_idle_ns.iter().map(|ns| ns / elapsed_ns).collect(),
-        energy_j,
-        migrations,
-        ticks,
-        timeline,
-    })
 }
 
 /// Appends one timeline cell per vCPU and clears the tick accumulators.
@@ -800,78 +998,83 @@ fn record_tick(timeline: &mut Option<Timeline>, vcpus: &mut [Vcpu], host: &Host,
     }
 }
 
-/// The unpinned baseline's host scheduler for one step (module docs): fills
-/// `runq` with every runnable vCPU, moving woken, stacked and displaced ones.
-#[allow(clippy::too_many_arguments)]
-fn unpinned_place(
-    vcpus: &mut [Vcpu],
-    host: &Host,
-    runq: &mut [Vec<usize>],
-    idle_cpus: &mut Vec<usize>,
-    rng: &mut Rng,
-    now_ns: f64,
+/// The unpinned baseline's host scheduler (module docs): where a scheduler
+/// that knows nothing of packages runs each runnable vCPU.
+struct UnpinnedHost {
+    rng: Rng,
+    /// Scratch list of candidate CPUs.
+    idle_cpus: Vec<usize>,
+    /// [`SimConfig::unpinned_mean_residency_ms`] in ns.
     residency_ns: f64,
-    same_cost: f64,
-    cross_cost: f64,
-    migrations: &mut u64,
-) {
-    let move_to = |v: &mut Vcpu, cpu: usize, rng: &mut Rng, migrations: &mut u64| {
-        if v.cpu != NO_CPU && v.cpu != cpu {
-            *migrations += 1;
-            v.warmup_ns += if host.cpu_pkg[v.cpu] == host.cpu_pkg[cpu] {
-                same_cost
-            } else {
-                cross_cost
-            };
+}
+
+impl UnpinnedHost {
+    /// One step: fills `runq` with every runnable vCPU, moving woken, stacked
+    /// and displaced ones, and counts the moves in `migrations`.
+    fn place(
+        &mut self,
+        vcpus: &mut [Vcpu],
+        host: &Host,
+        runq: &mut [Vec<usize>],
+        cost: MigrationCost,
+        now_ns: f64,
+        migrations: &mut u64,
+    ) {
+        let mut move_to = |v: &mut Vcpu, cpu: usize, rng: &mut Rng| {
+            if v.cpu != NO_CPU && v.cpu != cpu {
+                *migrations += 1;
+                v.warmup_ns += cost.between(host, v.cpu, cpu);
+            }
+            v.cpu = cpu;
+            v.displace_at_ns = now_ns + rng.exponential(self.residency_ns);
+        };
+        let (rng, idle_cpus) = (&mut self.rng, &mut self.idle_cpus);
+        // Running vCPUs keep their CPU, unless displaced (handled after wake-ups).
+        for (i, v) in vcpus.iter().enumerate() {
+            if v.runnable && !v.displace_at_ns.is_nan() && v.cpu != NO_CPU {
+                runq[v.cpu].push(i);
+            }
         }
-        v.cpu = cpu;
-        v.displace_at_ns = now_ns + rng.exponential(residency_ns);
-    };
-    // Running vCPUs keep their CPU, unless displaced (handled after wake-ups).
-    for (i, v) in vcpus.iter().enumerate() {
-        if v.runnable && !v.displace_at_ns.is_nan() && v.cpu != NO_CPU {
-            runq[v.cpu].push(i);
+        // Wake-ups: a random idle CPU anywhere, else the least loaded.
+        for (i, v) in vcpus.iter_mut().enumerate() {
+            if !(v.runnable && (v.displace_at_ns.is_nan() || v.cpu == NO_CPU)) {
+                continue;
+            }
+            let cpu = pick_cpu(runq, idle_cpus, rng, None);
+            move_to(v, cpu, rng);
+            runq[cpu].push(i);
         }
-    }
-    // Wake-ups: a random idle CPU anywhere, else the least loaded.
-    for (i, v) in vcpus.iter_mut().enumerate() {
-        if !(v.runnable && (v.displace_at_ns.is_nan() || v.cpu == NO_CPU)) {
-            continue;
-        }
-        let cpu = pick_cpu(runq, idle_cpus, rng, None);
-        move_to(v, cpu, rng, migrations);
-        runq[cpu].push(i);
-    }
-    // Displacement of long-running vCPUs, to a random other idle CPU.
-    for c in 0..runq.len() {
-        let mut k = 0;
-        while k < runq[c].len() {
-            let i = runq[c][k];
-            if vcpus[i].displace_at_ns <= now_ns {
-                let target = pick_cpu(runq, idle_cpus, rng, Some(c));
-                if runq[target].is_empty() && target != c {
-                    runq[c].swap_remove(k);
-                    move_to(&mut vcpus[i], target, rng, migrations);
-                    runq[target].push(i);
-                    continue;
+        // Displacement of long-running vCPUs, to a random other idle CPU.
+        for c in 0..runq.len() {
+            let mut k = 0;
+            while k < runq[c].len() {
+                let i = runq[c][k];
+                if vcpus[i].displace_at_ns <= now_ns {
+                    let target = pick_cpu(runq, idle_cpus, rng, Some(c));
+                    if runq[target].is_empty() && target != c {
+                        runq[c].swap_remove(k);
+                        move_to(&mut vcpus[i], target, rng);
+                        runq[target].push(i);
+                        continue;
+                    }
+                    vcpus[i].displace_at_ns = now_ns + rng.exponential(self.residency_ns);
                 }
-                vcpus[i].displace_at_ns = now_ns + rng.exponential(residency_ns);
+                k += 1;
             }
-            k += 1;
         }
-    }
-    // Newly idle balancing: stacked vCPUs go to idle CPUs.
-    for c in 0..runq.len() {
-        while runq[c].len() > 1 {
-            idle_cpus.clear();
-            idle_cpus.extend((0..runq.len()).filter(|&d| runq[d].is_empty()));
-            if idle_cpus.is_empty() {
-                return;
-            }
-            let target = idle_cpus[rng.below(idle_cpus.len())];
-            if let Some(i) = runq[c].pop() {
-                move_to(&mut vcpus[i], target, rng, migrations);
-                runq[target].push(i);
+        // Newly idle balancing: stacked vCPUs go to idle CPUs.
+        for c in 0..runq.len() {
+            while runq[c].len() > 1 {
+                idle_cpus.clear();
+                idle_cpus.extend((0..runq.len()).filter(|&d| runq[d].is_empty()));
+                if idle_cpus.is_empty() {
+                    return;
+                }
+                let target = idle_cpus[rng.below(idle_cpus.len())];
+                if let Some(i) = runq[c].pop() {
+                    move_to(&mut vcpus[i], target, rng);
+                    runq[target].push(i);
+                }
             }
         }
     }
