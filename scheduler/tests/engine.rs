@@ -219,34 +219,78 @@ proptest! {
         }
     }
 
-    /// A vCPU moves at most `limit` times at once and `limit` per second after.
+    /// The token bucket: between any two of a vCPU's moves `T` ms apart,
+    /// counting both, it moves at most `limit` times (a full bucket) plus
+    /// `limit` per second of `T`.
     #[test]
     fn migrations_per_vcpu_are_bounded(
         limit in 0u32..=3,
         policy in policy_strategy(),
     ) {
-        let topology = HostTopology::from_spec("2x4x2").unwrap();
-        let config = EngineConfig { ramp_down_window_ms: 0, max_migrations_per_vcpu_per_s: limit };
-        let mut engine = Engine::new(topology, policy, config);
-        let mut moves = [0u64; 12];
-        let ticks = 50u64;
-        for tick in 0..ticks {
-            // Load jumps between vCPUs every tick to provoke moves.
-            let loads: Vec<VcpuLoad> = (0..12u32).map(|i| {
-                let hot = matches!((i + tick as u32) % 3, 0);
-                VcpuLoad { id: VcpuId { vm: i % 3, vcpu: i }, util: if hot { 1000 } else { 20 }, busy: hot }
-            }).collect();
-            let d = engine.place(tick * TICK_MS, &loads).unwrap();
-            for m in &d.migrations {
-                moves[m.id.vcpu as usize] += 1;
+        let move_ms = provoke_moves(policy, limit, 50);
+        for (i, times) in move_ms.iter().enumerate() {
+            for (a, first) in times.iter().enumerate() {
+                for (b, last) in times.iter().enumerate().skip(a) {
+                    let moves = (b - a + 1) as u64;
+                    let allowed_x1000 = u64::from(limit) * (1000 + (last - first));
+                    prop_assert!(
+                        moves * 1000 <= allowed_x1000,
+                        "vCPU {} moved {} times from {} to {} ms", i, moves, first, last
+                    );
+                }
             }
         }
-        // A full bucket (limit moves) plus limit per second of elapsed time.
-        let bound = u64::from(limit) + u64::from(limit) * (ticks - 1) * TICK_MS / 1000;
-        for (i, m) in moves.iter().enumerate() {
-            prop_assert!(*m <= bound, "vCPU {} moved {} times", i, m);
+    }
+}
+
+/// Places 12 vCPUs whose load jumps between them every tick, for `ticks`
+/// ticks, and returns when (ms) each vCPU moved.
+fn provoke_moves(policy: Policy, limit: u32, ticks: u64) -> Vec<Vec<u64>> {
+    let topology = HostTopology::from_spec("2x4x2").unwrap();
+    let config = EngineConfig {
+        ramp_down_window_ms: 0,
+        max_migrations_per_vcpu_per_s: limit,
+    };
+    let mut engine = Engine::new(topology, policy, config);
+    let mut move_ms = vec![Vec::new(); 12];
+    for tick in 0..ticks {
+        let loads: Vec<VcpuLoad> = (0..12u32)
+            .map(|i| {
+                let hot = (i + tick as u32).is_multiple_of(3);
+                VcpuLoad {
+                    id: VcpuId { vm: i % 3, vcpu: i },
+                    util: if hot { 1000 } else { 20 },
+                    busy: hot,
+                }
+            })
+            .collect();
+        let d = engine.place(tick * TICK_MS, &loads).unwrap();
+        for m in &d.migrations {
+            move_ms[m.id.vcpu as usize].push(tick * TICK_MS);
         }
     }
+    move_ms
+}
+
+/// The default bound as the README states it: 2 moves per second on
+/// average, never more than 3 within one second, and the bucket does let 3
+/// through when a vCPU keeps wanting to move.
+#[test]
+fn default_migration_bound_is_two_per_second_with_bursts_of_three() {
+    let limit = EngineConfig::default().max_migrations_per_vcpu_per_s;
+    assert_eq!(limit, 2);
+    let ticks = 100;
+    let move_ms = provoke_moves(Policy::Performance, limit, ticks);
+    let mut most_within_a_second = 0;
+    for times in &move_ms {
+        assert!(times.len() as u64 <= 2 + 2 * (ticks - 1) * TICK_MS / 1000);
+        for (a, first) in times.iter().enumerate() {
+            let within = times[a..].iter().take_while(|t| **t < first + 1000).count();
+            assert!(within <= 3, "{within} moves from {first} ms on: {times:?}");
+            most_within_a_second = most_within_a_second.max(within);
+        }
+    }
+    assert_eq!(most_within_a_second, 3, "{move_ms:?}");
 }
 
 /// Capacity one package offers a packing policy (balance: one thread per core;

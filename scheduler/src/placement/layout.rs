@@ -229,3 +229,24 @@ pub(super) fn ratio_less(a_num: u64, a_den: u64, b_num: u64, b_den: u64) -> bool
         _ => u128::from(a_num) * u128::from(b_den) < u128::from(b_num) * u128::from(a_den),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_demand_has_headroom_up_to_one_slot() {
+        let slot = 1024 * u64::from(CAPACITY_SCALE);
+        // 20 % headroom: two vCPUs of 409 fit one CPU's slot, two of 410 do not.
+        assert!(slot_fits(fit_demand(409, slot), 409, slot));
+        assert!(!slot_fits(fit_demand(410, slot), 410, slot));
+        // An always-busy vCPU fills a slot: it fits an empty one, without headroom.
+        assert_eq!(fit_demand(1024, slot), slot);
+        assert!(slot_fits(0, 1024, slot));
+        assert!(!slot_fits(fit_demand(16, slot), 1024, slot));
+        assert!(
+            !slot_fits(0, 16, 0),
+            "a CPU that is not a slot takes nothing"
+        );
+    }
+}
