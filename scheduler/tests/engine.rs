@@ -306,8 +306,8 @@ fn packing_capacity(topology: &HostTopology, policy: Policy) -> (u64, u64) {
     }
 }
 
-/// The issue's formula verbatim: with equal loads whose size divides 80 % of a
-/// package, the active package count is ceil(U / (0.8 x package capacity)).
+/// The fluid bound: with equal loads whose size divides 80 % of a package,
+/// the active package count is ceil(U / (0.8 x package capacity)).
 #[test]
 fn equal_loads_match_the_fluid_formula() {
     // 5 cores x 1024 = 5120; 0.8 x 5120 = 4096 = 8 x 512 = 16 x 256 = 32 x 128.
@@ -771,12 +771,14 @@ fn heterogeneous_capacities_are_placed_within_bounds() {
     }
 }
 
-/// Load sets on which development versions of the engine kept migrating
-/// forever (found by a randomized search over topologies, policies and loads),
-/// kept as regression cases; the last one catches a vCPU counted against a
-/// larger slot than it was placed by.
+/// Load sets on which a packing engine easily migrates forever (found by a
+/// randomized search over topologies, policies and loads): fragments that
+/// fit no package whole, VMs larger than a package, loads near the fit limit.
+/// Once settled, every decision keeps every vCPU where it is. The last set
+/// checks that a vCPU's fit demand leaves a CPU against the same slot it was
+/// added by.
 #[test]
-fn former_migration_cycles_converge() {
+fn hard_load_sets_settle_with_no_moves() {
     let cases: [(&str, Policy, &[&[u32]]); 4] = [
         (
             "4x4x1",
@@ -883,8 +885,9 @@ fn fragmented_loads_do_not_retry_consolidation() {
     }
 }
 
-/// Regression (issue 3.5): two vCPUs whose utils change order every second
-/// used to swap packages at every decision under `performance`.
+/// Two vCPUs whose utils change order every second keep their packages under
+/// `performance`: the stay test compares against the previous placement
+/// without the vCPU, not against a half-built one.
 #[test]
 fn performance_does_not_swap_when_utils_reorder() {
     let topo = HostTopology::from_spec("2x4x1").unwrap();
@@ -944,7 +947,7 @@ proptest! {
     }
 }
 
-/// Issue 4.5d: when one VM's load falls from 4 busy vCPUs to idle on a 2x2
+/// When one VM's load falls from 4 busy vCPUs to idle on a 2x2
 /// host, powersaving keeps using both packages until the ramp-down window has
 /// passed; the idle vCPUs fitting at their VM's home package must not bypass
 /// the ramp.
@@ -999,7 +1002,7 @@ fn falling_load_of_one_vm_consolidates_after_the_ramp_not_before() {
     }
 }
 
-/// Issue 4.5d as a slow rig saw it: right after 4 busy vCPUs go idle, the
+/// A fall as a slow nested rig shows it: right after 4 busy vCPUs go idle, the
 /// guest's own housekeeping (reaping the finished jobs) makes the vCPUs of
 /// package 1 busy for a tick each, one after the other. Each one alone fits
 /// at home, but going home would empty package 1 before the ramp-down window
@@ -1037,7 +1040,7 @@ fn bursts_after_a_fall_do_not_consolidate_before_the_ramp() {
     }
 }
 
-/// Issue 4.5b: two busy vCPUs share one package (on different CPUs) under the
+/// Two busy vCPUs share one package (on different CPUs) under the
 /// packing policies, whichever packages idle vCPUs happened to sit on. Here
 /// vCPU 2 turns busy on package 1 while vCPU 0 is busy on package 0 and the
 /// ramp still holds both packages: vCPU 2 joins vCPU 0, the idle vCPU on
@@ -1067,10 +1070,11 @@ fn busy_vcpus_gather_in_one_package_whatever_idle_ones_hold() {
     }
 }
 
-/// Issue 4.5b as the rig saw it: the ramp holds both packages with idle
-/// vCPUs on each, then two vCPUs on different packages turn busy at once with
-/// (nearly) equal loads, the one on package 1 a little heavier. They gather on
-/// package 0: load differences below a quarter CPU do not pick the package.
+/// Busy vCPUs gathering as a nested rig shows it: the ramp holds both
+/// packages with idle vCPUs on each, then two vCPUs on different packages turn
+/// busy at once with (nearly) equal loads, the one on package 1 a little
+/// heavier. They gather on package 0: load differences below a quarter CPU do
+/// not pick the package.
 #[test]
 fn two_vcpus_turning_busy_on_different_packages_gather_on_package_0() {
     let topology = HostTopology::from_spec("2x2x1").unwrap();
@@ -1129,7 +1133,7 @@ fn busy_vcpus_sharing_a_cpu_split_within_their_package() {
     );
 }
 
-/// Issue 4.5c under noise: four busy vCPUs with a CPU each stay put while
+/// Four busy vCPUs with a CPU each stay put while
 /// their utilizations wander (600..1024, as measured in the rig where L1's own
 /// work steals time), whichever package holds more of the VM's weight.
 #[test]
@@ -1167,9 +1171,9 @@ fn busy_vcpus_with_a_cpu_each_stay_put_under_noisy_utils() {
 
 /// `performance` under a bursty load (a kernel build: each vCPU busy about
 /// 30 % of ticks, at random), 4 vCPUs on 8 cores: an idle vCPU with a core of
-/// its own never moves for a package imbalance its siblings' bursts create.
-/// (Before this rule the simulated kernbench moved vCPUs about 6 times a
-/// second; see the README's pvmm-sim tables.)
+/// its own never moves for a package imbalance its siblings' bursts create
+/// (the package level of the stay test counts busy vCPUs only; without it
+/// the simulated kernbench would move vCPUs several times a second).
 #[test]
 fn performance_moves_no_idle_vcpu_for_a_bursty_package_imbalance() {
     let topology = HostTopology::from_spec("2x4x1").unwrap();

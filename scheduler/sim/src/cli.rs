@@ -12,8 +12,8 @@ use clap::Parser;
 
 use super::run::MAX_DURATION_MS;
 use super::scenario::{
-    format_seed_rows, kernbench_description, kernbench_topology, kernbench_vm, KERNBENCH_THREADS,
-    KERNBENCH_TOPOLOGY,
+    format_measured_rows, kernbench_description, kernbench_topology, kernbench_vm,
+    KERNBENCH_THREADS, KERNBENCH_TOPOLOGY,
 };
 use super::spec::MAX_VCPUS_PER_VM;
 use super::{
@@ -31,7 +31,8 @@ pub const EXIT_FAILURE: u8 = 1;
 /// Default simulated time without jobs (s): long enough for the engine's 5 s
 /// consolidation ramp to play out many times.
 const DEFAULT_DURATION_S: f64 = 60.0;
-/// Default cap with jobs (s): ten times the seeds' longest kernbench run.
+/// Default cap with jobs (s): about ten times the longest measured kernbench
+/// run ([`crate::scenario::KERNBENCH_2008`]: 217 s).
 const DEFAULT_JOB_CAP_S: f64 = 3600.0;
 /// Wall-clock interval between progress lines on stderr.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -50,8 +51,8 @@ gives it (time slicing on a shared CPU, SMT sharing, a cache-sharing bonus when
 a VM's vCPUs share a package, a migration cost). A power model turns package,
 core and thread activity into watts.
 
-Prints one table per case, one row per policy, in the format of the seeds'
-kernbench tables (performance = 1.00):
+Prints one table per case, one row per policy, in the format of the kernbench
+tables of the sched_mc_power_savings series (LKML, 2008; performance = 1.00):
   Run Time(s)      when every VM's job finished ('>' = not by the cap);
                    'Work Done(s)' (CPU-seconds) when no VM has a job
   Package Idle(%)  per package, share of the time all its CPUs were idle
@@ -67,9 +68,9 @@ then (threads wander between packages).
 
 MODES
   pvmm-sim --scenario kernbench [--vcpus 2,4,6,8] [--scale F] [--svg FILE]
-      The seeds' case: host 2x4x1, one VM with N vCPUs running a make -jN-like
-      load (bursts of work and idle gaps, a fixed build shared by the vCPUs),
-      one table per N.
+      The measured 2008 case: host 2x4x1, one VM with N vCPUs running a
+      make -jN-like load (bursts of work and idle gaps, a fixed build shared
+      by the vCPUs), one table per N.
   pvmm-sim --topology SPEC --vm SPEC [--vm SPEC...] [--policy LIST]
            [--duration S] [--svg FILE]
       Any host and VMs; one table.
@@ -107,7 +108,7 @@ EXIT STATUS: 0 success; 2 bad command line or input (spec, topology, trace);
 #[derive(Parser, Debug)]
 #[command(name = "pvmm-sim", version, about = ABOUT, long_about = LONG_ABOUT)]
 struct Args {
-    /// Built-in scenario: kernbench (the seeds' dual-socket quad-core case).
+    /// Built-in scenario: kernbench (the 2008 sched_mc_power_savings dual-socket quad-core case).
     #[arg(long, value_name = "NAME")]
     scenario: Option<String>,
 
@@ -163,7 +164,7 @@ struct Args {
     #[arg(long, value_name = "MS")]
     ramp_down_ms: Option<u64>,
 
-    /// Engine: migrations per vCPU per second at most (default 2).
+    /// Engine: migrations per vCPU per second on average, in bursts of up to N (default 2).
     #[arg(long, value_name = "N")]
     max_migrations: Option<u32>,
 
@@ -439,7 +440,7 @@ fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Fail
                 )?;
                 let title = format!("Kernbench-like load, {n} busy vCPUs (1 VM)");
                 let _ = write!(stdout, "{}", format_table(&title, &results));
-                let _ = writeln!(stdout, "{}", format_seed_rows(n));
+                let _ = writeln!(stdout, "{}", format_measured_rows(n));
                 let _ = stdout.flush();
                 for r in results {
                     panels.push((format!("N={n}, {}", r.placement), r));

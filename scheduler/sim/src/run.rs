@@ -81,8 +81,9 @@ pub const DEFAULT_STEP_US: u64 = 1000;
 /// How much faster a vCPU runs when all of its VM's other vCPUs share its
 /// package than when all of them are on other packages (7.5 %); linear in
 /// between, by the fraction of the VM's other vCPUs that are elsewhere.
-/// From the seeds (`000_*`, `002_*`): kernbench under sched_mc=2, which kept
-/// a build's threads on one package, ran "+7.5 %" faster (Ingo Molnar's
+/// From "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n"
+/// (Vaidyanathan Srinivasan, LKML, 2008-12-30): kernbench under sched_mc=2, which
+/// kept a build's threads on one package, ran "+7.5 %" faster (Ingo Molnar's
 /// figure for 80.04 s vs 74.95 s at make -j4), attributed to cache sharing.
 pub const CACHE_SHARING_SPEEDUP: f64 = 0.075;
 
@@ -101,8 +102,8 @@ pub const MIGRATION_COST_CROSS_PACKAGE_US: f64 = 500.0;
 /// host activity displaces it (ms). A modelling choice, not a measurement:
 /// long enough that a thread keeps its cache for many time slices (Linux
 /// treats a task as cache-hot for 0.5 ms, `sched_migration_cost_ns`), short
-/// enough that, over seconds, busy threads visit every package, as in the
-/// rig (`shared/notes/environment.md`: two busy vCPU threads left to L1's
+/// enough that, over seconds, busy threads visit every package, as in
+/// pvmm's nested rig (two busy vCPU threads left to L1's
 /// scheduler kept both packages about half busy).
 pub const UNPINNED_MEAN_RESIDENCY_MS: f64 = 100.0;
 

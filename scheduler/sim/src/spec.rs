@@ -21,8 +21,8 @@ use thiserror::Error;
 use super::load::{LoadError, LoadSpec};
 use super::trace::{Trace, TraceError};
 
-/// Most vCPUs one simulated VM may have (KVM's limit on the development
-/// machines, see `shared/notes/environment.md`).
+/// Most vCPUs one simulated VM may have: KVM's `KVM_MAX_VCPUS` on x86-64
+/// hosts (the most a real VM placed by the engine can have).
 pub const MAX_VCPUS_PER_VM: usize = 1024;
 
 /// Largest `work=` accepted (CPU-seconds): about 11 days of one CPU; more is a

@@ -79,8 +79,8 @@ impl Engine {
         // placed vCPU on its previous CPU, current weights): a vCPU keeps its
         // CPU unless, with its own weight removed, the least loaded CPU is
         // clearly better. Testing each vCPU one by one against a half-built
-        // placement made two vCPUs swap whenever their utils changed order; a
-        // fair-share test failed whenever one vCPU exceeded its
+        // placement would make two vCPUs swap whenever their utils change
+        // order; a fair-share test would fail whenever one vCPU exceeds its
         // share of a core. A busy vCPU sharing a core while another core is
         // idle still moves: load + w against w is clearly greater.
         let n = self.vcpus.len();
