@@ -5,7 +5,7 @@
 //! `scheduler/sim`) run the same placement code:
 //!
 //! - [`topology`]: the host's packages, dies, cores and threads (sysfs, spec, file);
-//! - [`capacity`]: the 1024 capacity scale, SMT sharing, the 80 % fit rule;
+//! - [`capacity`]: the 1024 capacity scale, SMT sharing, the fit rule's margins;
 //! - [`util`]: PELT-style vCPU utilization from idle counters;
 //! - [`policy`]: `performance`, `balance`, `powersaving[:1|2]`;
 //! - [`placement`]: the [`Engine`] that turns loads into a [`Decision`];

@@ -29,403 +29,47 @@
 //! 4. Time a vCPU runs counts as busy, time it has nothing to do as idle
 //!    (time it waits for a shared CPU is neither, as steal time is for a real
 //!    vCPU), which is what its tracker sees at the next tick.
-//! 5. The power model ([`PowerModel`]) turns the step's busy fractions per
-//!    CPU into package, core and SMT activity; energy is power x time.
+//! 5. The power model ([`pvmm_scheduler::power::PowerModel`]) turns the
+//!    step's busy fractions per CPU into package, core and SMT activity;
+//!    energy is power x time.
 //!
 //! Within a step, work on different CPUs is taken to start at the start of
 //! the step, so a package is awake for the largest busy fraction of its CPUs
 //! (an approximation finer than the 1 ms step only).
-//!
-//! # The unpinned baseline: no packing at all
-//!
-//! [`Placement::Unpinned`] models vCPU threads left to a host scheduler that
-//! knows nothing of packages, as on symmetric x86 servers today (EAS does not
-//! run there): a vCPU that wakes goes to an idle CPU chosen uniformly at
-//! random among all idle CPUs of the host (the CPU with the fewest runnable
-//! vCPUs when none is idle); a CPU left with two runnable vCPUs while another
-//! CPU idles has one pulled to a random idle CPU at once (newly idle
-//! balancing); and a running vCPU is displaced to a random idle CPU after a
-//! random residency of mean [`UNPINNED_MEAN_RESIDENCY_MS`] (host threads and
-//! interrupts preempt it and the balancer moves it). Linux prefers a waking
-//! thread's previous CPU when that is idle, so this is the upper bound of
-//! wandering: real unpinned threads sit between it and `performance`. Every
-//! change of CPU is a migration and pays the migration cost.
 
-use std::fmt;
-use std::str::FromStr;
-
-use thiserror::Error;
+//!
+//! [`Placement::Unpinned`] has no engine: the host's own scheduler places
+//! the vCPUs (module `unpinned`).
+//!
+//! - `config`: the settings and their defaults, and the errors;
+//! - `result`: what a run measured;
+//! - `host`: the topology flattened for the step loop;
+//! - `unpinned`: the unpinned baseline's host scheduler.
 
 use pvmm_scheduler::capacity::{thread_share, CAPACITY_SCALE};
-use pvmm_scheduler::cpuset::CpuSet;
-use pvmm_scheduler::executor::{Executor, ExecutorError, RecordingExecutor};
-use pvmm_scheduler::placement::{Engine, EngineConfig, PlaceError, VcpuId, VcpuLoad};
-use pvmm_scheduler::policy::Policy;
+use pvmm_scheduler::executor::{Executor, RecordingExecutor};
+use pvmm_scheduler::placement::{Engine, VcpuId, VcpuLoad};
+use pvmm_scheduler::power::thread_overlap;
 use pvmm_scheduler::topology::HostTopology;
-use pvmm_scheduler::util::{IdleSample, UtilConfig, UtilTracker};
+use pvmm_scheduler::util::{IdleSample, UtilTracker};
 
 use super::load::{LoadState, Rng, EMPTY_BACKLOG_NS, NS_PER_MS};
 use super::spec::VmSpec;
-use pvmm_scheduler::power::{thread_overlap, PowerModel};
 
-/// Default placement tick (ms): the live VMM's default (`DEFAULT_TICK_MS` in
-/// `vmm/src/live/scheduler.rs`), so the simulator decides as often as pvmm does.
-pub const DEFAULT_TICK_MS: u64 = 100;
+mod config;
+mod host;
+mod result;
+mod unpinned;
 
-/// Default work step (µs). 1 ms resolves the bursts of a build job (tens of
-/// ms) and SMT/package overlap well while keeping a 200 s run at 200,000
-/// steps; Linux's time slices are of the same order (sched_min_granularity
-/// 0.75-3 ms).
-pub const DEFAULT_STEP_US: u64 = 1000;
+pub use config::{
+    Placement, SimConfig, SimError, CACHE_SHARING_SPEEDUP, DEFAULT_STEP_US, DEFAULT_TICK_MS,
+    MAX_DURATION_MS, MIGRATION_COST_CROSS_PACKAGE_US, MIGRATION_COST_SAME_PACKAGE_US,
+    UNPINNED_MEAN_RESIDENCY_MS,
+};
+pub use result::{Progress, RunResult, Timeline, TimelineCell};
 
-/// How much faster a vCPU runs when all of its VM's other vCPUs share its
-/// package than when all of them are on other packages (7.5 %); linear in
-/// between, by the fraction of the VM's other vCPUs that are elsewhere.
-/// From "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n"
-/// (Vaidyanathan Srinivasan, LKML, 2008-12-30): kernbench under sched_mc=2, which
-/// kept a build's threads on one package, ran "+7.5 %" faster (Ingo Molnar's
-/// figure for 80.04 s vs 74.95 s at make -j4), attributed to cache sharing.
-pub const CACHE_SHARING_SPEEDUP: f64 = 0.075;
-
-/// Cost of a migration within a package (µs of running without progress): the
-/// vCPU refills its private L1/L2 (256 KiB to 2 MiB, thousands of lines) from
-/// the shared L3 at around 10 ns a line: tens of microseconds.
-pub const MIGRATION_COST_SAME_PACKAGE_US: f64 = 50.0;
-
-/// Cost of a migration to another package (µs): the working set comes from
-/// DRAM or the other package's cache instead (a few MiB at around 100 ns a
-/// line, partly overlapped): hundreds of microseconds. The engine's own
-/// migration budget assumes "a few hundred microseconds to milliseconds".
-pub const MIGRATION_COST_CROSS_PACKAGE_US: f64 = 500.0;
-
-/// Unpinned baseline: mean time a running vCPU thread stays on one CPU before
-/// host activity displaces it (ms). A modelling choice, not a measurement:
-/// long enough that a thread keeps its cache for many time slices (Linux
-/// treats a task as cache-hot for 0.5 ms, `sched_migration_cost_ns`), short
-/// enough that, over seconds, busy threads visit every package, as in
-/// pvmm's nested rig (two busy vCPU threads left to L1's
-/// scheduler kept both packages about half busy).
-pub const UNPINNED_MEAN_RESIDENCY_MS: f64 = 100.0;
-
-/// Longest simulation accepted (ms): one simulated day.
-pub const MAX_DURATION_MS: u64 = 86_400_000;
-
-/// Simulation errors.
-#[derive(Debug, Error)]
-pub enum SimError {
-    /// No vCPUs to simulate.
-    #[error("nothing to simulate: no VM has a vCPU")]
-    NoVcpus,
-    /// A configuration value out of range.
-    #[error("{0}")]
-    BadConfig(String),
-    /// The engine refused the input.
-    #[error("placement engine: {0}")]
-    Place(#[from] PlaceError),
-    /// The recording executor failed.
-    #[error("executor: {0}")]
-    Executor(#[from] ExecutorError),
-    /// The engine placed a vCPU on a CPU the topology does not have.
-    #[error("the engine placed a vCPU on CPU {0}, which is not in the topology")]
-    UnknownCpu(u32),
-}
-
-/// Who decides where vCPUs run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Placement {
-    /// pvmm's engine with this policy.
-    Engine(Policy),
-    /// No packing: the host scheduler's own wandering (module docs).
-    Unpinned,
-}
-
-impl Placement {
-    /// Every placement the reports compare: the engine's four policies and the
-    /// unpinned baseline, `performance` first (the reference).
-    pub const ALL: [Placement; 5] = [
-        Placement::Engine(Policy::Performance),
-        Placement::Engine(Policy::Balance),
-        Placement::Engine(Policy::Powersaving { level: 1 }),
-        Placement::Engine(Policy::Powersaving { level: 2 }),
-        Placement::Unpinned,
-    ];
-}
-
-impl fmt::Display for Placement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Placement::Engine(policy) => write!(f, "{policy}"),
-            Placement::Unpinned => f.write_str("unpinned"),
-        }
-    }
-}
-
-impl FromStr for Placement {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
-        if s == "unpinned" {
-            return Ok(Placement::Unpinned);
-        }
-        s.parse::<Policy>().map(Placement::Engine).map_err(|_| {
-            format!(
-                "unknown policy '{s}' (expected performance, balance, powersaving, \
-                 powersaving:1, powersaving:2 or unpinned)"
-            )
-        })
-    }
-}
-
-/// Simulation settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SimConfig {
-    /// Placement tick (ms), > 0.
-    pub tick_ms: u64,
-    /// Work step (µs), > 0, at most one tick; a tick is a whole number of steps.
-    pub step_us: u64,
-    /// Simulated time (ms): the run length when no VM has a job (`work=`), else
-    /// a cap after which unfinished jobs are reported as such.
-    pub duration_ms: u64,
-    /// Seed for the load generators and the unpinned baseline.
-    pub seed: u64,
-    /// The power model.
-    pub power: PowerModel,
-    /// Engine tuning (same defaults as the live VMM).
-    pub engine: EngineConfig,
-    /// Utilization tracking (same defaults as the live VMM).
-    pub util: UtilConfig,
-    /// [`CACHE_SHARING_SPEEDUP`].
-    pub cache_sharing_speedup: f64,
-    /// [`MIGRATION_COST_SAME_PACKAGE_US`].
-    pub migration_cost_same_package_us: f64,
-    /// [`MIGRATION_COST_CROSS_PACKAGE_US`].
-    pub migration_cost_cross_package_us: f64,
-    /// [`UNPINNED_MEAN_RESIDENCY_MS`].
-    pub unpinned_mean_residency_ms: f64,
-    /// Record a per-tick timeline of packages (for the SVG).
-    pub timeline: bool,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            tick_ms: DEFAULT_TICK_MS,
-            step_us: DEFAULT_STEP_US,
-            duration_ms: 60_000,
-            seed: 1,
-            power: PowerModel::default(),
-            engine: EngineConfig::default(),
-            util: UtilConfig::default(),
-            cache_sharing_speedup: CACHE_SHARING_SPEEDUP,
-            migration_cost_same_package_us: MIGRATION_COST_SAME_PACKAGE_US,
-            migration_cost_cross_package_us: MIGRATION_COST_CROSS_PACKAGE_US,
-            unpinned_mean_residency_ms: UNPINNED_MEAN_RESIDENCY_MS,
-            timeline: true,
-        }
-    }
-}
-
-impl SimConfig {
-    /// Checks ranges and the tick/step relation.
-    pub fn validate(&self) -> Result<(), SimError> {
-        let bad = |m: String| Err(SimError::BadConfig(m));
-        if self.tick_ms == 0 || self.tick_ms > 60_000 {
-            return bad(format!(
-                "tick {} ms is not from 1 to 60000 ms",
-                self.tick_ms
-            ));
-        }
-        if self.step_us == 0 || self.step_us > self.tick_ms * 1000 {
-            return bad(format!(
-                "work step {} µs is not from 1 µs to one tick ({} ms)",
-                self.step_us, self.tick_ms
-            ));
-        }
-        if !(self.tick_ms * 1000).is_multiple_of(self.step_us) {
-            return bad(format!(
-                "the tick ({} ms) is not a whole number of work steps ({} µs)",
-                self.tick_ms, self.step_us
-            ));
-        }
-        if self.duration_ms == 0 || self.duration_ms > MAX_DURATION_MS {
-            return bad(format!(
-                "duration {} ms is not from 1 ms to {MAX_DURATION_MS} ms",
-                self.duration_ms
-            ));
-        }
-        let fractions = [
-            ("cache sharing speedup", self.cache_sharing_speedup),
-            ("migration cost", self.migration_cost_same_package_us),
-            ("migration cost", self.migration_cost_cross_package_us),
-            ("unpinned residency", self.unpinned_mean_residency_ms),
-        ];
-        for (what, v) in fractions {
-            if !v.is_finite() || v < 0.0 {
-                return bad(format!("{what} {v} is not a non-negative number"));
-            }
-        }
-        self.power
-            .validate()
-            .map_err(|e| SimError::BadConfig(e.to_string()))
-    }
-}
-
-/// Simulated progress, for long runs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Progress {
-    /// Simulated time so far (s).
-    pub simulated_s: f64,
-    /// The run's length or cap (s).
-    pub limit_s: f64,
-    /// Fraction of all jobs' work done (0..1), when there are jobs.
-    pub work_fraction: Option<f64>,
-}
-
-/// One vCPU's package over one tick, for the timeline.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TimelineCell {
-    /// Index (into [`RunResult::package_ids`]) of the package the vCPU was on,
-    /// or ran on most, during the tick; `None` before its first placement.
-    pub package: Option<u16>,
-    /// Fraction of the tick it ran (0..1).
-    pub busy: f32,
-}
-
-/// Per-tick packages of every vCPU.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Timeline {
-    /// Tick length (ms); the last cell of a row may cover less.
-    pub tick_ms: u64,
-    /// vCPUs, in simulation order.
-    pub vcpus: Vec<VcpuId>,
-    /// `cells[v][tick]`.
-    pub cells: Vec<Vec<TimelineCell>>,
-}
-
-/// What one simulated run measured.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunResult {
-    /// Who placed the vCPUs.
-    pub placement: Placement,
-    /// Package ids of the host, in topology order.
-    pub package_ids: Vec<u32>,
-    /// Simulated time (s): the run time when every job finished.
-    pub elapsed_s: f64,
-    /// At least one VM had a job (`work=`).
-    pub has_jobs: bool,
-    /// Every job finished before the duration cap.
-    pub finished: bool,
-    /// Per VM: when its job finished (s), `None` without a job or unfinished.
-    pub vm_done_s: Vec<Option<f64>>,
-    /// Work done (CPU-seconds at full speed).
-    pub work_done_s: f64,
-    /// Work that arrived but was not done by the end (CPU-seconds).
-    pub backlog_s: f64,
-    /// Per package: fraction of the time all its CPUs were idle.
-    pub package_idle: Vec<f64>,
-    /// Energy (J).
-    pub energy_j: f64,
-    /// vCPU moves from one CPU to another.
-    pub migrations: u64,
-    /// Placement ticks run.
-    pub ticks: u64,
-    /// Per-tick packages, when recorded.
-    pub timeline: Option<Timeline>,
-}
-
-impl RunResult {
-    /// Average power (W).
-    pub fn avg_power_w(&self) -> f64 {
-        if self.elapsed_s > 0.0 {
-            self.energy_j / self.elapsed_s
-        } else {
-            0.0
-        }
-    }
-
-    /// Energy per CPU-second of work done (J), infinite when nothing was done.
-    pub fn energy_per_work(&self) -> f64 {
-        if self.work_done_s > 0.0 {
-            self.energy_j / self.work_done_s
-        } else {
-            f64::INFINITY
-        }
-    }
-}
-
-/// The host flattened for the step loop.
-struct Host {
-    package_ids: Vec<u32>,
-    cpu_ids: Vec<u32>,
-    cpu_pkg: Vec<usize>,
-    cpu_core: Vec<usize>,
-    cpu_capacity: Vec<u32>,
-    cpu_threads: Vec<u32>,
-    core_cpus: Vec<Vec<usize>>,
-    pkg_cores: Vec<Vec<usize>>,
-    /// Dense index by CPU id.
-    index_of: Vec<Option<usize>>,
-}
-
-impl Host {
-    fn new(topology: &HostTopology) -> Host {
-        let mut host = Host {
-            package_ids: Vec::new(),
-            cpu_ids: Vec::new(),
-            cpu_pkg: Vec::new(),
-            cpu_core: Vec::new(),
-            cpu_capacity: Vec::new(),
-            cpu_threads: Vec::new(),
-            core_cpus: Vec::new(),
-            pkg_cores: Vec::new(),
-            index_of: Vec::new(),
-        };
-        for (p, package) in topology.packages().iter().enumerate() {
-            host.package_ids.push(package.id);
-            let mut cores = Vec::new();
-            for core in package.cores() {
-                let core_index = host.core_cpus.len();
-                let mut cpus = Vec::new();
-                for &id in &core.cpus {
-                    let dense = host.cpu_ids.len();
-                    host.cpu_ids.push(id);
-                    host.cpu_pkg.push(p);
-                    host.cpu_core.push(core_index);
-                    host.cpu_capacity
-                        .push(topology.cpu(id).map_or(CAPACITY_SCALE, |c| c.capacity));
-                    host.cpu_threads.push(core.cpus.len() as u32);
-                    let slot = id as usize;
-                    if host.index_of.len() <= slot {
-                        host.index_of.resize(slot + 1, None);
-                    }
-                    host.index_of[slot] = Some(dense);
-                    cpus.push(dense);
-                }
-                host.core_cpus.push(cpus);
-                cores.push(core_index);
-            }
-            host.pkg_cores.push(cores);
-        }
-        host
-    }
-
-    fn num_cpus(&self) -> usize {
-        self.cpu_ids.len()
-    }
-
-    fn dense(&self, cpus: &CpuSet) -> Result<usize, SimError> {
-        let id = cpus.first().ok_or(SimError::UnknownCpu(u32::MAX))?;
-        self.index_of
-            .get(id as usize)
-            .copied()
-            .flatten()
-            .ok_or(SimError::UnknownCpu(id))
-    }
-}
-
-/// Marks a vCPU not placed yet.
-const NO_CPU: usize = usize::MAX;
+use host::{Host, NO_CPU};
+use unpinned::UnpinnedHost;
 
 struct Vcpu {
     id: VcpuId,
@@ -607,11 +251,7 @@ impl<'a> Sim<'a> {
             total_job_ns,
             engine,
             executor: RecordingExecutor::new(),
-            unpinned: UnpinnedHost {
-                rng: Rng::stream(config.seed, u64::MAX, 0),
-                idle_cpus: Vec::new(),
-                residency_ns: config.unpinned_mean_residency_ms * 1e6,
-            },
+            unpinned: UnpinnedHost::new(config.seed, config.unpinned_mean_residency_ms * 1e6),
             cost: MigrationCost {
                 same_package_ns: config.migration_cost_same_package_us * 1e3,
                 cross_package_ns: config.migration_cost_cross_package_us * 1e3,
@@ -997,103 +637,4 @@ fn record_tick(timeline: &mut Option<Timeline>, vcpus: &mut [Vcpu], host: &Host,
         v.tick_busy_ns = 0.0;
         v.tick_pkg_ns.iter_mut().for_each(|ns| *ns = 0.0);
     }
-}
-
-/// The unpinned baseline's host scheduler (module docs): where a scheduler
-/// that knows nothing of packages runs each runnable vCPU.
-struct UnpinnedHost {
-    rng: Rng,
-    /// Scratch list of candidate CPUs.
-    idle_cpus: Vec<usize>,
-    /// [`SimConfig::unpinned_mean_residency_ms`] in ns.
-    residency_ns: f64,
-}
-
-impl UnpinnedHost {
-    /// One step: fills `runq` with every runnable vCPU, moving woken, stacked
-    /// and displaced ones, and counts the moves in `migrations`.
-    fn place(
-        &mut self,
-        vcpus: &mut [Vcpu],
-        host: &Host,
-        runq: &mut [Vec<usize>],
-        cost: MigrationCost,
-        now_ns: f64,
-        migrations: &mut u64,
-    ) {
-        let mut move_to = |v: &mut Vcpu, cpu: usize, rng: &mut Rng| {
-            if v.cpu != NO_CPU && v.cpu != cpu {
-                *migrations += 1;
-                v.warmup_ns += cost.between(host, v.cpu, cpu);
-            }
-            v.cpu = cpu;
-            v.displace_at_ns = now_ns + rng.exponential(self.residency_ns);
-        };
-        let (rng, idle_cpus) = (&mut self.rng, &mut self.idle_cpus);
-        // Running vCPUs keep their CPU, unless displaced (handled after wake-ups).
-        for (i, v) in vcpus.iter().enumerate() {
-            if v.runnable && !v.displace_at_ns.is_nan() && v.cpu != NO_CPU {
-                runq[v.cpu].push(i);
-            }
-        }
-        // Wake-ups: a random idle CPU anywhere, else the least loaded.
-        for (i, v) in vcpus.iter_mut().enumerate() {
-            if !(v.runnable && (v.displace_at_ns.is_nan() || v.cpu == NO_CPU)) {
-                continue;
-            }
-            let cpu = pick_cpu(runq, idle_cpus, rng, None);
-            move_to(v, cpu, rng);
-            runq[cpu].push(i);
-        }
-        // Displacement of long-running vCPUs, to a random other idle CPU.
-        for c in 0..runq.len() {
-            let mut k = 0;
-            while k < runq[c].len() {
-                let i = runq[c][k];
-                if vcpus[i].displace_at_ns <= now_ns {
-                    let target = pick_cpu(runq, idle_cpus, rng, Some(c));
-                    if runq[target].is_empty() && target != c {
-                        runq[c].swap_remove(k);
-                        move_to(&mut vcpus[i], target, rng);
-                        runq[target].push(i);
-                        continue;
-                    }
-                    vcpus[i].displace_at_ns = now_ns + rng.exponential(self.residency_ns);
-                }
-                k += 1;
-            }
-        }
-        // Newly idle balancing: stacked vCPUs go to idle CPUs.
-        for c in 0..runq.len() {
-            while runq[c].len() > 1 {
-                idle_cpus.clear();
-                idle_cpus.extend((0..runq.len()).filter(|&d| runq[d].is_empty()));
-                if idle_cpus.is_empty() {
-                    return;
-                }
-                let target = idle_cpus[rng.below(idle_cpus.len())];
-                if let Some(i) = runq[c].pop() {
-                    move_to(&mut vcpus[i], target, rng);
-                    runq[target].push(i);
-                }
-            }
-        }
-    }
-}
-
-/// A uniformly random idle CPU (not `except`), else a random one among the
-/// least loaded.
-fn pick_cpu(
-    runq: &[Vec<usize>],
-    candidates: &mut Vec<usize>,
-    rng: &mut Rng,
-    except: Option<usize>,
-) -> usize {
-    candidates.clear();
-    candidates.extend((0..runq.len()).filter(|&c| runq[c].is_empty() && Some(c) != except));
-    if candidates.is_empty() {
-        let least = runq.iter().map(Vec::len).min().unwrap_or(0);
-        candidates.extend((0..runq.len()).filter(|&c| runq[c].len() == least));
-    }
-    candidates[rng.below(candidates.len())]
 }
