@@ -26,32 +26,49 @@ pub(super) struct Layout {
     pub(super) cpu_core: Vec<u32>,
     pub(super) cpu_capacity: Vec<u32>,
     pub(super) cpu_threads: Vec<u32>,
-    /// Spread capacities (all threads busy).
-    pub(super) spread_cpu_cap: Vec<u64>,
-    pub(super) spread_core_cap: Vec<u64>,
-    pub(super) spread_pkg_cap: Vec<u64>,
-    /// Packing slot of each CPU in fit units (capacity x 1024); 0 = not a slot.
-    pub(super) slot: Vec<u64>,
-    /// Sum of each package's slots.
-    pub(super) pkg_fit_cap: Vec<u64>,
-    /// Largest slot of each package.
-    pub(super) pkg_slot_max: Vec<u64>,
-    /// Whether all cores of a package have the same spread capacity.
+    /// Spread mode's capacities.
+    pub(super) spread: SpreadCapacity,
+    /// Pack mode's slots.
+    pub(super) slots: Slots,
+}
+
+/// Spread mode's capacities: every CPU, core and package with all of its
+/// threads busy, and which of them are alike (so that loads compare without
+/// dividing by capacity).
+#[derive(Debug, Clone, Default)]
+pub(super) struct SpreadCapacity {
+    /// Each CPU's share of its core.
+    pub(super) cpu_cap: Vec<u64>,
+    pub(super) core_cap: Vec<u64>,
+    pub(super) pkg_cap: Vec<u64>,
+    /// Whether all cores of a package have the same capacity.
     pub(super) pkg_uniform_cores: Vec<bool>,
-    /// Whether all threads of a core have the same spread capacity.
+    /// Whether all threads of a core have the same capacity.
     pub(super) core_uniform_threads: Vec<bool>,
-    /// Whether all packages have the same spread capacity.
+    /// Whether all packages have the same capacity.
     pub(super) uniform_pkgs: bool,
     /// All of the above: comparing loads relative to capacity is comparing
     /// loads at every level (spread mode's constant-time stay test).
-    pub(super) spread_uniform: bool,
-    /// Every package, every core and every CPU have the same spread
-    /// capacity as their likes (loads compare across levels' members).
+    pub(super) uniform: bool,
+    /// Every package, every core and every CPU have the same capacity as
+    /// their likes (loads compare across levels' members).
     pub(super) equal_caps: bool,
+}
+
+/// Pack mode's slots, in fit units (capacity x 1024): one thread per core
+/// for `balance`, every logical CPU for the other policies.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Slots {
+    /// Each CPU's slot; 0 = not a slot.
+    pub(super) cpu: Vec<u64>,
+    /// Sum of each package's slots.
+    pub(super) pkg_total: Vec<u64>,
+    /// Largest slot of each package.
+    pub(super) pkg_max: Vec<u64>,
     /// Largest slot of the host.
-    pub(super) host_slot_max: u64,
+    pub(super) host_max: u64,
     /// Sum of all slots.
-    pub(super) total_fit_cap: u64,
+    pub(super) total: u64,
     /// Dense CPUs in packing order; package p's are at its `pkg_cpu_start` range.
     pub(super) pack_order: Vec<CpuIndex>,
 }
@@ -65,21 +82,21 @@ impl Layout {
         l.pkg_cpu_start.push(l.cpu_id.len() as u32);
         l.pkg_core_start.push(l.core_cpu_start.len() as u32);
         l.core_cpu_start.push(l.cpu_id.len() as u32);
-        l.core_uniform_threads = (0..l.num_cores())
+        l.spread.core_uniform_threads = (0..l.num_cores())
             .map(|k| {
-                let caps = &l.spread_cpu_cap
+                let caps = &l.spread.cpu_cap
                     [l.core_cpu_start[k] as usize..l.core_cpu_start[k + 1] as usize];
                 caps.iter().all(|c| *c == caps[0])
             })
             .collect();
-        l.uniform_pkgs = l.spread_pkg_cap.iter().all(|c| *c == l.spread_pkg_cap[0]);
+        l.spread.uniform_pkgs = l.spread.pkg_cap.iter().all(|c| *c == l.spread.pkg_cap[0]);
         let all_equal = |caps: &[u64]| caps.iter().all(|c| *c == caps[0]);
-        l.equal_caps = all_equal(&l.spread_pkg_cap)
-            && all_equal(&l.spread_core_cap)
-            && all_equal(&l.spread_cpu_cap);
-        l.spread_uniform = l.uniform_pkgs
-            && l.pkg_uniform_cores.iter().all(|u| *u)
-            && l.core_uniform_threads.iter().all(|u| *u);
+        l.spread.equal_caps = all_equal(&l.spread.pkg_cap)
+            && all_equal(&l.spread.core_cap)
+            && all_equal(&l.spread.cpu_cap);
+        l.spread.uniform = l.spread.uniform_pkgs
+            && l.spread.pkg_uniform_cores.iter().all(|u| *u)
+            && l.spread.core_uniform_threads.iter().all(|u| *u);
         l
     }
 
@@ -112,7 +129,7 @@ impl Layout {
                 .max()
                 .unwrap_or(CAPACITY_SCALE);
             let core_cap = u64::from(core_capacity(thread_cap, threads));
-            l.spread_core_cap.push(core_cap);
+            l.spread.core_cap.push(core_cap);
             pkg_spread += core_cap;
             for (thread, id) in core.cpus.iter().enumerate() {
                 let capacity = topology.cpu(*id).map_or(thread_cap, |c| c.capacity);
@@ -122,14 +139,14 @@ impl Layout {
                 l.cpu_capacity.push(capacity);
                 l.cpu_threads.push(threads);
                 let share = u64::from(thread_share(capacity, threads, threads));
-                l.spread_cpu_cap.push(share);
+                l.spread.cpu_cap.push(share);
                 let slot_capacity = match policy {
                     Policy::Balance if thread == 0 => u64::from(capacity),
                     Policy::Balance => 0,
                     Policy::Performance | Policy::Powersaving { .. } => share,
                 };
                 let slot = slot_capacity * u64::from(CAPACITY_SCALE);
-                l.slot.push(slot);
+                l.slots.cpu.push(slot);
                 pkg_fit += slot;
                 pkg_slot_max = pkg_slot_max.max(slot);
             }
@@ -145,15 +162,16 @@ impl Layout {
             };
             order.sort_by_key(|c| (thread_of(*c), *c));
         }
-        l.pack_order.extend(order);
-        let core_caps = &l.spread_core_cap[l.pkg_core_start[pkg_index.get()] as usize..];
-        l.pkg_uniform_cores
+        l.slots.pack_order.extend(order);
+        let core_caps = &l.spread.core_cap[l.pkg_core_start[pkg_index.get()] as usize..];
+        l.spread
+            .pkg_uniform_cores
             .push(core_caps.iter().all(|c| *c == core_caps[0]));
-        l.spread_pkg_cap.push(pkg_spread);
-        l.pkg_fit_cap.push(pkg_fit);
-        l.pkg_slot_max.push(pkg_slot_max);
-        l.total_fit_cap += pkg_fit;
-        l.host_slot_max = l.host_slot_max.max(pkg_slot_max);
+        l.spread.pkg_cap.push(pkg_spread);
+        l.slots.pkg_total.push(pkg_fit);
+        l.slots.pkg_max.push(pkg_slot_max);
+        l.slots.total += pkg_fit;
+        l.slots.host_max = l.slots.host_max.max(pkg_slot_max);
     }
 
     /// The CPU id of dense CPU `c`.
@@ -174,13 +192,13 @@ impl Layout {
     /// Package `p`'s CPUs in packing order.
     pub(super) fn pkg_pack_order(&self, p: PkgIndex) -> &[CpuIndex] {
         let p = p.get();
-        &self.pack_order[self.pkg_cpu_start[p] as usize..self.pkg_cpu_start[p + 1] as usize]
+        &self.slots.pack_order[self.pkg_cpu_start[p] as usize..self.pkg_cpu_start[p + 1] as usize]
     }
 
     /// Fit demand of weight `w` on dense CPU `c`: against its packing slot, or
     /// its whole capacity on a CPU that is not a slot (balance's sibling threads).
     pub(super) fn cpu_fit_demand(&self, c: CpuIndex, w: u64) -> u64 {
-        let slot = self.slot[c.get()];
+        let slot = self.slots.cpu[c.get()];
         if slot > 0 {
             fit_demand(w, slot)
         } else {
@@ -205,7 +223,7 @@ impl Layout {
     }
 
     pub(super) fn num_cores(&self) -> usize {
-        self.spread_core_cap.len()
+        self.spread.core_cap.len()
     }
 }
 

@@ -320,9 +320,9 @@ impl Engine {
             .draft
             .weight
             .iter()
-            .map(|w| layout::fit_demand(*w, self.layout.host_slot_max))
+            .map(|w| layout::fit_demand(*w, self.layout.slots.host_max))
             .sum();
-        let overutilized = total_fit > self.layout.total_fit_cap;
+        let overutilized = total_fit > self.layout.slots.total;
         let (target_packages, preferred) = if !self.policy.packs() || overutilized {
             let num_pkgs = self.layout.num_pkgs();
             self.ramp.up_at_once(num_pkgs);

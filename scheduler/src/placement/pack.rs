@@ -107,7 +107,7 @@ impl Engine {
             if needed > 0 && cap >= total_fit {
                 break;
             }
-            cap += self.layout.pkg_fit_cap[p];
+            cap += self.layout.slots.pkg_total[p];
             needed += 1;
         }
         // Packing whole vCPUs (and whole VMs) can need more packages than the
@@ -146,7 +146,7 @@ impl Engine {
         reset(&mut s.vm_remaining, self.num_vms, 0);
         reset(&mut s.pkg_left, l.num_pkgs(), 0);
         for (i, v) in self.vcpus.iter().enumerate() {
-            s.vm_remaining[v.vm as usize] += fit_demand(self.draft.weight[i], l.host_slot_max);
+            s.vm_remaining[v.vm as usize] += fit_demand(self.draft.weight[i], l.slots.host_max);
             if !v.cpu.is_none() {
                 let p = l.pkg_of(v.cpu);
                 s.pkg_left[p.get()] += 1;
@@ -291,7 +291,7 @@ impl Engine {
     fn relieve_overfull_cpus(&mut self, loads: &[VcpuLoad]) {
         let l = &self.layout;
         let any_overfull =
-            (0..l.num_cpus()).any(|c| self.pack.cpu_fit[c] > l.slot[c] && l.slot[c] > 0);
+            (0..l.num_cpus()).any(|c| self.pack.cpu_fit[c] > l.slots.cpu[c] && l.slots.cpu[c] > 0);
         if !any_overfull {
             return;
         }
@@ -301,7 +301,7 @@ impl Engine {
             if c.is_none() || self.draft.out_of_tokens[i] {
                 continue;
             }
-            if self.pack.cpu_fit[c.get()] <= self.layout.slot[c.get()] {
+            if self.pack.cpu_fit[c.get()] <= self.layout.slots.cpu[c.get()] {
                 continue;
             }
             let p = self.layout.pkg_of(c);
@@ -393,7 +393,7 @@ impl Engine {
             // A VM not placed yet: the first package where all of it fits.
             let whole = self.pack.vm_remaining[vm];
             for p in 0..*in_use {
-                if self.pack.pkg_fit[p] + whole <= self.layout.pkg_fit_cap[p] {
+                if self.pack.pkg_fit[p] + whole <= self.layout.slots.pkg_total[p] {
                     return self.cpu_in_package(PkgIndex(p as u32), i);
                 }
             }
@@ -422,17 +422,17 @@ impl Engine {
         for p in 1..l.num_pkgs() {
             if ratio_less(
                 s.pkg_fit[p],
-                l.pkg_fit_cap[p],
+                l.slots.pkg_total[p],
                 s.pkg_fit[best_pkg],
-                l.pkg_fit_cap[best_pkg],
+                l.slots.pkg_total[best_pkg],
             ) {
                 best_pkg = p;
             }
         }
         if !prev.is_none() {
             let p = l.pkg_of(prev).get();
-            let lhs = u128::from(s.pkg_fit[p]) * u128::from(l.pkg_fit_cap[best_pkg]);
-            let rhs = u128::from(s.pkg_fit[best_pkg]) * u128::from(l.pkg_fit_cap[p]);
+            let lhs = u128::from(s.pkg_fit[p]) * u128::from(l.slots.pkg_total[best_pkg]);
+            let rhs = u128::from(s.pkg_fit[best_pkg]) * u128::from(l.slots.pkg_total[p]);
             if lhs * u128::from(CAPACITY_SCALE) <= rhs * u128::from(CAPACITY_GREATER_MARGIN) {
                 best_pkg = p;
             }
@@ -453,26 +453,26 @@ impl Engine {
         let s = &self.pack;
         let mut best = CpuIndex::NONE;
         for &c in l.pkg_pack_order(p) {
-            if l.slot[c.get()] == 0 {
+            if l.slots.cpu[c.get()] == 0 {
                 continue;
             }
             if best.is_none()
                 || ratio_less(
                     s.cpu_fit[c.get()],
-                    l.slot[c.get()],
+                    l.slots.cpu[c.get()],
                     s.cpu_fit[best.get()],
-                    l.slot[best.get()],
+                    l.slots.cpu[best.get()],
                 )
             {
                 best = c;
             }
         }
         if best.is_none() {
-            best = l.pack_order[l.pkg_cpu_start[p.get()] as usize];
+            best = l.slots.pack_order[l.pkg_cpu_start[p.get()] as usize];
         }
         let prev = self.vcpus[i].cpu;
-        if !prev.is_none() && prev != best && l.pkg_of(prev) == p && l.slot[prev.get()] > 0 {
-            let fd = fit_demand(w, l.slot[prev.get()]);
+        if !prev.is_none() && prev != best && l.pkg_of(prev) == p && l.slots.cpu[prev.get()] > 0 {
+            let fd = fit_demand(w, l.slots.cpu[prev.get()]);
             let prev_after = s.cpu_fit[prev.get()] + fd;
             let best_after = s.cpu_fit[best.get()] + fd;
             if !capacity_greater(prev_after, best_after) {
@@ -489,7 +489,7 @@ impl Engine {
         let d = &self.draft;
         l.pkg_pack_order(p).iter().copied().find(|c| {
             let c = c.get();
-            l.slot[c] > 0 && !d.cpu_busy[c] && d.cpu_load[c] < BUSY_CPU_UTIL
+            l.slots.cpu[c] > 0 && !d.cpu_busy[c] && d.cpu_load[c] < BUSY_CPU_UTIL
         })
     }
 
@@ -541,7 +541,7 @@ impl Engine {
     /// Moves VM `vm`'s vCPUs outside `pref` into it, if all of them fit its
     /// total and none is out of migration tokens.
     fn pull_vm(&mut self, vm: usize, pref: PkgIndex, loads: &[VcpuLoad]) {
-        let slot = self.layout.pkg_slot_max[pref.get()];
+        let slot = self.layout.slots.pkg_max[pref.get()];
         let members = self.pack.vm_start[vm] as usize..self.pack.vm_start[vm + 1] as usize;
         let mut outside = 0u64;
         let mut out_of_tokens = false;
@@ -553,7 +553,7 @@ impl Engine {
             }
         }
         if out_of_tokens
-            || self.pack.pkg_fit[pref.get()] + outside > self.layout.pkg_fit_cap[pref.get()]
+            || self.pack.pkg_fit[pref.get()] + outside > self.layout.slots.pkg_total[pref.get()]
         {
             return;
         }
@@ -585,12 +585,12 @@ impl Engine {
         if !self.draft.placed(i) {
             let vm = self.vcpus[i].vm as usize;
             let remaining = &mut self.pack.vm_remaining[vm];
-            *remaining = remaining.saturating_sub(fit_demand(w, l.host_slot_max));
+            *remaining = remaining.saturating_sub(fit_demand(w, l.slots.host_max));
         }
         self.draft.assign(l, i, c, busy);
         let p = l.pkg_of(c).get();
         self.pack.cpu_fit[c.get()] += l.cpu_fit_demand(c, w);
-        self.pack.pkg_fit[p] += fit_demand(w, l.pkg_slot_max[p]);
+        self.pack.pkg_fit[p] += fit_demand(w, l.slots.pkg_max[p]);
     }
 
     /// Undoes [`Engine::pack_assign`] but for the VM's remaining demand.
@@ -603,7 +603,7 @@ impl Engine {
         let w = self.draft.weight[i];
         let p = l.pkg_of(c).get();
         self.pack.cpu_fit[c.get()] -= l.cpu_fit_demand(c, w);
-        self.pack.pkg_fit[p] -= fit_demand(w, l.pkg_slot_max[p]);
+        self.pack.pkg_fit[p] -= fit_demand(w, l.slots.pkg_max[p]);
         self.draft.unassign(l, i);
     }
 
@@ -613,7 +613,7 @@ impl Engine {
     fn stay_fits(&self, i: usize, c: CpuIndex) -> bool {
         let p = self.layout.pkg_of(c);
         self.pack.active[p.get()]
-            && self.layout.slot[c.get()] > 0
+            && self.layout.slots.cpu[c.get()] > 0
             && self.pkg_fits(p, self.draft.weight[i])
     }
 
@@ -629,7 +629,7 @@ impl Engine {
         slot_fits(
             self.pack.cpu_fit[c.get()],
             self.draft.weight[i],
-            self.layout.slot[c.get()],
+            self.layout.slots.cpu[c.get()],
         )
     }
 
@@ -637,7 +637,7 @@ impl Engine {
     fn pkg_fits(&self, p: PkgIndex, w: u64) -> bool {
         let p = p.get();
         let l = &self.layout;
-        self.pack.pkg_fit[p] + fit_demand(w, l.pkg_slot_max[p]) <= l.pkg_fit_cap[p]
+        self.pack.pkg_fit[p] + fit_demand(w, l.slots.pkg_max[p]) <= l.slots.pkg_total[p]
     }
 
     /// First CPU of package `p`, in packing order, where weight `w` fits.
@@ -649,15 +649,15 @@ impl Engine {
         let min_fd = u64::from(MIN_VCPU_WEIGHT) * FIT_MARGIN;
         // Skip CPUs that cannot take even the smallest vCPU any more.
         while *cursor < end {
-            let c = l.pack_order[*cursor as usize].get();
-            if l.slot[c] > 0 && s.cpu_fit[c] + min_fd.min(l.slot[c]) <= l.slot[c] {
+            let c = l.slots.pack_order[*cursor as usize].get();
+            if l.slots.cpu[c] > 0 && s.cpu_fit[c] + min_fd.min(l.slots.cpu[c]) <= l.slots.cpu[c] {
                 break;
             }
             *cursor += 1;
         }
-        l.pack_order[*cursor as usize..end as usize]
+        l.slots.pack_order[*cursor as usize..end as usize]
             .iter()
             .copied()
-            .find(|c| slot_fits(s.cpu_fit[c.get()], w, l.slot[c.get()]))
+            .find(|c| slot_fits(s.cpu_fit[c.get()], w, l.slots.cpu[c.get()]))
     }
 }

@@ -101,7 +101,7 @@ impl Engine {
                 continue;
             }
             let stays = self.draft.out_of_tokens[i]
-                || if self.layout.spread_uniform {
+                || if self.layout.spread.uniform {
                     let fast = self.spread_stays_uniform(i, prev, load.busy);
                     debug_assert_eq!(
                         fast,
@@ -167,7 +167,7 @@ impl Engine {
         keep
     }
 
-    /// The stay test on a uniform host ([`super::Layout::spread_uniform`]),
+    /// The stay test on a uniform host ([`super::layout::SpreadCapacity::uniform`]),
     /// in constant time: comparing loads relative to equal capacities is
     /// comparing loads, so the least loaded CPU without vCPU `i` is the
     /// least loaded package / core / thread of [`Self::fill_spread_minima`],
@@ -274,24 +274,24 @@ impl Engine {
             (busy
                 && worse(
                     mine.pkg,
-                    l.spread_pkg_cap[pp],
+                    l.spread.pkg_cap[pp],
                     theirs.pkg,
-                    l.spread_pkg_cap[pb],
+                    l.spread.pkg_cap[pb],
                 ))
                 || worse(
                     mine.core,
-                    l.spread_core_cap[kp],
+                    l.spread.core_cap[kp],
                     theirs.core,
-                    l.spread_core_cap[kb],
+                    l.spread.core_cap[kb],
                 )
                 || worse(
                     mine.cpu,
-                    l.spread_cpu_cap[prev],
+                    l.spread.cpu_cap[prev],
                     theirs.cpu,
-                    l.spread_cpu_cap[best],
+                    l.spread.cpu_cap[best],
                 )
         };
-        if !l.equal_caps {
+        if !l.spread.equal_caps {
             return relative();
         }
         // Every package, core and CPU alike: capacities cancel out.
@@ -348,9 +348,9 @@ impl Engine {
         least_loaded(
             0..l.num_pkgs(),
             &self.draft.pkg_load,
-            &l.spread_pkg_cap,
+            &l.spread.pkg_cap,
             w,
-            l.uniform_pkgs,
+            l.spread.uniform_pkgs,
         )
     }
 
@@ -360,9 +360,9 @@ impl Engine {
         least_loaded(
             l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize,
             &self.draft.core_load,
-            &l.spread_core_cap,
+            &l.spread.core_cap,
             w,
-            l.pkg_uniform_cores[p],
+            l.spread.pkg_uniform_cores[p],
         )
     }
 
@@ -372,9 +372,9 @@ impl Engine {
         let best = least_loaded(
             l.core_cpu_start[core] as usize..l.core_cpu_start[core + 1] as usize,
             &self.draft.cpu_load,
-            &l.spread_cpu_cap,
+            &l.spread.cpu_cap,
             w,
-            l.core_uniform_threads[core],
+            l.spread.core_uniform_threads[core],
         );
         CpuIndex(best as u32)
     }
