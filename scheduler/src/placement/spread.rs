@@ -250,8 +250,8 @@ impl Engine {
     /// a vCPU that is `busy` now: a less loaded package (its cache, memory
     /// bandwidth, turbo headroom) helps a vCPU that runs, while an idle vCPU
     /// with a core of its own gains nothing by moving. Under bursty loads (a
-    /// kernel build) idle vCPUs otherwise left a package every time a sibling
-    /// burst, several times a second.
+    /// kernel build) idle vCPUs would otherwise leave a package every time a
+    /// sibling bursts, several times a second.
     fn clearly_better(
         &self,
         prev: CpuIndex,

@@ -72,8 +72,8 @@ impl Engine {
             old.insert(id_key(v.id), index as u32);
         }
         // Duplicates: a bitmap of vCPU numbers per VM (vCPU numbers are small:
-        // at most 255 under pvmm), a map only for larger ones. Hashing every
-        // vCPU cost a cold 10,000-vCPU decision more than its whole stay test.
+        // at most 255 under pvmm), a map only for larger ones: hashing every
+        // vCPU costs a cold 10,000-vCPU decision more than its whole stay test.
         let seen_bits = &mut self.seen_bits;
         seen_bits.clear();
         let mut seen_large: IdMap<()> = IdMap::default();
