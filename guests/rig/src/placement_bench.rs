@@ -23,19 +23,19 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pvmm_scheduler::sim::PowerModel;
+use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
 use crate::images::{L1Images, Workspace};
 use crate::rig::{RigError, RigOutcome, Topology};
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
 
-/// The seeds' kernbench thread busy fraction, 1 - sqrt(0.5086) = 0.287 (scheduler's
+/// The seeds' kernbench thread busy fraction, 1 - sqrt(0.5086) = 0.287 (pvmm-sim's
 /// `kernbench_busy_fraction`), as a pvmm-load duty in percent.
 pub const KERNBENCH_DUTY_PERCENT: u32 = 29;
 
 /// pvmm-load period (ms) giving the seeds' scenario's 20 ms mean bursts at 29 % duty
-/// (scheduler's `KERNBENCH_BURST_MS`): 20 / 0.287 = 70 ms.
+/// (pvmm-sim's `KERNBENCH_BURST_MS`): 20 / 0.287 = 70 ms.
 pub const KERNBENCH_PERIOD_MS: u32 = 70;
 
 /// Policies compared, `performance` first (the reference), then `none` (no pinning).

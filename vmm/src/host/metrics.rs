@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use pvmm_scheduler::sim::power::{thread_overlap, PowerModel};
+use pvmm_scheduler::power::{thread_overlap, PowerModel};
 use pvmm_scheduler::HostTopology;
 use serde_json::{json, Value};
 

@@ -6,8 +6,8 @@
 //! | key | value | default |
 //! |---|---|---|
 //! | `vcpus` | number of vCPUs, 1..=1024 | the number of loads, or the trace's columns, or 1 |
-//! | `load` | one generator for every vCPU, or `L1+L2+...` one per vCPU ([`crate::sim::load`]) | `constant:1` |
-//! | `trace` | a trace file, one column per vCPU ([`crate::sim::trace`]); excludes `load` | |
+//! | `load` | one generator for every vCPU, or `L1+L2+...` one per vCPU ([`crate::load`]) | `constant:1` |
+//! | `trace` | a trace file, one column per vCPU ([`crate::trace`]); excludes `load` | |
 //! | `work` | the VM's job in CPU-seconds at full speed, shared by its vCPUs as make's job server shares compile jobs: the VM is done when it has all been done | none: the VM runs until the simulation ends |
 //!
 //! Examples: `vcpus=4,load=bursty:20/50,work=60`;
@@ -21,8 +21,8 @@ use thiserror::Error;
 use super::load::{LoadError, LoadSpec};
 use super::trace::{Trace, TraceError};
 
-/// Most vCPUs one simulated VM may have (KVM's limit on the development
-/// machines, see `shared/notes/environment.md`).
+/// Most vCPUs one simulated VM may have: KVM's `KVM_MAX_VCPUS` on x86-64
+/// hosts (the most a real VM placed by the engine can have).
 pub const MAX_VCPUS_PER_VM: usize = 1024;
 
 /// Largest `work=` accepted (CPU-seconds): about 11 days of one CPU; more is a

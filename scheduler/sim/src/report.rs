@@ -1,16 +1,20 @@
-//! Result tables in the seeds' format: one row per policy, absolute run time
+//! Result tables in the format of the kernbench tables of
+//! "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n" (Vaidyanathan Srinivasan, LKML, 2008-12-30):
+//! one row per policy, absolute run time
 //! and per-package idle percentages, energy and power relative to the
 //! reference policy (`performance` = 1.00), plus absolute energy and power,
 //! migrations and perf/W.
 //!
-//! The seeds (`shared/seeds/000_*`) report kernbench as
+//! That thread reports kernbench as
 //!
 //! ```text
 //! SchedMC Run Time     Package Idle(%)    Energy(J)  Power(W)
 //! 0       217.37       73.30 76.93        1.00       1.00
 //! ```
 //!
-//! and Alex Shi (`004_*`) scales performance per watt as
+//! and Alex Shi ("Re: [PATCH 0/18] sched: simplified fork, enable load
+//! average into LB and power awareness scheduling", LKML, 2012-12-11)
+//! scales performance per watt as
 //! `1e6 / time / watts`. Columns here:
 //!
 //! | column | meaning |
@@ -26,7 +30,7 @@
 use std::fmt::Write as _;
 
 use super::run::{Placement, RunResult};
-use crate::policy::Policy;
+use pvmm_scheduler::policy::Policy;
 
 /// Index of the reference row: the `performance` row, else the first.
 pub fn reference_index(results: &[RunResult]) -> usize {
