@@ -1,13 +1,14 @@
 //! Helpers for pvmm end-to-end tests.
 //!
 //! The rig tests need QEMU, busybox-static, apt access to the Debian kernel package and a
-//! buildable pvmm. When something is missing they skip with a loud message on stderr, unless
-//! `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail.
+//! buildable pvmm. The Debian packages come through the rig's own check
+//! ([`pvmm_rig::packages::ensure`]: installed when the tests run as root, else named in the
+//! command to run). When something is still missing they skip with a loud message on stderr,
+//! unless `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail.
 
-use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use pvmm_rig::images::{self, L1Images, L1Needs, Workspace, BUSYBOX, QEMU};
+use pvmm_rig::images::{self, L1Images, L1Needs, Workspace};
 use pvmm_rig::soak::{classify, BootKind};
 
 /// Environment variable that turns a rig test's skip into a failure.
@@ -39,25 +40,16 @@ pub fn rig_unavailable(test: &str, reason: &str) {
         "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
          !!! SKIPPED {test}: QEMU-nested rig unavailable\n\
          !!! {reason}\n\
-         !!! (install qemu-system-x86 busybox-static; set {REQUIRE_RIG_ENV}=1 to fail instead)\n\
+         !!! (set {REQUIRE_RIG_ENV}=1 to fail instead)\n\
          !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
     );
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
 /// Builds (or reuses) the rig's images, or reports why it cannot and returns None.
 /// Call with the [`rig_lock`] held.
 pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> {
-    if !on_path(QEMU) {
-        rig_unavailable(test, &format!("{QEMU} is not on PATH"));
-        return None;
-    }
-    if !Path::new(BUSYBOX).is_file() {
-        rig_unavailable(test, &format!("{BUSYBOX} is missing"));
+    if let Err(error) = pvmm_rig::packages::ensure() {
+        rig_unavailable(test, &error.to_string());
         return None;
     }
     let ws = match Workspace::locate() {
@@ -801,6 +793,10 @@ pub fn cppc_reads(guest: &[String]) -> Vec<CppcRead> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use pvmm_rig::images::BUSYBOX;
+
     use super::*;
 
     /// (boots made, the boot returned) when boot `b` (from 1) ends as `kind_of(b)`.

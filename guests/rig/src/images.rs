@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use crate::cpio::{CpioArchive, CpioError};
+use crate::packages::{self, PackageError};
 use crate::scripts;
 
 /// The Debian metapackage whose dependency names the current cloud kernel package.
@@ -88,6 +89,8 @@ pub enum ImageError {
     },
     #[error(transparent)]
     Cpio(#[from] CpioError),
+    #[error(transparent)]
+    Packages(#[from] PackageError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
@@ -298,7 +301,7 @@ fn fetch_kernel(ws: &Workspace) -> Result<(String, PathBuf, Vec<PathBuf>), Image
 }
 
 /// Checks that `path` is an ELF executable without a program interpreter (static).
-fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
+pub(crate) fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
     const PT_INTERP: u32 = 3;
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
@@ -390,8 +393,11 @@ pub fn build_static(ws: &Workspace, package: &str, binary: &str) -> Result<PathB
 }
 
 /// Builds the guest images (`cargo xtask guest`): the kernel (and L1's KVM modules) from the
-/// Debian package, and the busybox initramfs with `/init` and `pvmm-load`.
+/// Debian package, and the busybox initramfs with `/init` and `pvmm-load`. Every rig entry
+/// point comes through here, so the Debian packages are made available first
+/// ([`packages::ensure`]).
 pub fn build_guest(ws: &Workspace) -> Result<GuestImages, ImageError> {
+    packages::ensure()?;
     let (kernel_package, unpacked_kernel, kvm_modules) = fetch_kernel(ws)?;
     let guest_dir = ws.dir("guest")?;
     let kernel = guest_dir.join("vmlinuz");
@@ -482,7 +488,8 @@ fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
     Ok(libraries)
 }
 
-fn which(program: &str) -> Option<PathBuf> {
+/// `program` on `PATH`.
+pub(crate) fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(program))

@@ -1,6 +1,8 @@
 //! pvmm's guest images and QEMU-nested test rig, as a library for `cargo xtask` and the
 //! end-to-end tests.
 //!
+//! - [`packages`]: the Debian packages the rig and the tests need, installed when missing
+//!   (as root) or named in the one command to run.
 //! - [`images`]: builds the Debian cloud kernel, the busybox guest initramfs (with
 //!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`.
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
@@ -20,6 +22,7 @@ pub mod bench;
 pub mod cpio;
 pub mod host_bench;
 pub mod images;
+pub mod packages;
 pub mod placement_bench;
 pub mod rig;
 pub mod scripts;
