@@ -11,6 +11,7 @@
 //! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
 //! - [`host_bench`]: several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned
 //!   (`cargo xtask bench-host`).
+//! - [`probe`]: the L1 probes' lines and their parser (the placement tests' probe and trace).
 //! - [`placement_bench`]: the kernbench-like placement benchmark (`cargo xtask bench-placement`).
 //! - [`sequence`]: several pvmm runs (policies, loads) in one L1 boot.
 //! - [`tuning`]: L1's QEMU, kernel and KVM-module settings, by preset name.
@@ -24,6 +25,7 @@ pub mod host_bench;
 pub mod images;
 pub mod packages;
 pub mod placement_bench;
+pub mod probe;
 pub mod rig;
 pub mod scripts;
 pub mod sequence;

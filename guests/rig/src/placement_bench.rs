@@ -27,6 +27,7 @@ use pvmm_scheduler::sim::PowerModel;
 
 use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
 use crate::images::{L1Images, Workspace};
+use crate::probe::ProbeLine;
 use crate::rig::{RigError, RigOutcome, Topology};
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
 
@@ -285,19 +286,12 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
         if activity.parse_line(line) {
             continue;
         }
-        let w: Vec<&str> = line.split_whitespace().collect();
-        match w.as_slice() {
-            ["START", up] => start = up.parse::<f64>().ok(),
-            ["M", up, text] => {
-                if let Ok(t) = up.parse() {
-                    marks.insert(text.to_string(), t);
-                }
+        match ProbeLine::parse(line) {
+            Ok(Some(ProbeLine::Start(t))) => start = Some(t),
+            Ok(Some(ProbeLine::Mark(t, text))) => {
+                marks.insert(text, t);
             }
-            ["S", t_ms, total] => {
-                if let (Ok(t), Ok(m)) = (t_ms.parse(), total.parse()) {
-                    stats.push((t, m));
-                }
-            }
+            Ok(Some(ProbeLine::Migrations { t_ms, total })) => stats.push((t_ms, total)),
             _ => {}
         }
     }
