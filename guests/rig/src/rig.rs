@@ -399,7 +399,7 @@ pub enum RigEnd {
     /// load, L1's console silent).
     L1Reset,
     /// Something outside the rig sent QEMU a signal (QEMU says `terminating on signal N from
-    /// pid P`; seen once: another session on the machine ending QEMU processes by name).
+    /// pid P`, e.g. another user of the machine ending QEMU processes by name).
     /// Neither L1 nor the inner VMM failed.
     KilledOutside,
 }

@@ -11,8 +11,8 @@
 //! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--qemu-only]`: boot time to
 //!   guest init, pvmm vs QEMU, in one L1 boot.
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
-//!   [--policies LIST]`: the seeds' kernbench-like scenario under every placement policy and
-//!   `none`, one table per thread count (package idle, work, migrations, modelled energy).
+//!   [--policies LIST]`: a kernbench-like load (the simulator's scenario of the
+//!   sched_mc_power_savings kernbench tables) under every placement policy and `none`, one table per thread count (package idle, work, migrations, modelled energy).
 //! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S]`:
 //!   several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned, one table per VM
 //!   count.
@@ -117,10 +117,10 @@ struct PlacementBenchArgs {
     /// Seconds of load per case.
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=3600))]
     seconds: u32,
-    /// pvmm-load duty cycle in percent (default: the seeds' kernbench busy fraction, 29 %).
+    /// pvmm-load duty cycle in percent (default: the simulator's kernbench busy fraction, 29 %).
     #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
     duty: u32,
-    /// pvmm-load period in ms (default 70: 20 ms bursts at 29 %, as the seeds' scenario).
+    /// pvmm-load period in ms (default 70: 20 ms bursts at 29 %, as the simulator's kernbench).
     #[arg(long, default_value_t = KERNBENCH_PERIOD_MS, value_parser = clap::value_parser!(u32).range(1..=60000))]
     period_ms: u32,
     /// Policies, comma-separated (pvmm --policy values; `none` = no pinning).
@@ -146,7 +146,7 @@ struct HostBenchArgs {
     /// at once in L1 reach their load tens of seconds apart).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(5..=3600))]
     seconds: u32,
-    /// pvmm-load duty cycle in percent (default: the seeds' kernbench busy fraction, 29 %).
+    /// pvmm-load duty cycle in percent (default: the simulator's kernbench busy fraction, 29 %).
     #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
     duty: u32,
     /// pvmm-load period in ms.
