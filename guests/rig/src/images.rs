@@ -76,7 +76,7 @@ pub enum ImageError {
         status: std::process::ExitStatus,
         stderr: String,
     },
-    #[error("'{0}' does not list a linux-image dependency (run 'apt-get update' first?)")]
+    #[error("'{0}' does not list a linux-image dependency (run 'sudo apt-get update' first)")]
     NoKernelPackage(String),
     #[error("{0} is not a static executable (install the Debian package busybox-static)")]
     BusyboxNotStatic(String),
@@ -209,17 +209,36 @@ pub fn resolve_kernel_package() -> Result<String, ImageError> {
             return Ok(pinned);
         }
     }
-    let listing = run_tool(
-        Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]),
-        "apt",
-    )?;
+    let depends = || {
+        run_tool(
+            Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]),
+            "apt",
+        )
+        .ok()
+        .and_then(|listing| kernel_dependency(&listing))
+    };
+    if let Some(package) = depends() {
+        return Ok(package);
+    }
+    // apt's package lists are empty (a fresh container) or lack the metapackage.
+    if packages::running_as_root() {
+        progress("apt's package lists do not name the kernel package: apt-get update");
+        packages::update_lists()?;
+        if let Some(package) = depends() {
+            return Ok(package);
+        }
+    }
+    Err(ImageError::NoKernelPackage(KERNEL_METAPACKAGE.to_string()))
+}
+
+/// The `linux-image-*` dependency in `apt-cache depends` output.
+fn kernel_dependency(listing: &str) -> Option<String> {
     listing
         .lines()
         .filter_map(|line| line.trim().strip_prefix("Depends:"))
         .map(str::trim)
         .find(|dep| dep.starts_with("linux-image-"))
         .map(str::to_string)
-        .ok_or_else(|| ImageError::NoKernelPackage(KERNEL_METAPACKAGE.to_string()))
 }
 
 fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
@@ -598,6 +617,16 @@ mod tests {
         assert!(!is_static_elf(&this).unwrap());
         let not_elf = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         assert!(!is_static_elf(&not_elf).unwrap());
+    }
+
+    #[test]
+    fn finds_the_kernel_dependency() {
+        let listing = "linux-image-cloud-amd64\n  Depends: linux-image-6.1.0-28-cloud-amd64\n";
+        assert_eq!(
+            kernel_dependency(listing).as_deref(),
+            Some("linux-image-6.1.0-28-cloud-amd64")
+        );
+        assert_eq!(kernel_dependency("linux-image-cloud-amd64\n"), None);
     }
 
     #[test]

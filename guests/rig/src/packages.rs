@@ -260,6 +260,11 @@ fn apt_get(args: &[&str]) -> Result<(), PackageError> {
     })
 }
 
+/// Updates apt's package lists (as root).
+pub fn update_lists() -> Result<(), PackageError> {
+    apt_get(&["update"])
+}
+
 /// Installs `packages` as root, updating apt's package lists first when they are missing or
 /// stale.
 fn install(packages: &[&'static str]) -> Result<(), PackageError> {
@@ -273,7 +278,7 @@ fn install(packages: &[&'static str]) -> Result<(), PackageError> {
     match apt_get(&args) {
         Err(PackageError::AptFailed { stderr, .. }) if lists_need_update(&stderr) => {
             progress("apt's package lists are missing or stale: apt-get update, then again");
-            apt_get(&["update"])?;
+            update_lists()?;
             apt_get(&args)
         }
         result => result,
