@@ -90,9 +90,17 @@ pub enum PackageError {
     AptFailed {
         command: String,
         status: std::process::ExitStatus,
+        /// The last lines of apt-get's stderr.
         stderr: String,
+        /// Whether apt-get's stderr says that its package lists are missing or stale
+        /// ([`lists_need_update`]).
+        lists_stale: bool,
     },
-    #[error("installed {}, but still missing: {}", .installed.join(" "), .missing.join(" "))]
+    #[error(
+        "apt-get installed {}, yet what {} provide is still not found",
+        .installed.join(" "),
+        .missing.join(" ")
+    )]
     StillMissing {
         installed: Vec<&'static str>,
         missing: Vec<&'static str>,
@@ -257,6 +265,7 @@ fn apt_get(args: &[&str]) -> Result<(), PackageError> {
         command,
         status,
         stderr: tail.into_iter().rev().collect::<Vec<_>>().join(" / "),
+        lists_stale: lists_need_update(&stderr),
     })
 }
 
@@ -276,7 +285,9 @@ fn install(packages: &[&'static str]) -> Result<(), PackageError> {
         args.join(" ")
     ));
     match apt_get(&args) {
-        Err(PackageError::AptFailed { stderr, .. }) if lists_need_update(&stderr) => {
+        Err(PackageError::AptFailed {
+            lists_stale: true, ..
+        }) => {
             progress("apt's package lists are missing or stale: apt-get update, then again");
             update_lists()?;
             apt_get(&args)
