@@ -186,13 +186,8 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         for &regime in &options.regimes {
             images::progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
             let result = host_bench::run_case(ws, &images, &options, regime, vms);
-            if let (Ok((_, outcome)), Some(dir)) = (&result, std::env::var_os("PVMM_RIG_DUMP")) {
-                // Debugging aid: every classified line of the case's boot.
-                let path =
-                    PathBuf::from(dir).join(format!("bench-host-{}-{vms}.log", regime.name()));
-                if let Err(error) = std::fs::write(&path, outcome.log_text()) {
-                    eprintln!("xtask: cannot write {}: {error}", path.display());
-                }
+            if let Ok((_, outcome)) = &result {
+                dump_outcome(outcome, &format!("bench-host-{}-{vms}", regime.name()));
             }
             match result {
                 Ok((Ok(case), _)) => cases.push(case),
@@ -565,27 +560,15 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
     }
 }
 
-/// With `PVMM_RIG_DUMP=FILE` set, writes every classified line of `outcome` to FILE: a failed
-/// case's post-mortem.
-fn dump_outcome(outcome: &RigOutcome) {
-    let Some(path) = std::env::var_os("PVMM_RIG_DUMP") else {
+/// With `PVMM_RIG_DUMP=DIR` set, writes every classified line of `outcome`
+/// ([`RigOutcome::log_text`]) to `DIR/<name>.log`: a failed case's post-mortem.
+fn dump_outcome(outcome: &RigOutcome, name: &str) {
+    let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") else {
         return;
     };
-    let mut text = String::new();
-    for (tag, lines) in [
-        ("guest", &outcome.guest_lines),
-        ("pvmm", &outcome.vmm_lines),
-        ("probe", &outcome.probe_lines),
-    ] {
-        for line in lines {
-            text.push_str(&format!("[{tag}] {line}\n"));
-        }
-    }
-    if let Err(error) = std::fs::write(&path, text) {
-        eprintln!(
-            "xtask: cannot write {}: {error}",
-            PathBuf::from(&path).display()
-        );
+    let path = PathBuf::from(dir).join(format!("{name}.log"));
+    if let Err(error) = std::fs::write(&path, outcome.log_text()) {
+        eprintln!("xtask: cannot write {}: {error}", path.display());
     }
 }
 
@@ -620,7 +603,7 @@ fn bench_placement(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -
             return ExitCode::from(rig_error_exit(&error));
         }
     };
-    dump_outcome(&outcome);
+    dump_outcome(&outcome, "bench-placement");
     for &n in &options.threads {
         let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
         let title = format!(
