@@ -399,7 +399,7 @@ pub enum RigEnd {
     /// load, L1's console silent).
     L1Reset,
     /// Something outside the rig sent QEMU a signal (QEMU says `terminating on signal N from
-    /// pid P`; seen once: another session on the machine ending QEMU processes by name).
+    /// pid P`, e.g. another user of the machine ending QEMU processes by name).
     /// Neither L1 nor the inner VMM failed.
     KilledOutside,
 }
@@ -1082,25 +1082,68 @@ pub fn run_l1(
     options: &L1Options,
     job: &L1Job,
 ) -> Result<RigOutcome, RigError> {
-    let scratch = ws.out.join("runs").join(format!(
-        "{}-{}",
-        std::process::id(),
-        RUN_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&scratch).map_err(io(&scratch))?;
-    let scratch = ScratchDir(scratch);
-    let (initrd, initrd_bytes) = write_run_initrd(&scratch.0, images, job, &options.tuning)?;
-    let memory = l1_memory_mib(initrd_bytes, job.guest_memory_mib);
-    let mut command = l1_command(images, options, &initrd, memory);
+    let files = RunFiles::write(ws, images, job, &options.tuning)?;
+    let memory = l1_memory_mib(files.initrd_bytes, job.guest_memory_mib);
+    let mut command = l1_command(images, options, &files.initrd, memory);
     progress(&format!(
         "booting L1: {QEMU} TCG, topology {} ({} CPUs), {memory} MiB, initramfs {} MiB, timeout {} s, variant {}",
         options.topology,
         options.topology.cpus(),
-        initrd_bytes >> 20,
+        files.initrd_bytes >> 20,
         options.timeout.as_secs(),
         options.tuning
     ));
     let start = Instant::now();
+    let (mut child, receiver) = spawn_l1(&mut command)?;
+    let mut collector = Collector::new(options, start);
+    collector.watch(&receiver, start + options.timeout);
+    let (mut outcome, feature_warnings) = (collector.outcome, collector.feature_warnings);
+    settle_end(&mut child, &mut outcome);
+    outcome.elapsed = start.elapsed();
+    if feature_warnings > 0 {
+        progress(&format!(
+            "QEMU printed {feature_warnings} \"TCG doesn't support requested feature\" warnings (harmless, hidden)"
+        ));
+    }
+    Ok(outcome)
+}
+
+/// A run's scratch folder (removed when the run ends) and the initramfs written into it.
+struct RunFiles {
+    _scratch: ScratchDir,
+    initrd: PathBuf,
+    initrd_bytes: u64,
+}
+
+impl RunFiles {
+    /// Writes the run's initramfs ([`write_run_initrd`]) into a new scratch folder under
+    /// `guests/out/runs/`.
+    fn write(
+        ws: &Workspace,
+        images: &L1Images,
+        job: &L1Job,
+        tuning: &L1Tuning,
+    ) -> Result<RunFiles, RigError> {
+        let scratch = ws.out.join("runs").join(format!(
+            "{}-{}",
+            std::process::id(),
+            RUN_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&scratch).map_err(io(&scratch))?;
+        let scratch = ScratchDir(scratch);
+        let (initrd, initrd_bytes) = write_run_initrd(&scratch.0, images, job, tuning)?;
+        Ok(RunFiles {
+            _scratch: scratch,
+            initrd,
+            initrd_bytes,
+        })
+    }
+}
+
+/// Starts QEMU for L1; its stdout and stderr lines arrive on the receiver.
+fn spawn_l1(
+    command: &mut Command,
+) -> Result<(KillOnDrop, mpsc::Receiver<(Stream, String)>), RigError> {
     let mut child = KillOnDrop(command.spawn().map_err(RigError::Spawn)?);
     let (sender, receiver) = mpsc::channel();
     if let Some(stdout) = child.0.stdout.take() {
@@ -1109,9 +1152,13 @@ pub fn run_l1(
     if let Some(stderr) = child.0.stderr.take() {
         spawn_reader(stderr, Stream::Stderr, sender);
     }
-    let mut collector = Collector::new(options, start);
-    collector.watch(&receiver, start + options.timeout);
-    let (mut outcome, feature_warnings) = (collector.outcome, collector.feature_warnings);
+    Ok((child, receiver))
+}
+
+/// Once the collector stopped: a QEMU whose pipes closed is reaped, and its end told apart
+/// (killed from outside, L1 reset mid-run); a QEMU still running is sampled when it stalled,
+/// then killed.
+fn settle_end(child: &mut KillOnDrop, outcome: &mut RigOutcome) {
     if outcome.end == RigEnd::Completed {
         // Both pipes closed: QEMU is exiting; its status follows at once.
         outcome.qemu_status = child.0.wait().ok();
@@ -1134,13 +1181,6 @@ pub fn run_l1(
         let _ = child.0.kill();
         let _ = child.0.wait();
     }
-    outcome.elapsed = start.elapsed();
-    if feature_warnings > 0 {
-        progress(&format!(
-            "QEMU printed {feature_warnings} \"TCG doesn't support requested feature\" warnings (harmless, hidden)"
-        ));
-    }
-    Ok(outcome)
 }
 
 /// `NAME STATE CPU_MS` for each thread of process `pid`, CPU_MS being the CPU time it used
