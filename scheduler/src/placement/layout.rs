@@ -174,6 +174,14 @@ impl Layout {
         l.slots.host_max = l.slots.host_max.max(pkg_slot_max);
     }
 
+    /// The dense index of CPU id `id`, if the topology has it.
+    pub(super) fn cpu_index(&self, id: u32) -> Option<CpuIndex> {
+        self.cpu_id
+            .iter()
+            .position(|&c| c == id)
+            .map(|i| CpuIndex(i as u32))
+    }
+
     /// The CPU id of dense CPU `c`.
     pub(super) fn cpu_id(&self, c: CpuIndex) -> u32 {
         self.cpu_id[c.get()]

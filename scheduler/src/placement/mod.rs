@@ -83,6 +83,7 @@ mod tokens;
 mod vcpus;
 
 use draft::{reset, Draft};
+use index::CpuIndex;
 use layout::Layout;
 use pack::PackScratch;
 use ramp::Ramp;
@@ -244,6 +245,9 @@ pub struct Engine {
     draft: Draft,
     spread: SpreadScratch,
     pack: PackScratch,
+    /// Where vCPUs the engine has not placed yet already run ([`Engine::assume`]): taken as
+    /// their previous CPU when they first appear.
+    assumed: std::collections::HashMap<VcpuId, CpuIndex>,
 }
 
 impl Engine {
@@ -263,6 +267,24 @@ impl Engine {
             draft: Draft::default(),
             spread: SpreadScratch::default(),
             pack: PackScratch::default(),
+            assumed: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Takes note that vCPU `id`, which this engine has not placed, already runs on host CPU
+    /// `cpu` (another placer left it there: a restarted host daemon adopting VMs, or VMs that
+    /// placed themselves). When the vCPU first appears in a decision, that CPU counts as its
+    /// previous one, so a vCPU already where the engine would put it stays (no migration),
+    /// and one moved is counted as a migration. Ignored for a vCPU the engine knows; false
+    /// when `cpu` is not in the topology.
+    pub fn assume(&mut self, id: VcpuId, cpu: u32) -> bool {
+        match self.layout.cpu_index(cpu) {
+            Some(index) if !self.vcpus.iter().any(|v| v.id == id) => {
+                self.assumed.insert(id, index);
+                true
+            }
+            Some(_) => true,
+            None => false,
         }
     }
 

@@ -80,6 +80,7 @@ impl Engine {
         let mut vm_index: IdMap<u32> = IdMap::default();
         let limit = self.config.max_migrations_per_vcpu_per_s;
         let mut vcpus = Vec::with_capacity(loads.len());
+        let mut assumed = std::mem::take(&mut self.assumed);
         // (VM id, dense index) of the previous load: vCPUs of a VM usually come
         // together, so most lookups are skipped.
         let mut last_vm: Option<(u32, u32)> = None;
@@ -117,7 +118,7 @@ impl Engine {
                 None => VcpuState {
                     id: l.id,
                     vm,
-                    cpu: CpuIndex::NONE,
+                    cpu: assumed.remove(&l.id).unwrap_or(CpuIndex::NONE),
                     tokens: TokenBucket::full(limit, now_ms),
                 },
             };

@@ -29,6 +29,9 @@ pub struct MemberVcpu {
     pub util: u32,
     /// Ran at least half of the last tick.
     pub busy: bool,
+    /// The CPUs its VMM reports it placed on (pvmm VMs; None for others, whose threads'
+    /// affinity is read from `/proc`).
+    pub cpus: Option<CpuSet>,
 }
 
 /// Errors reading or placing a member.
@@ -99,6 +102,7 @@ impl PvmmMember {
                         .round()
                         .clamp(0.0, 1024.0) as u32,
                     busy: v["busy"].as_bool().unwrap_or(false),
+                    cpus: v["cpus"].as_str().and_then(|c| c.parse().ok()),
                 })
             })
             .collect())
@@ -298,6 +302,7 @@ impl ForeignMember {
                 tid: v.tid,
                 util: v.tracker.util(),
                 busy: v.tracker.is_busy(),
+                cpus: None,
             })
             .collect()
     }

@@ -95,6 +95,8 @@ struct Managed {
     member: Member,
     /// vCPUs read at this tick.
     vcpus: Vec<MemberVcpu>,
+    /// Not yet placed by this daemon: where its vCPUs run now is told to the engine first.
+    fresh: bool,
 }
 
 /// Where one tick's time went, in microseconds: finding VMs, reading their vCPUs'
@@ -318,6 +320,7 @@ impl HostDaemon {
                 id,
                 member,
                 vcpus: Vec::new(),
+                fresh: true,
             },
         );
     }
@@ -354,6 +357,7 @@ impl HostDaemon {
         self.read(now_ns);
         self.cost.read_us = us(phase);
         let phase = Instant::now();
+        self.assume_current();
         let loads: Vec<VcpuLoad> = self
             .vms
             .values()
@@ -385,6 +389,32 @@ impl HostDaemon {
         self.totals.migrations += decision.migrations.len() as u64;
         self.report(now_ns, &decision);
         Ok(())
+    }
+
+    /// Tells the engine where each vCPU of a VM it has not placed yet runs now, when that is
+    /// one CPU (where pvmm placed it, or a foreign thread's affinity): a restarted daemon then
+    /// moves only the vCPUs it would put elsewhere.
+    fn assume_current(&mut self) {
+        for m in self
+            .vms
+            .values_mut()
+            .filter(|m| m.fresh && !m.vcpus.is_empty())
+        {
+            m.fresh = false;
+            for v in &m.vcpus {
+                let cpus = match &m.member {
+                    Member::Pvmm(_) => v.cpus.clone(),
+                    Member::Foreign(_) => self.executor.read(v.tid).ok(),
+                };
+                if let Some(cpu) = cpus.filter(|c| c.len() == 1).and_then(|c| c.first()) {
+                    let id = VcpuId {
+                        vm: m.id,
+                        vcpu: v.vcpu,
+                    };
+                    self.engine.assume(id, cpu);
+                }
+            }
+        }
     }
 
     /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
@@ -612,6 +642,10 @@ mod tests {
     use pvmm_scheduler::RecordingExecutor;
 
     fn daemon(host: &FakeHost, policy: &str) -> HostDaemon {
+        daemon_with(host, policy, RecordingExecutor::new())
+    }
+
+    fn daemon_with(host: &FakeHost, policy: &str, executor: RecordingExecutor) -> HostDaemon {
         let dir = host.roots.proc.parent().unwrap().join("run");
         let config = HostConfig {
             policy: policy.parse().unwrap(),
@@ -623,7 +657,7 @@ mod tests {
             verbose: false,
             metrics: None,
         };
-        HostDaemon::with_executor(config, None, Box::new(RecordingExecutor::new())).unwrap()
+        HostDaemon::with_executor(config, None, Box::new(executor)).unwrap()
     }
 
     #[test]
@@ -689,6 +723,37 @@ mod tests {
         }
         assert_eq!(d.managed(), (2, 4));
         assert!(d.applied.contains_key(&112));
+    }
+
+    #[test]
+    fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() {
+        let host = FakeHost::new("adopt-in-place");
+        host.process(
+            100,
+            &[(100, "qemu"), (110, "CPU 0/KVM"), (111, "CPU 1/KVM")],
+            &[
+                (3, "anon_inode:kvm-vm"),
+                (4, "anon_inode:kvm-vcpu:0"),
+                (5, "anon_inode:kvm-vcpu:1"),
+            ],
+        );
+        // An earlier daemon (or the VMM's own pinning) left both idle vCPUs on CPU 1, a CPU
+        // of package 0, where powersaving packs them; from scratch the engine would choose
+        // CPU 0 for vCPU 0.
+        let mut executor = RecordingExecutor::new();
+        for tid in [110, 111] {
+            executor.apply(tid, &CpuSet::single(1)).unwrap();
+        }
+        let mut d = daemon_with(&host, "powersaving", executor);
+        d.tick().unwrap();
+        assert_eq!(d.totals.migrations, 0);
+        for tid in [110, 111] {
+            assert_eq!(
+                d.applied.get(&tid),
+                Some(&CpuSet::single(1)),
+                "thread {tid}"
+            );
+        }
     }
 
     #[test]
