@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pvmm_scheduler::{
-    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LinuxExecutor, Policy, VcpuId,
-    VcpuLoad,
+    Assignment, CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LinuxExecutor,
+    Policy, VcpuId, VcpuLoad,
 };
 use serde_json::{json, Value};
 
@@ -438,46 +438,50 @@ impl HostDaemon {
         }
     }
 
+    /// Applies `decision`, whose assignments follow the loads' order: the VMs in `self.vms`
+    /// order, each VM's vCPUs as read. Threads already where they belong cost nothing.
     fn apply(&mut self, decision: &Decision) {
-        let by_id: HashMap<VcpuId, (&CpuSet, u32)> = decision
-            .assignments
+        let mut packages: Vec<u32> = decision.assignments.iter().map(|a| a.package).collect();
+        packages.sort_unstable();
+        packages.dedup();
+        let active: CpuSet = packages
             .iter()
-            .map(|a| (a.id, (&a.cpus, a.capacity)))
-            .collect();
-        let active: CpuSet = decision
-            .assignments
-            .iter()
-            .map(|a| self.config.topology.package_cpus(a.package))
+            .map(|&p| self.config.topology.package_cpus(p))
             .fold(CpuSet::default(), |acc, cpus| acc.union(&cpus));
         let mut foreign_pins: Vec<(i32, CpuSet)> = Vec::new();
         let mut failed = Vec::new();
+        let mut next = decision.assignments.iter();
         for (pid, m) in &self.vms {
-            let mine: Vec<(u32, CpuSet, u32)> = m
-                .vcpus
-                .iter()
-                .filter_map(|v| {
-                    let (cpus, cap) = by_id.get(&VcpuId {
-                        vm: m.id,
-                        vcpu: v.vcpu,
-                    })?;
-                    Some((v.vcpu, (*cpus).clone(), *cap))
-                })
+            let mine: Vec<&Assignment> = next
+                .by_ref()
+                .take(m.vcpus.len())
+                .filter(|a| a.id.vm == m.id)
                 .collect();
             match &m.member {
                 Member::Pvmm(p) => {
-                    if !mine.is_empty() && p.place(&mine).is_err() {
+                    let list: Vec<(u32, CpuSet, u32)> = mine
+                        .iter()
+                        .map(|a| (a.id.vcpu, a.cpus.clone(), a.capacity))
+                        .collect();
+                    if !list.is_empty() && p.place(&list).is_err() {
                         failed.push(*pid);
                     }
                 }
                 Member::Foreign(f) => {
-                    for (vcpu, cpus, _) in &mine {
-                        if let Some(tid) = f.found.vcpu_tids.get(vcpu) {
-                            foreign_pins.push((*tid, cpus.clone()));
+                    let unplaced = |tid: &i32, cpus: &CpuSet| self.applied.get(tid) != Some(cpus);
+                    for a in &mine {
+                        match f.found.vcpu_tids.get(&a.id.vcpu) {
+                            Some(tid) if unplaced(tid, &a.cpus) => {
+                                foreign_pins.push((*tid, a.cpus.clone()))
+                            }
+                            _ => {}
                         }
                     }
                     if !active.is_empty() {
                         for tid in f.housekeeping() {
-                            foreign_pins.push((tid, active.clone()));
+                            if unplaced(&tid, &active) {
+                                foreign_pins.push((tid, active.clone()));
+                            }
                         }
                     }
                 }
