@@ -4,10 +4,7 @@
 
 use crate::cpuset::CpuSet;
 use crate::topology::HostTopology;
-
-/// One full CPU (the fastest CPU of the host running alone on its core); the
-/// scale of `cpu_capacity`, PELT utilization and every capacity in this crate.
-pub const CAPACITY_SCALE: u32 = 1024;
+pub use crate::topology::CAPACITY_SCALE;
 
 /// Capacity of a whole SMT core when its threads are all busy: the kernel's
 /// `smt_gain` (1178, i.e. SMT adds about 15 % throughput; each of two busy

@@ -15,8 +15,12 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::capacity::CAPACITY_SCALE;
 use crate::cpuset::{CpuSet, CpuSetError, MAX_CPU_ID};
+
+/// One full CPU (the fastest CPU of the host running alone on its core): the scale of each
+/// CPU's capacity here, of `cpu_capacity`, of PELT utilization and of every capacity the
+/// engine computes (re-exported as `capacity::CAPACITY_SCALE`).
+pub const CAPACITY_SCALE: u32 = 1024;
 
 /// Where [`HostTopology::detect`] reads the host's CPU topology.
 pub const SYSFS_CPU_ROOT: &str = "/sys/devices/system/cpu";
