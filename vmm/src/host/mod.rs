@@ -97,6 +97,12 @@ struct Managed {
     vcpus: Vec<MemberVcpu>,
     /// Not yet placed by this daemon: where its vCPUs run now is told to the engine first.
     fresh: bool,
+    /// A foreign VM's affinity (its main thread's) when it was adopted: what a thread it
+    /// creates while placed gets back at release, since such a thread inherits the affinity
+    /// the daemon gave its creator.
+    inherited: Option<CpuSet>,
+    /// Placed at least once.
+    placed: bool,
 }
 
 /// Where one tick's time went, in microseconds: finding VMs, reading their vCPUs'
@@ -312,6 +318,10 @@ impl HostDaemon {
             ),
         };
         self.log(format!("joined {what}"));
+        let inherited = match &member {
+            Member::Foreign(_) => self.executor.read(pid).ok(),
+            Member::Pvmm(_) => None,
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.vms.insert(
@@ -321,6 +331,8 @@ impl HostDaemon {
                 member,
                 vcpus: Vec::new(),
                 fresh: true,
+                inherited,
+                placed: false,
             },
         );
     }
@@ -418,13 +430,16 @@ impl HostDaemon {
     }
 
     /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
-    /// affinity; a refusal is reported once.
-    fn pin_foreign(&mut self, tid: i32, cpus: &CpuSet) {
+    /// affinity (`inherited` when the thread was created while its VM was placed); a refusal
+    /// is reported once.
+    fn pin_foreign(&mut self, tid: i32, cpus: &CpuSet, inherited: Option<CpuSet>) {
         if self.applied.get(&tid) == Some(cpus) || self.refused.contains(&tid) {
             return;
         }
-        if let Ok(before) = self.executor.read(tid) {
-            self.original.entry(tid).or_insert(before);
+        if !self.original.contains_key(&tid) {
+            if let Some(before) = inherited.or_else(|| self.executor.read(tid).ok()) {
+                self.original.insert(tid, before);
+            }
         }
         match self.executor.apply(tid, cpus) {
             Ok(()) => {
@@ -448,16 +463,16 @@ impl HostDaemon {
             .iter()
             .map(|&p| self.config.topology.package_cpus(p))
             .fold(CpuSet::default(), |acc, cpus| acc.union(&cpus));
-        let mut foreign_pins: Vec<(i32, CpuSet)> = Vec::new();
+        let mut foreign_pins: Vec<(i32, CpuSet, Option<CpuSet>)> = Vec::new();
         let mut failed = Vec::new();
         let mut next = decision.assignments.iter();
-        for (pid, m) in &self.vms {
+        for (pid, m) in &mut self.vms {
             let mine: Vec<&Assignment> = next
                 .by_ref()
                 .take(m.vcpus.len())
                 .filter(|a| a.id.vm == m.id)
                 .collect();
-            match &m.member {
+            match &mut m.member {
                 Member::Pvmm(p) => {
                     let list: Vec<(u32, CpuSet, u32)> = mine
                         .iter()
@@ -469,10 +484,11 @@ impl HostDaemon {
                 }
                 Member::Foreign(f) => {
                     let unplaced = |tid: &i32, cpus: &CpuSet| self.applied.get(tid) != Some(cpus);
+                    let inherited = m.inherited.clone().filter(|_| m.placed);
                     for a in &mine {
                         match f.found.vcpu_tids.get(&a.id.vcpu) {
                             Some(tid) if unplaced(tid, &a.cpus) => {
-                                foreign_pins.push((*tid, a.cpus.clone()))
+                                foreign_pins.push((*tid, a.cpus.clone(), inherited.clone()))
                             }
                             _ => {}
                         }
@@ -480,15 +496,16 @@ impl HostDaemon {
                     if !active.is_empty() {
                         for tid in f.housekeeping() {
                             if unplaced(&tid, &active) {
-                                foreign_pins.push((tid, active.clone()));
+                                foreign_pins.push((tid, active.clone(), inherited.clone()));
                             }
                         }
                     }
                 }
             }
+            m.placed = true;
         }
-        for (tid, cpus) in foreign_pins {
-            self.pin_foreign(tid, &cpus);
+        for (tid, cpus, inherited) in foreign_pins {
+            self.pin_foreign(tid, &cpus, inherited);
         }
         self.totals.apply_errors += failed.len() as u64;
         for pid in failed {
@@ -606,8 +623,8 @@ impl HostDaemon {
     /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the
     /// affinity it had before.
     pub fn release(&mut self) {
-        for m in self.vms.values() {
-            if let Member::Pvmm(p) = &m.member {
+        for m in self.vms.values_mut() {
+            if let Member::Pvmm(p) = &mut m.member {
                 if let Err(e) = p.release() {
                     eprintln!("pvmm-host: {e}");
                 }
@@ -755,6 +772,43 @@ mod tests {
             assert_eq!(
                 d.applied.get(&tid),
                 Some(&CpuSet::single(1)),
+                "thread {tid}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_thread_created_while_placed_gets_its_process_affinity_back() {
+        let host = FakeHost::new("late-thread");
+        let fds = [(3, "anon_inode:kvm-vm"), (4, "anon_inode:kvm-vcpu:0")];
+        host.process(100, &[(100, "qemu"), (110, "CPU 0/KVM")], &fds);
+        let mut executor = RecordingExecutor::new();
+        for tid in [100, 110] {
+            executor.apply(tid, &CpuSet::range(0, 3)).unwrap();
+        }
+        let mut d = daemon_with(&host, "powersaving", executor);
+        d.tick().unwrap();
+        // A thread appears while the VM is placed; it inherited its creator's pinning.
+        host.process(
+            100,
+            &[(100, "qemu"), (110, "CPU 0/KVM"), (120, "worker")],
+            &[],
+        );
+        let pinned = d.executor.read(100).unwrap();
+        assert_ne!(pinned, CpuSet::range(0, 3));
+        d.executor.apply(120, &pinned).unwrap();
+        for _ in 0..discover::FULL_SCAN_TICKS {
+            d.tick().unwrap();
+        }
+        assert!(
+            d.applied.contains_key(&120),
+            "the new thread is housekeeping"
+        );
+        d.release();
+        for tid in [100, 110, 120] {
+            assert_eq!(
+                d.executor.read(tid).unwrap(),
+                CpuSet::range(0, 3),
                 "thread {tid}"
             );
         }
