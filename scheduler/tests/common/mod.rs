@@ -7,7 +7,7 @@ use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};
 use pvmm_scheduler::{Decision, Engine, EngineConfig, HostTopology, Policy, VcpuId, VcpuLoad};
 
 /// Placement tick of the live VMM.
-pub const TICK_MS: u64 = 100;
+pub const TICK_MS: u64 = pvmm_scheduler::placement::DEFAULT_TICK_MS;
 
 pub fn loads_for(vms: &[(u32, u32)], util: impl Fn(u32, u32) -> u32) -> Vec<VcpuLoad> {
     let mut loads = Vec::new();
