@@ -12,9 +12,9 @@ use pvmm_scheduler::policy::Policy;
 use pvmm_scheduler::power::PowerModel;
 use pvmm_scheduler::util::UtilConfig;
 
-/// Default placement tick (ms): the live VMM's default (`DEFAULT_TICK_MS` in
-/// `vmm/src/live/scheduler.rs`), so the simulator decides as often as pvmm does.
-pub const DEFAULT_TICK_MS: u64 = 100;
+/// Default placement tick (ms): the engine's, which pvmm uses too, so the simulator decides as
+/// often as pvmm does.
+pub const DEFAULT_TICK_MS: u64 = pvmm_scheduler::placement::DEFAULT_TICK_MS;
 
 /// Default work step (µs). 1 ms resolves the bursts of a build job (tens of
 /// ms) and SMT/package overlap well while keeping a 200 s run at 200,000
