@@ -13,6 +13,7 @@ use crate::config::ConfigError;
 use crate::exit::{EXIT_BAD_INPUT, EXIT_HOST_ERROR};
 use crate::live::scheduler::LiveError;
 use crate::memory::MemoryError;
+use crate::seccomp::SeccompError;
 use crate::vstate::vcpu::VcpuError;
 use crate::vstate::vm::VmError;
 
@@ -49,6 +50,9 @@ pub enum VmmError {
     /// The control socket could not be set up.
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// The seccomp filters could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
 }
 
 impl From<BusError> for VmmError {
@@ -152,6 +156,7 @@ impl VmmError {
             VmmError::Acpi(AcpiError::TooManyVcpus(_)) => EXIT_BAD_INPUT,
             VmmError::Placement(_) => EXIT_BAD_INPUT,
             VmmError::Api(_) => EXIT_BAD_INPUT,
+            VmmError::Seccomp(SeccompError::SelfTest(_)) => EXIT_BAD_INPUT,
             _ => EXIT_HOST_ERROR,
         }
     }
