@@ -88,6 +88,30 @@ pub enum BootError {
         /// The loader's reason.
         source: linux_loader::loader::Error,
     },
+    /// The kernel's segments end past guest RAM (below the 32-bit MMIO hole).
+    #[error("kernel {path} does not fit in guest memory: it ends at {end:#x}, above {limit:#x}; give the guest more --memory")]
+    KernelTooBig {
+        /// The file.
+        path: PathBuf,
+        /// Where its highest segment ends.
+        end: u64,
+        /// The end of low guest RAM.
+        limit: u64,
+    },
+    /// The entry point lies outside what the kernel loads.
+    #[error(
+        "{path}: entry point {entry:#x} lies outside the kernel it loads ({start:#x}..{end:#x})"
+    )]
+    EntryOutsideKernel {
+        /// The file.
+        path: PathBuf,
+        /// The entry point.
+        entry: u64,
+        /// The lowest address a kernel may load at (1 MiB).
+        start: u64,
+        /// Where the kernel ends.
+        end: u64,
+    },
     /// The initrd cannot be read.
     #[error("cannot read initrd {path}: {source}")]
     InitrdRead {
@@ -239,12 +263,14 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
             let header = read_setup_header(&mut file, spec.kernel)?;
             let loaded = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
                 .map_err(load_err)?;
+            let rip = loaded.kernel_load.0 + BZIMAGE_64BIT_ENTRY_OFFSET;
+            check_kernel_fits(spec, &loaded, rip)?;
             let initrd = load_initrd(mem, spec, &loaded, header.initrd_addr_max as u64)?;
             let zero_page =
                 build_zero_page(&loaded, spec, initrd, cmdline_len, header.cmdline_size)?;
             mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_START))?;
             Ok(EntryPoint::Linux64 {
-                rip: loaded.kernel_load.0 + BZIMAGE_64BIT_ENTRY_OFFSET,
+                rip,
                 zero_page: ZERO_PAGE_START,
             })
         }
@@ -254,6 +280,7 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
             let PvhBootCapability::PvhEntryPresent(entry) = loaded.pvh_boot_cap else {
                 return Err(BootError::NoPvhEntry(spec.kernel.to_path_buf()));
             };
+            check_kernel_fits(spec, &loaded, entry.0)?;
             // PVH kernels have no header limit; they accept an initrd anywhere in low RAM.
             let initrd = load_initrd(mem, spec, &loaded, u64::from(u32::MAX))?;
             write_pvh_start_info(mem, spec, initrd)?;
@@ -263,6 +290,33 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
             })
         }
     }
+}
+
+/// A loaded kernel must end within low guest RAM and be entered inside what it loaded: a
+/// hostile or damaged file (a PVH note pointing anywhere, a bzImage without a payload, a
+/// segment larger than memory) is refused here rather than run.
+fn check_kernel_fits(
+    spec: &BootSpec<'_>,
+    loaded: &KernelLoaderResult,
+    entry: u64,
+) -> Result<(), BootError> {
+    let limit = low_ram_end(spec.mem_size);
+    if loaded.kernel_end > limit {
+        return Err(BootError::KernelTooBig {
+            path: spec.kernel.to_path_buf(),
+            end: loaded.kernel_end,
+            limit,
+        });
+    }
+    if !(HIMEM_START..loaded.kernel_end).contains(&entry) {
+        return Err(BootError::EntryOutsideKernel {
+            path: spec.kernel.to_path_buf(),
+            entry,
+            start: HIMEM_START,
+            end: loaded.kernel_end,
+        });
+    }
+    Ok(())
 }
 
 fn build_cmdline(text: &str) -> Result<Cmdline, BootError> {
