@@ -31,6 +31,21 @@ pub const EXIT_STOPPED: i32 = 6;
 /// happens where pvmm's handler cannot run.
 pub const EXIT_SECCOMP: i32 = 128 + libc::SIGSYS;
 
+/// `text` with its control characters escaped (a newline in a flag's value or a file name
+/// becomes `\n`), so that an error line pvmm prints stays one line.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// Why the VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VmExit {
@@ -91,6 +106,13 @@ impl VmExit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printable_text_is_one_line() {
+        assert_eq!(printable("2-3"), "2-3");
+        assert_eq!(printable("a\nb\tc\u{7}"), "a\\nb\\tc\\u{7}");
+        assert_eq!(printable("größe"), "größe");
+    }
 
     #[test]
     fn statuses_are_distinct() {

@@ -10,7 +10,7 @@ use crate::acpi::AcpiError;
 use crate::api::ApiError;
 use crate::boot::BootError;
 use crate::config::ConfigError;
-use crate::exit::{EXIT_BAD_INPUT, EXIT_HOST_ERROR};
+use crate::exit::{printable, EXIT_BAD_INPUT, EXIT_HOST_ERROR};
 use crate::live::scheduler::LiveError;
 use crate::memory::MemoryError;
 use crate::seccomp::SeccompError;
@@ -91,7 +91,7 @@ pub enum SetupError {
 #[derive(Debug, thiserror::Error)]
 pub enum PlacementInputError {
     /// `--host-topology` names no usable topology.
-    #[error("--host-topology {arg}: {source}")]
+    #[error("--host-topology {}: {}", printable(.arg), printable(&.source.to_string()))]
     Topology {
         /// The flag's value.
         arg: String,
@@ -99,7 +99,7 @@ pub enum PlacementInputError {
         source: TopologyError,
     },
     /// `--cpus` is not a CPU list.
-    #[error("--cpus {list}: {source}")]
+    #[error("--cpus {}: {}", printable(.list), printable(&.source.to_string()))]
     CpuList {
         /// The flag's value.
         list: String,
@@ -107,7 +107,7 @@ pub enum PlacementInputError {
         source: CpuSetError,
     },
     /// `--cpus` leaves no usable topology.
-    #[error("--cpus {list}: {source}")]
+    #[error("--cpus {}: {}", printable(.list), printable(&.source.to_string()))]
     Restrict {
         /// The flag's value.
         list: String,
