@@ -377,6 +377,10 @@ fn serve(
     api_socket: Option<ApiSocket>,
     seccomp: &Arc<SeccompFilters>,
 ) -> Result<(Option<ApiServer>, SignalThread), VmmError> {
+    // Signal handlers first: once the control socket answers, a client (a service manager, a
+    // test) may send SIGTERM or SIGHUP at once, and the default action would end pvmm.
+    let signals =
+        SignalThread::spawn(core.clone(), seccomp.clone()).map_err(SetupError::SignalThread)?;
     let api = match api_socket {
         Some(socket) => Some(
             socket
@@ -385,8 +389,6 @@ fn serve(
         ),
         None => None,
     };
-    let signals =
-        SignalThread::spawn(core.clone(), seccomp.clone()).map_err(SetupError::SignalThread)?;
     Ok((api, signals))
 }
 
