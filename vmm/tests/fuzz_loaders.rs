@@ -73,9 +73,11 @@ fn le64(b: &[u8], at: usize) -> u64 {
         .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap()))
 }
 
-/// The fields of a one-segment PVH ELF kernel.
+/// The fields of a PVH ELF kernel: one segment, or two.
 #[derive(Debug, Clone)]
 struct ElfKernel {
+    /// A second 16-byte segment's load address.
+    second: Option<u64>,
     code_len: usize,
     paddr: u64,
     filesz: Option<u64>,
@@ -85,14 +87,16 @@ struct ElfKernel {
     note_type: u32,
     note_namesz: u32,
     note_descsz: u32,
-    phnum: u16,
+    /// How many program headers the header claims (default: as many as there are).
+    phnum: Option<u16>,
     phoff: u64,
 }
 
 impl ElfKernel {
     fn bytes(&self) -> Vec<u8> {
         let code_off = 0x1000usize;
-        let note_off = ELF_HEADER + 2 * PROGRAM_HEADER;
+        // Room for three program headers before the note.
+        let note_off = 0x100;
         let mut note = Vec::new();
         note.extend_from_slice(&self.note_namesz.to_le_bytes());
         note.extend_from_slice(&self.note_descsz.to_le_bytes());
@@ -111,7 +115,8 @@ impl ElfKernel {
         f[32..40].copy_from_slice(&self.phoff.to_le_bytes());
         f[52..54].copy_from_slice(&(ELF_HEADER as u16).to_le_bytes());
         f[54..56].copy_from_slice(&(PROGRAM_HEADER as u16).to_le_bytes());
-        f[56..58].copy_from_slice(&self.phnum.to_le_bytes());
+        let phnum = self.phnum.unwrap_or(2 + u16::from(self.second.is_some()));
+        f[56..58].copy_from_slice(&phnum.to_le_bytes());
         let filesz = self.filesz.unwrap_or(self.code_len as u64);
         let mut phdr = |at: usize, kind: u32, off: u64, addr: u64, filesz: u64, memsz: u64| {
             f[at..at + 4].copy_from_slice(&kind.to_le_bytes());
@@ -139,6 +144,16 @@ impl ElfKernel {
             note.len() as u64,
             note.len() as u64,
         );
+        if let Some(paddr) = self.second {
+            phdr(
+                ELF_HEADER + 2 * PROGRAM_HEADER,
+                PT_LOAD,
+                code_off as u64,
+                paddr,
+                16,
+                16,
+            );
+        }
         f[note_off..note_off + note.len()].copy_from_slice(&note);
         f.extend(std::iter::repeat_n(0xf4u8, self.code_len));
         f
@@ -160,6 +175,20 @@ fn elf_kernel_end(f: &[u8]) -> u64 {
         })
         .max()
         .unwrap_or(0)
+}
+
+/// Where a (possibly damaged) ELF file's lowest loadable segment starts.
+fn elf_kernel_start(f: &[u8]) -> u64 {
+    let phoff = le64(f, 32) as usize;
+    let phnum = le16(f, 56) as usize;
+    (0..phnum)
+        .filter_map(|i| {
+            let at = phoff.checked_add(i.checked_mul(PROGRAM_HEADER)?)?;
+            let loads = le32(f, at) == u64::from(PT_LOAD) && le64(f, at.saturating_add(32)) != 0;
+            loads.then(|| le64(f, at.saturating_add(24)))
+        })
+        .min()
+        .unwrap_or(u64::MAX)
 }
 
 /// Values around the boundaries that matter for an address or a size.
@@ -191,8 +220,9 @@ fn elf_kernel(mem: u64) -> impl Strategy<Value = ElfKernel> {
         prop_oneof![20 => Just(XEN_ELFNOTE_PHYS32_ENTRY), 1 => any::<u32>()],
         prop_oneof![20 => Just(4u32), 1 => any::<u32>(), 1 => 0u32..64],
         prop_oneof![20 => Just(4u32), 1 => any::<u32>(), 1 => 0u32..64],
-        prop_oneof![20 => Just(2u16), 1 => any::<u16>(), 1 => 0u16..8],
+        prop_oneof![20 => Just(None), 1 => any::<u16>().prop_map(Some), 1 => (0u16..8).prop_map(Some)],
         hostile_u64(ELF_HEADER as u64, 0x1000),
+        prop_oneof![6 => Just(None), 1 => hostile_u64(HIMEM_START + 0x1000, mem).prop_map(Some)],
     )
         .prop_map(
             |(
@@ -207,7 +237,9 @@ fn elf_kernel(mem: u64) -> impl Strategy<Value = ElfKernel> {
                 note_descsz,
                 phnum,
                 phoff,
+                second,
             )| ElfKernel {
+                second,
                 code_len,
                 paddr,
                 filesz,
@@ -346,7 +378,7 @@ impl Damage {
 /// file's kernel ends, as the loader sees it.
 fn load_and_check(
     kernel: &[u8],
-    kernel_end: u64,
+    (kernel_start, kernel_end): (u64, u64),
     initrd_size: Option<u64>,
     mem_size: u64,
 ) -> Result<(), TestCaseError> {
@@ -370,7 +402,7 @@ fn load_and_check(
     check_outcome(
         &mem,
         loaded,
-        kernel_end,
+        (kernel_start, kernel_end),
         initrd_size,
         mem_size,
         &kernel_path,
@@ -380,7 +412,7 @@ fn load_and_check(
 fn check_outcome(
     mem: &pvmm::memory::GuestMemory,
     loaded: Result<EntryPoint, BootError>,
-    kernel_end: u64,
+    (kernel_start, kernel_end): (u64, u64),
     initrd_size: Option<u64>,
     mem_size: u64,
     path: &Path,
@@ -401,6 +433,10 @@ fn check_outcome(
     prop_assert!(
         kernel_end <= ram_end,
         "kernel ends at {kernel_end:#x}, RAM at {ram_end:#x}"
+    );
+    prop_assert!(
+        kernel_start >= HIMEM_START,
+        "a segment loads at {kernel_start:#x}, below 1 MiB"
     );
     let (eip, initrd_at) = match entry {
         EntryPoint::Linux64 { rip, zero_page } => {
@@ -452,8 +488,8 @@ proptest! {
             (Just(mem), elf_kernel(mem), damage(), initrd_size(mem))
         })
     ) {
-        let f = damage.apply(kernel.bytes(), ELF_HEADER + 2 * PROGRAM_HEADER + 24);
-        load_and_check(&f, elf_kernel_end(&f), initrd, mem)?;
+        let f = damage.apply(kernel.bytes(), 0x100 + 24);
+        load_and_check(&f, (elf_kernel_start(&f), elf_kernel_end(&f)), initrd, mem)?;
     }
 
     #[test]
@@ -463,12 +499,12 @@ proptest! {
         })
     ) {
         let f = damage.apply(kernel.bytes(), 0x280);
-        load_and_check(&f, bz_kernel_end(&f), initrd, mem)?;
+        load_and_check(&f, (le32(&f, 0x214), bz_kernel_end(&f)), initrd, mem)?;
     }
 
     #[test]
     fn random_bytes_are_not_kernels(bytes in prop::collection::vec(any::<u8>(), 0..0x400)) {
-        load_and_check(&bytes, 0, None, 16 << 20)?;
+        load_and_check(&bytes, (u64::MAX, 0), None, 16 << 20)?;
     }
 }
 
@@ -485,7 +521,8 @@ fn named_hostile_kernels_are_refused() {
         note_type: XEN_ELFNOTE_PHYS32_ENTRY,
         note_namesz: 4,
         note_descsz: 4,
-        phnum: 2,
+        second: None,
+        phnum: None,
         phoff: ELF_HEADER as u64,
     };
     let mem = 16 << 20;
@@ -518,7 +555,13 @@ fn named_hostile_kernels_are_refused() {
         }
     };
     // The valid one loads.
-    load_and_check(&valid.bytes(), HIMEM_START + 16, Some(PAGE), mem).unwrap();
+    load_and_check(
+        &valid.bytes(),
+        (HIMEM_START, HIMEM_START + 16),
+        Some(PAGE),
+        mem,
+    )
+    .unwrap();
     let full = valid.bytes();
     refused(&full[..40], None, "truncated-elf");
     refused(
@@ -544,6 +587,20 @@ fn named_hostile_kernels_are_refused() {
         Some(mem - HIMEM_START),
         "initrd-overlapping-kernel",
     );
+    let over_acpi = ElfKernel {
+        paddr: 0xe_0000,
+        ..valid.clone()
+    };
+    refused(&over_acpi.bytes(), None, "segment-over-the-acpi-tables");
+    let second_over_acpi = ElfKernel {
+        second: Some(0xe_0000),
+        ..valid.clone()
+    };
+    refused(
+        &second_over_acpi.bytes(),
+        None,
+        "second-segment-over-the-acpi-tables",
+    );
     let bz = BzKernel {
         setup_sects: 4,
         payload: 0x1000,
@@ -555,7 +612,13 @@ fn named_hostile_kernels_are_refused() {
         initrd_addr_max: 0x7fff_ffff,
         cmdline_size: 2048,
     };
-    load_and_check(&bz.bytes(), bz_kernel_end(&bz.bytes()), None, mem).unwrap();
+    load_and_check(
+        &bz.bytes(),
+        (HIMEM_START, bz_kernel_end(&bz.bytes())),
+        None,
+        mem,
+    )
+    .unwrap();
     let past_end = BzKernel {
         setup_sects: 200,
         ..bz.clone()

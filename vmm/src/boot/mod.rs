@@ -112,6 +112,20 @@ pub enum BootError {
         /// Where the kernel ends.
         end: u64,
     },
+    /// An ELF segment loads below 1 MiB, over the boot data and ACPI tables pvmm writes there.
+    #[error(
+        "{path}: a segment loads at {start:#x}..{end:#x}, below guest RAM for kernels ({min:#x})"
+    )]
+    SegmentBelowKernelRam {
+        /// The file.
+        path: PathBuf,
+        /// Where the segment starts.
+        start: u64,
+        /// Where it ends.
+        end: u64,
+        /// The lowest address a kernel may load at (1 MiB).
+        min: u64,
+    },
     /// The initrd cannot be read.
     #[error("cannot read initrd {path}: {source}")]
     InitrdRead {
@@ -281,6 +295,7 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
                 return Err(BootError::NoPvhEntry(spec.kernel.to_path_buf()));
             };
             check_kernel_fits(spec, &loaded, entry.0)?;
+            check_elf_segments(&mut file, spec)?;
             // PVH kernels have no header limit; they accept an initrd anywhere in low RAM.
             let initrd = load_initrd(mem, spec, &loaded, u64::from(u32::MAX))?;
             write_pvh_start_info(mem, spec, initrd)?;
@@ -315,6 +330,43 @@ fn check_kernel_fits(
             start: HIMEM_START,
             end: loaded.kernel_end,
         });
+    }
+    Ok(())
+}
+
+/// Every loaded segment of an ELF kernel (linux-loader has already checked its headers) must
+/// lie at 1 MiB or above: below are the zero page, the boot page tables and the ACPI tables,
+/// which a segment there would overwrite.
+fn check_elf_segments(file: &mut File, spec: &BootSpec<'_>) -> Result<(), BootError> {
+    const PT_LOAD: u32 = 1;
+    const PHDR_SIZE: usize = 56;
+    let read_err = |source| BootError::KernelRead {
+        path: spec.kernel.to_path_buf(),
+        source,
+    };
+    let mut ehdr = [0u8; 64];
+    file.seek(SeekFrom::Start(0)).map_err(read_err)?;
+    file.read_exact(&mut ehdr).map_err(read_err)?;
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+    let u32_at =
+        |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4]));
+    let u64_at =
+        |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+    let phoff = u64_at(&ehdr, 32);
+    let phnum = u16_at(&ehdr, 56);
+    file.seek(SeekFrom::Start(phoff)).map_err(read_err)?;
+    let mut phdr = [0u8; PHDR_SIZE];
+    for _ in 0..phnum {
+        file.read_exact(&mut phdr).map_err(read_err)?;
+        let (start, filesz, memsz) = (u64_at(&phdr, 24), u64_at(&phdr, 32), u64_at(&phdr, 40));
+        if u32_at(&phdr, 0) == PT_LOAD && filesz != 0 && start < HIMEM_START {
+            return Err(BootError::SegmentBelowKernelRam {
+                path: spec.kernel.to_path_buf(),
+                start,
+                end: start.saturating_add(memsz),
+                min: HIMEM_START,
+            });
+        }
     }
     Ok(())
 }
