@@ -1,33 +1,28 @@
 //! Capacity on the kernel's 1024 scale: how much work a CPU, a core, a group of
-//! CPUs or a vCPU's share of a CPU can do, and the 80 % fit rule.
+//! CPUs or a vCPU's share of a CPU can do, and the constants of the fit rule
+//! and of "clearly greater" that the placement engine applies.
 
 use crate::cpuset::CpuSet;
 use crate::topology::HostTopology;
-
-/// One full CPU (the fastest CPU of the host running alone on its core); the
-/// scale of `cpu_capacity`, PELT utilization and every capacity in this crate.
-pub const CAPACITY_SCALE: u32 = 1024;
+pub use crate::topology::CAPACITY_SCALE;
 
 /// Capacity of a whole SMT core when its threads are all busy: the kernel's
 /// `smt_gain` (1178, i.e. SMT adds about 15 % throughput; each of two busy
 /// siblings gets about 589).
 pub const SMT_GAIN: u32 = 1178;
 
-/// The fit rule's multiplier: utilization `u` fits capacity `c` when
-/// `u * FIT_MARGIN < c * CAPACITY_SCALE`, i.e. `u < 80 % of c` (the kernel's
-/// `fits_capacity`): 20 % headroom absorbs PELT's lag and bursts before a CPU
-/// saturates.
+/// The fit rule's multiplier, after the kernel's `fits_capacity`
+/// (`util * 1280 < capacity * 1024`, i.e. under 80 %): 20 % headroom absorbs
+/// PELT's lag and bursts before a CPU saturates. The packing policies count a
+/// vCPU's *fit demand* as `util * FIT_MARGIN`, capped at one CPU slot
+/// (`capacity * CAPACITY_SCALE`): an always-busy vCPU fills a slot and cannot
+/// use headroom (`placement`'s module documentation).
 pub const FIT_MARGIN: u64 = 1280;
 
 /// `capacity_greater(a, b)` multiplier: `a` is meaningfully greater than `b`
 /// when `a * 1024 > b * 1078`, about 5 % (the kernel's `capacity_greater`);
 /// smaller differences are noise and must not trigger moves.
 pub const CAPACITY_GREATER_MARGIN: u64 = 1078;
-
-/// True when `util` fits in `capacity` with the 20 % headroom of [`FIT_MARGIN`].
-pub fn fits(util: u64, capacity: u64) -> bool {
-    util * FIT_MARGIN < capacity * u64::from(CAPACITY_SCALE)
-}
 
 /// True when `a` is more than about 5 % greater than `b` ([`CAPACITY_GREATER_MARGIN`]).
 pub fn capacity_greater(a: u64, b: u64) -> bool {
@@ -56,26 +51,17 @@ pub fn thread_share(thread_capacity: u32, threads: u32, busy_threads: u32) -> u3
     }
 }
 
-/// Effective capacity of a vCPU from its placement: what it can get if it
-/// runs flat out now. Its host CPU offers [`thread_share`] (less when an SMT
-/// sibling is busy); the other `vcpus_on_cpu - 1` vCPUs there use
-/// `others_util` of it; the vCPU gets what they leave, but never less than an
+/// What a host CPU offers the vCPUs on it: the effective capacity of a vCPU
+/// from its placement, what it can get if it runs flat out now. The CPU
+/// offers [`thread_share`] (less when an SMT sibling is busy); the other vCPUs
+/// there use some of it; the vCPU gets what they leave, but never less than an
 /// equal share (the host scheduler's fairness when all of them run). So a busy
 /// vCPU sharing a CPU with idle ones keeps nearly all of it, and k busy vCPUs
 /// get 1/k each. Always at least 1.
-pub fn effective_capacity(
-    thread_capacity: u32,
-    threads: u32,
-    busy_threads: u32,
-    vcpus_on_cpu: u32,
-    others_util: u64,
-) -> u32 {
-    CpuOffer::new(thread_capacity, threads, busy_threads, vcpus_on_cpu).for_vcpu(others_util)
-}
-
-/// The part of [`effective_capacity`] that depends on the host CPU only, so
-/// that a placement computes it once per CPU rather than once per vCPU (two
-/// integer divisions each, 7 % of a 10,000-vCPU decision).
+///
+/// The part that depends on the CPU only is computed once per CPU
+/// ([`CpuOffer::new`]) rather than once per vCPU (two integer divisions each,
+/// 7 % of a 10,000-vCPU decision); [`CpuOffer::for_vcpu`] adds the vCPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CpuOffer {
     /// The CPU's [`thread_share`].
@@ -95,7 +81,7 @@ impl CpuOffer {
         }
     }
 
-    /// [`effective_capacity`] of one of its vCPUs when the others use
+    /// The effective capacity of one of its vCPUs when the others use
     /// `others_util`.
     pub fn for_vcpu(&self, others_util: u64) -> u32 {
         let left = u64::from(self.share).saturating_sub(others_util) as u32;
@@ -112,10 +98,6 @@ pub struct GroupCapacity {
     pub cores: u32,
     /// Logical CPUs in the group.
     pub cpus: u32,
-    /// How many always-busy tasks the group runs at about full speed, without
-    /// "ghost cores": `min(cores, round(capacity / 1024))`. Summing SMT
-    /// capacities (4 cores x 1178 = 4712) would claim 5 cores where there are 4.
-    pub task_slots: u32,
 }
 
 /// Capacity of the CPUs of `cpus` that exist in `topology`.
@@ -138,8 +120,6 @@ pub fn group_capacity(topology: &HostTopology, cpus: &CpuSet) -> GroupCapacity {
             }
         }
     }
-    let rounded = (group.capacity + CAPACITY_SCALE / 2) / CAPACITY_SCALE;
-    group.task_slots = group.cores.min(rounded);
     group
 }
 
@@ -148,13 +128,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fit_rule_is_eighty_percent_strict() {
-        assert!(fits(818, 1024));
-        assert!(fits(819, 1024)); // 819 * 1280 = 1_048_320 < 1_048_576
-        assert!(!fits(820, 1024));
-        assert!(!fits(1024, 1024));
+    fn clearly_greater_is_about_five_percent() {
         assert!(capacity_greater(1100, 1024));
         assert!(!capacity_greater(1070, 1024));
+        assert!(capacity_greater(1079, 1024)); // 1079 * 1024 > 1024 * 1078
+        assert!(!capacity_greater(1078, 1024));
     }
 
     #[test]
@@ -162,30 +140,25 @@ mod tests {
         assert_eq!(core_capacity(1024, 2), 1178);
         assert_eq!(thread_share(1024, 2, 1), 1024);
         assert_eq!(thread_share(1024, 2, 2), 589);
-        assert_eq!(effective_capacity(1024, 2, 2, 2, 1024), 294);
-        assert_eq!(effective_capacity(1024, 1, 1, 4, 3 * 1024), 256);
-        assert_eq!(
-            effective_capacity(1024, 1, 1, 4, 3 * 16),
-            976,
-            "idle sharers leave most"
-        );
-        assert_eq!(effective_capacity(1024, 1, 1, 1, 0), 1024);
-        assert_eq!(effective_capacity(1, 1, 1, 8, 7), 1);
+        let offer = |cap, threads, busy, vcpus, others| {
+            CpuOffer::new(cap, threads, busy, vcpus).for_vcpu(others)
+        };
+        assert_eq!(offer(1024, 2, 2, 2, 1024), 294);
+        assert_eq!(offer(1024, 1, 1, 4, 3 * 1024), 256);
+        assert_eq!(offer(1024, 1, 1, 4, 3 * 16), 976, "idle sharers leave most");
+        assert_eq!(offer(1024, 1, 1, 1, 0), 1024);
+        assert_eq!(offer(1, 1, 1, 8, 7), 1);
     }
 
     #[test]
-    fn no_ghost_cores() {
+    fn group_capacity_shares_smt_cores() {
         let topo = HostTopology::from_spec("1x4x2").unwrap();
         let group = group_capacity(&topo, &topo.cpu_set());
-        assert_eq!(group.capacity, 4 * 1178);
+        assert_eq!(group.capacity, 4 * 1178, "SMT adds 15 %, not a core");
         assert_eq!(group.cores, 4);
         assert_eq!(group.cpus, 8);
-        assert_eq!(
-            group.task_slots, 4,
-            "4712 rounds to 5, but there are 4 cores"
-        );
         let one_thread_each = group_capacity(&topo, &"0-3".parse().unwrap());
         assert_eq!(one_thread_each.capacity, 4096);
-        assert_eq!(one_thread_each.task_slots, 4);
+        assert_eq!(one_thread_each.cores, 4);
     }
 }

@@ -44,11 +44,6 @@ impl Policy {
         !matches!(self, Policy::Performance)
     }
 
-    /// True when packing may put vCPUs on SMT siblings of a busy core.
-    pub fn uses_smt_siblings(self) -> bool {
-        matches!(self, Policy::Powersaving { .. })
-    }
-
     /// True for powersaving level 2 (preferred package, immediate pull).
     pub fn prefers_package(self) -> bool {
         matches!(self, Policy::Powersaving { level } if level >= 2)

@@ -15,8 +15,12 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::capacity::CAPACITY_SCALE;
 use crate::cpuset::{CpuSet, CpuSetError, MAX_CPU_ID};
+
+/// One full CPU (the fastest CPU of the host running alone on its core): the scale of each
+/// CPU's capacity here, of `cpu_capacity`, of PELT utilization and of every capacity the
+/// engine computes (re-exported as `capacity::CAPACITY_SCALE`).
+pub const CAPACITY_SCALE: u32 = 1024;
 
 /// Where [`HostTopology::detect`] reads the host's CPU topology.
 pub const SYSFS_CPU_ROOT: &str = "/sys/devices/system/cpu";
@@ -371,87 +375,20 @@ impl HostTopology {
     /// the core ids) and, for capacity, `cpu_capacity` where present, else the
     /// ratio of `cpufreq/cpuinfo_max_freq` to the fastest CPU's, else 1024.
     pub fn from_sysfs(root: &Path) -> Result<Self, TopologyError> {
-        let online: CpuSet =
-            read_trimmed(&root.join("online"))?
-                .parse()
-                .map_err(|e: CpuSetError| TopologyError::BadSysfsValue {
-                    path: root.join("online"),
-                    content: read_trimmed(&root.join("online")).unwrap_or_default(),
-                    reason: e.to_string(),
-                })?;
+        let online = read_online(root)?;
         let mut records = Vec::with_capacity(online.len());
         let mut siblings: Vec<(u32, CpuSet)> = Vec::with_capacity(online.len());
         let mut explicit_capacity: Vec<Option<u32>> = Vec::with_capacity(online.len());
         let mut max_freq: Vec<Option<u64>> = Vec::with_capacity(online.len());
         for cpu in &online {
-            let dir = root.join(format!("cpu{cpu}"));
-            let topo = dir.join("topology");
-            let package = read_id(&topo.join("physical_package_id"))?;
-            let die = match read_optional(&topo.join("die_id"))? {
-                Some(_) => read_id(&topo.join("die_id"))?,
-                None => 0,
-            };
-            let core = read_id(&topo.join("core_id"))?;
-            // thread_siblings_list is deprecated in favour of core_cpus_list
-            // (Linux 5.3+) but both exist today; accept either.
-            let mut siblings_path = topo.join("thread_siblings_list");
-            let sibling_text = match read_optional(&siblings_path)? {
-                Some(text) => text,
-                None => {
-                    siblings_path = topo.join("core_cpus_list");
-                    read_trimmed(&siblings_path)?
-                }
-            };
-            let sibling_set: CpuSet =
-                sibling_text
-                    .parse()
-                    .map_err(|e: CpuSetError| TopologyError::BadSysfsValue {
-                        path: siblings_path.clone(),
-                        content: sibling_text.clone(),
-                        reason: e.to_string(),
-                    })?;
-            if !sibling_set.contains(cpu) {
-                return Err(TopologyError::InconsistentSysfs(format!(
-                    "{} lists {sibling_set} without CPU {cpu} itself",
-                    siblings_path.display()
-                )));
-            }
-            siblings.push((cpu, sibling_set));
-            let capacity_path = dir.join("cpu_capacity");
-            explicit_capacity.push(match read_optional(&capacity_path)? {
-                Some(text) => Some(parse_number(&capacity_path, &text)?),
-                None => None,
-            });
-            let freq_path = dir.join("cpufreq").join("cpuinfo_max_freq");
-            max_freq.push(match read_optional(&freq_path)? {
-                Some(text) => Some(parse_number(&freq_path, &text)?),
-                None => None,
-            });
-            records.push(CpuRecord {
-                id: cpu,
-                package,
-                die,
-                core,
-                capacity: CAPACITY_SCALE,
-            });
+            let read = read_sysfs_cpu(root, cpu)?;
+            records.push(read.record);
+            siblings.push((cpu, read.siblings));
+            explicit_capacity.push(read.explicit_capacity);
+            max_freq.push(read.max_freq);
         }
         assign_capacities(&mut records, &explicit_capacity, &max_freq)?;
-        // Threads of one core must be exactly each other's siblings.
-        for (i, (cpu, sibling_set)) in siblings.iter().enumerate() {
-            let me = records[i];
-            let same_core: CpuSet = records
-                .iter()
-                .filter(|r| (r.package, r.die, r.core) == (me.package, me.die, me.core))
-                .map(|r| r.id)
-                .collect();
-            let online_siblings = sibling_set.intersection(&online);
-            if same_core != online_siblings {
-                return Err(TopologyError::InconsistentSysfs(format!(
-                    "CPU {cpu}: thread_siblings_list says {online_siblings} (online) but CPUs {same_core} share package {} die {} core {}",
-                    me.package, me.die, me.core
-                )));
-            }
-        }
+        check_core_siblings(&records, &siblings, &online)?;
         HostTopology::from_records(records)
     }
 
@@ -615,6 +552,118 @@ fn read_id(path: &Path) -> Result<u32, TopologyError> {
             reason: "id out of range".to_string(),
         }),
     }
+}
+
+/// One online CPU as its sysfs directory describes it.
+struct SysfsCpu {
+    /// Its ids, at [`CAPACITY_SCALE`] until [`assign_capacities`].
+    record: CpuRecord,
+    /// Its thread siblings, itself included.
+    siblings: CpuSet,
+    /// `cpu_capacity`, where present.
+    explicit_capacity: Option<u32>,
+    /// `cpufreq/cpuinfo_max_freq`, where present.
+    max_freq: Option<u64>,
+}
+
+/// The online CPUs: `online` under `root`.
+fn read_online(root: &Path) -> Result<CpuSet, TopologyError> {
+    read_trimmed(&root.join("online"))?
+        .parse()
+        .map_err(|e: CpuSetError| TopologyError::BadSysfsValue {
+            path: root.join("online"),
+            content: read_trimmed(&root.join("online")).unwrap_or_default(),
+            reason: e.to_string(),
+        })
+}
+
+/// CPU `cpu`'s ids, thread siblings and capacity sources, from `cpuN` under `root`.
+fn read_sysfs_cpu(root: &Path, cpu: u32) -> Result<SysfsCpu, TopologyError> {
+    let dir = root.join(format!("cpu{cpu}"));
+    let topo = dir.join("topology");
+    let package = read_id(&topo.join("physical_package_id"))?;
+    let die = match read_optional(&topo.join("die_id"))? {
+        Some(_) => read_id(&topo.join("die_id"))?,
+        None => 0,
+    };
+    let core = read_id(&topo.join("core_id"))?;
+    let siblings = read_thread_siblings(&topo, cpu)?;
+    let explicit_capacity = read_optional_number(&dir.join("cpu_capacity"))?;
+    let max_freq = read_optional_number(&dir.join("cpufreq").join("cpuinfo_max_freq"))?;
+    Ok(SysfsCpu {
+        record: CpuRecord {
+            id: cpu,
+            package,
+            die,
+            core,
+            capacity: CAPACITY_SCALE,
+        },
+        siblings,
+        explicit_capacity,
+        max_freq,
+    })
+}
+
+/// CPU `cpu`'s thread siblings from its `topology` folder `topo`; they must include `cpu`.
+fn read_thread_siblings(topo: &Path, cpu: u32) -> Result<CpuSet, TopologyError> {
+    // thread_siblings_list is deprecated in favour of core_cpus_list
+    // (Linux 5.3+) but both exist today; accept either.
+    let mut siblings_path = topo.join("thread_siblings_list");
+    let sibling_text = match read_optional(&siblings_path)? {
+        Some(text) => text,
+        None => {
+            siblings_path = topo.join("core_cpus_list");
+            read_trimmed(&siblings_path)?
+        }
+    };
+    let sibling_set: CpuSet =
+        sibling_text
+            .parse()
+            .map_err(|e: CpuSetError| TopologyError::BadSysfsValue {
+                path: siblings_path.clone(),
+                content: sibling_text.clone(),
+                reason: e.to_string(),
+            })?;
+    if !sibling_set.contains(cpu) {
+        return Err(TopologyError::InconsistentSysfs(format!(
+            "{} lists {sibling_set} without CPU {cpu} itself",
+            siblings_path.display()
+        )));
+    }
+    Ok(sibling_set)
+}
+
+/// A number in a file that may be absent.
+fn read_optional_number<T: FromStr>(path: &Path) -> Result<Option<T>, TopologyError> {
+    match read_optional(path)? {
+        Some(text) => Ok(Some(parse_number(path, &text)?)),
+        None => Ok(None),
+    }
+}
+
+/// Threads of one core must be exactly each other's siblings: each CPU's online siblings
+/// (`siblings`, in `records`' order) are the CPUs with its package, die and core ids.
+fn check_core_siblings(
+    records: &[CpuRecord],
+    siblings: &[(u32, CpuSet)],
+    online: &CpuSet,
+) -> Result<(), TopologyError> {
+    for (i, (cpu, sibling_set)) in siblings.iter().enumerate() {
+        let me = records[i];
+        let same_core: CpuSet = records
+            .iter()
+            .filter(|r| (r.package, r.die, r.core) == (me.package, me.die, me.core))
+            .map(|r| r.id)
+            .collect();
+        let online_siblings = sibling_set.intersection(online);
+        if same_core != online_siblings {
+            return Err(TopologyError::InconsistentSysfs(format!(
+                "CPU {cpu}: thread_siblings_list says {online_siblings} (online) but CPUs {same_core} share package {} die {} core {}",
+                me.package, me.die, me.core
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Capacity per CPU: `cpu_capacity` when every CPU has one; else, when every

@@ -1,13 +1,14 @@
 //! Helpers for pvmm end-to-end tests.
 //!
 //! The rig tests need QEMU, busybox-static, apt access to the Debian kernel package and a
-//! buildable pvmm. When something is missing they skip with a loud message on stderr, unless
-//! `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail.
+//! buildable pvmm. The Debian packages come through the rig's own check
+//! ([`pvmm_rig::packages::ensure`]: installed when the tests run as root, else named in the
+//! command to run). When something is still missing they skip with a loud message on stderr,
+//! unless `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail.
 
-use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use pvmm_rig::images::{self, L1Images, L1Needs, Workspace, BUSYBOX, QEMU};
+use pvmm_rig::images::{self, L1Images, L1Needs, Workspace};
 use pvmm_rig::soak::{classify, BootKind};
 
 /// Environment variable that turns a rig test's skip into a failure.
@@ -39,25 +40,16 @@ pub fn rig_unavailable(test: &str, reason: &str) {
         "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
          !!! SKIPPED {test}: QEMU-nested rig unavailable\n\
          !!! {reason}\n\
-         !!! (install qemu-system-x86 busybox-static; set {REQUIRE_RIG_ENV}=1 to fail instead)\n\
+         !!! (set {REQUIRE_RIG_ENV}=1 to fail instead)\n\
          !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
     );
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
 /// Builds (or reuses) the rig's images, or reports why it cannot and returns None.
 /// Call with the [`rig_lock`] held.
 pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> {
-    if !on_path(QEMU) {
-        rig_unavailable(test, &format!("{QEMU} is not on PATH"));
-        return None;
-    }
-    if !Path::new(BUSYBOX).is_file() {
-        rig_unavailable(test, &format!("{BUSYBOX} is missing"));
+    if let Err(error) = pvmm_rig::packages::ensure() {
+        rig_unavailable(test, &error.to_string());
         return None;
     }
     let ws = match Workspace::locate() {
@@ -76,493 +68,13 @@ pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> 
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Placement and CPPC rig tests: an L1 probe that samples pvmm's vCPU threads from outside, and
-// the parsers and measurements the tests build on.
-// ---------------------------------------------------------------------------------------------
-
-/// Where the placement tests make pvmm write its `--stats` lines inside L1 (L1's tmpfs root).
-pub const L1_STATS_PATH: &str = "/tmp/pvmm-stats.jsonl";
-
-/// L1's USER_HZ: `/proc/stat` and `/proc/<pid>/task/<tid>/stat` count CPU time in these
-/// ticks per second (100 on x86 Linux; the Debian kernel L1 runs is no exception).
-pub const L1_USER_HZ: f64 = 100.0;
-
-/// A sampling interval's CPU-time share at or above which a vCPU thread counts as busy in it:
-/// pvmm's own "busy" definition (ran at least half of the interval).
-pub const BUSY_SHARE: f64 = 0.5;
-
-/// One sample of the L1 probe, a single busybox `awk` over `/proc` (pvmm's pid in
-/// `$PVMM_PID`), printing:
-///
-/// - `T <L1 uptime>`;
-/// - per L1 CPU `C cpuN <the /proc/stat counters>`;
-/// - per vCPU thread `V <comm> <tid> <Cpus_allowed_list> <utime> <stime> <last CPU>` (from
-///   `/proc/<pid>/task/<tid>/stat` and `.../status`). pvmm names vCPU N's thread `vcpuN`, QEMU
-///   (`-name ...,debug-threads=on`) `CPU N/KVM`; both print as `vcpuN`, so a probe of either
-///   VMM parses the same. The fields after the name count from the `)` that ends it (a name
-///   may hold spaces).
-///
-/// One process reading whole files, not the shell's `read` builtin: `read` takes a byte per
-/// system call (it must not read past a line), about 16,000 system calls a sample for a
-/// 4-vCPU pvmm, 8 ms natively and several times that in a TCG L1 whose CPU 0 the probe
-/// shares with a vCPU (on a slow CI machine samples came 0.3-0.5 s apart instead of 0.1 s).
-/// This costs an exec and a few dozen reads (6x less natively). Every file is read with
-/// `getline`, which returns -1 for a file that cannot be opened (a thread that exited after
-/// the shell expanded the glob), where busybox awk would abort on an input file operand; a
-/// thread whose `stat` or `status` could not be read is left out (the parser then drops the
-/// sample as incomplete).
-pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
-  if ((getline line < "/proc/uptime") > 0) { split(line, w, " "); print "T", w[1] }
-  while ((getline line < "/proc/stat") > 0) if (line ~ /^cpu[0-9]/) print "C", line
-  for (i = 1; i < ARGC; i++) {
-    f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
-    if (path[n] == "stat") {
-      if ((getline line < f) > 0) {
-        lp = index(line, "("); rest = substr(line, lp + 1); rp = match(rest, /\) [A-Za-z] /)
-        name = substr(rest, 1, rp - 1); split(substr(rest, rp + 2), w, " ")
-        if (name ~ /^CPU [0-9]+\/KVM$/) { split(name, q, "[ /]"); name = "vcpu" q[2] }
-        if (name ~ /^vcpu[0-9]+$/) { comm[tid] = name; times[tid] = w[12] " " w[13] " " w[37] }
-      }
-    } else {
-      while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
-    }
-    close(f)
-  }
-  for (tid in comm) if (tid in allowed) print "V", comm[tid], tid, allowed[tid], times[tid]
-}' /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status"#;
-
-/// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
-/// work never shows up as activity on the package the tests want idle, then every
-/// `interval_s` seconds appends a [`PROBE_SAMPLE`] to a tmpfs file.
-///
-/// It starts with `START <L1 uptime>` (pvmm's start, the origin of its stats `t_ms` within
-/// a few milliseconds) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
-/// exited prints the samples, the guest's marks (`M <L1 uptime> TEXT` for each guest line
-/// `pvmm-mark: TEXT`, see `pvmm_rig::scripts`), then pvmm's `--stats` file
-/// ([`L1_STATS_PATH`]) with the fields the tests do not read removed (less console traffic).
-pub fn placement_probe(interval_s: &str) -> String {
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1 || echo "probe: cannot pin to CPU 0"
-out=/tmp/pvmm-samples
-read -r up rest < /proc/uptime
-echo "START $up" > $out
-for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  read -r pkg < $c/topology/physical_package_id
-  echo "PKG ${{c##*cpu}} $pkg" >> $out
-done
-while kill -0 $PVMM_PID 2>/dev/null; do
-  {PROBE_SAMPLE} >> $out
-  sleep {interval_s}
-done
-cat $out
-sleep 1
-[ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
-rm -f /tmp/rig-marks
-sed -e 's/"tid":[0-9]*,//g' -e 's/,"desired":[0-9]*//g' -e 's/"policy":"[^"]*",//' {L1_STATS_PATH}
-"#
-    )
-}
-
-/// One vCPU thread as the probe saw it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ThreadSample {
-    /// vCPU index (from the thread name `vcpuN`).
-    pub vcpu: u32,
-    /// Thread id in L1.
-    pub tid: u32,
-    /// `Cpus_allowed_list`, expanded.
-    pub allowed: Vec<u32>,
-    /// utime + stime, in [`L1_USER_HZ`] ticks.
-    pub cpu_ticks: u64,
-    /// The CPU it last ran on.
-    pub last_cpu: u32,
-}
-
-/// One L1 CPU's `/proc/stat` counters at a sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CpuTimes {
-    /// CPU number.
-    pub cpu: u32,
-    /// idle + iowait ticks.
-    pub idle: u64,
-    /// All ticks.
-    pub total: u64,
-}
-
-/// One probe sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProbeSample {
-    /// L1 uptime (s).
-    pub t: f64,
-    /// The vCPU threads, by vCPU index.
-    pub threads: Vec<ThreadSample>,
-    /// L1's CPUs, by number.
-    pub cpus: Vec<CpuTimes>,
-}
-
-/// One vCPU in one pvmm `--stats` line.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatsVcpu {
-    /// vCPU index.
-    pub vcpu: u32,
-    /// The host CPU list pvmm applied.
-    pub cpus: String,
-    /// The capacity pvmm publishes through CPPC.
-    pub capacity: u64,
-    /// pvmm's busy flag.
-    pub busy: bool,
-}
-
-/// One pvmm `--stats` line (one tick).
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatsTick {
-    /// Milliseconds since pvmm's scheduler started.
-    pub t_ms: u64,
-    /// The vCPUs, by index.
-    pub vcpus: Vec<StatsVcpu>,
-    /// GED notifications sent so far.
-    pub capacity_notifications: u64,
-}
-
-/// Everything a placement probe reported.
-#[derive(Debug, Clone, Default)]
-pub struct PlacementTrace {
-    /// L1 uptime when the probe started (pvmm's start).
-    pub start: f64,
-    /// L1 CPU -> package id.
-    pub package_of: std::collections::BTreeMap<u32, u32>,
-    /// The samples, in time order.
-    pub samples: Vec<ProbeSample>,
-    /// pvmm's stats lines, in order.
-    pub ticks: Vec<StatsTick>,
-    /// The guest's `pvmm-mark:` lines: L1 uptime and text.
-    pub marks: Vec<(f64, String)>,
-}
-
-/// Expands a Linux CPU list (`0-2,5`); None when malformed.
-pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
-                cpus.extend(a..=b);
-            }
-            None => cpus.push(part.parse().ok()?),
-        }
-    }
-    Some(cpus)
-}
-
-fn malformed<T>(line: &str) -> T {
-    panic!("malformed probe line: {line:?}")
-}
-
-fn parse_stats_line(line: &str) -> Option<StatsTick> {
-    let value: serde_json::Value = serde_json::from_str(line).ok()?;
-    let vcpus = value
-        .get("vcpus")?
-        .as_array()?
-        .iter()
-        .map(|v| {
-            Some(StatsVcpu {
-                vcpu: u32::try_from(v.get("vcpu")?.as_u64()?).ok()?,
-                cpus: v.get("cpus")?.as_str()?.to_string(),
-                capacity: v.get("capacity")?.as_u64()?,
-                busy: v.get("busy").and_then(|b| b.as_bool()).unwrap_or(false),
-            })
-        })
-        .collect::<Option<Vec<_>>>()?;
-    Some(StatsTick {
-        t_ms: value.get("t_ms")?.as_u64()?,
-        vcpus,
-        capacity_notifications: value
-            .get("capacity_notifications")
-            .and_then(|n| n.as_u64())
-            .unwrap_or(0),
-    })
-}
-
-impl PlacementTrace {
-    /// Parses the output of [`placement_probe`] (the rig's `probe_lines`). Panics with the
-    /// offending line when a sample line is malformed (a test helper).
-    pub fn parse(lines: &[String]) -> PlacementTrace {
-        let mut trace = PlacementTrace::default();
-        let mut current: Option<ProbeSample> = None;
-        for line in lines {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            match words.first().copied() {
-                Some("START") => trace.start = words[1].parse().unwrap_or_else(|_| malformed(line)),
-                Some("PKG") => {
-                    trace.package_of.insert(
-                        words[1].parse().unwrap_or_else(|_| malformed(line)),
-                        words[2].parse().unwrap_or_else(|_| malformed(line)),
-                    );
-                }
-                Some("M") if words.len() >= 3 => {
-                    trace.marks.push((
-                        words[1].parse().unwrap_or_else(|_| malformed(line)),
-                        words[2..].join(" "),
-                    ));
-                }
-                Some("T") => {
-                    trace.samples.extend(current.take());
-                    current = Some(ProbeSample {
-                        t: words[1].parse().unwrap_or_else(|_| malformed(line)),
-                        threads: Vec::new(),
-                        cpus: Vec::new(),
-                    });
-                }
-                Some("V") if words.len() == 7 => {
-                    let sample = current.as_mut().unwrap_or_else(|| malformed(line));
-                    let vcpu = words[1]
-                        .strip_prefix("vcpu")
-                        .and_then(|n| n.parse().ok())
-                        .unwrap_or_else(|| malformed(line));
-                    let ticks = |w: &str| w.parse::<u64>().unwrap_or_else(|_| malformed(line));
-                    sample.threads.push(ThreadSample {
-                        vcpu,
-                        tid: words[2].parse().unwrap_or_else(|_| malformed(line)),
-                        allowed: parse_cpu_list(words[3]).unwrap_or_else(|| malformed(line)),
-                        cpu_ticks: ticks(words[4]) + ticks(words[5]),
-                        last_cpu: words[6].parse().unwrap_or_else(|_| malformed(line)),
-                    });
-                }
-                Some("C") if words.len() >= 9 => {
-                    let sample = current.as_mut().unwrap_or_else(|| malformed(line));
-                    let counters: Vec<u64> = words[2..]
-                        .iter()
-                        .map(|w| w.parse().unwrap_or_else(|_| malformed(line)))
-                        .collect();
-                    sample.cpus.push(CpuTimes {
-                        cpu: words[1]
-                            .strip_prefix("cpu")
-                            .and_then(|n| n.parse().ok())
-                            .unwrap_or_else(|| malformed(line)),
-                        idle: counters[3] + counters[4],
-                        total: counters.iter().take(8).sum(),
-                    });
-                }
-                _ if line.starts_with('{') => {
-                    if let Some(tick) = parse_stats_line(line) {
-                        trace.ticks.push(tick);
-                    }
-                }
-                _ => {}
-            }
-        }
-        trace.samples.extend(current);
-        for sample in &mut trace.samples {
-            sample.threads.sort_by_key(|t| t.vcpu);
-            sample.cpus.sort_by_key(|c| c.cpu);
-        }
-        // A sample cut off by pvmm's exit (fewer threads than the others) is dropped.
-        let vcpus = trace
-            .samples
-            .iter()
-            .map(|s| s.threads.len())
-            .max()
-            .unwrap_or(0);
-        trace
-            .samples
-            .retain(|s| s.threads.len() == vcpus && !s.cpus.is_empty());
-        trace
-    }
-
-    /// L1 uptime of the guest's first `pvmm-mark: TEXT` line with this text.
-    pub fn mark(&self, text: &str) -> Option<f64> {
-        self.marks.iter().find(|(_, m)| m == text).map(|&(t, _)| t)
-    }
-
-    /// The CPUs of package `package`.
-    pub fn package_cpus(&self, package: u32) -> Vec<u32> {
-        self.package_of
-            .iter()
-            .filter(|(_, &p)| p == package)
-            .map(|(&c, _)| c)
-            .collect()
-    }
-
-    /// Share of sample interval `i` (from sample `i - 1` to `i`) that vCPU `vcpu`'s thread ran.
-    pub fn busy_share(&self, i: usize, vcpu: u32) -> f64 {
-        let (a, b) = (&self.samples[i - 1], &self.samples[i]);
-        let ticks = |s: &ProbeSample| {
-            s.threads
-                .iter()
-                .find(|t| t.vcpu == vcpu)
-                .map_or(0, |t| t.cpu_ticks)
-        };
-        let ran = ticks(b).saturating_sub(ticks(a)) as f64 / L1_USER_HZ;
-        let wall = b.t - a.t;
-        if wall > 0.0 {
-            ran / wall
-        } else {
-            0.0
-        }
-    }
-
-    /// The vCPUs busy ([`BUSY_SHARE`]) in sample interval `i`.
-    pub fn busy_vcpus(&self, i: usize) -> Vec<u32> {
-        self.samples[i]
-            .threads
-            .iter()
-            .map(|t| t.vcpu)
-            .filter(|&v| self.busy_share(i, v) >= BUSY_SHARE)
-            .collect()
-    }
-
-    /// Sample index ranges (intervals `i` with `i >= 1`) in which exactly `vcpus` are busy,
-    /// as `(first, last)` interval indexes, in time order.
-    pub fn episodes(&self, vcpus: &[u32]) -> Vec<(usize, usize)> {
-        let mut runs = Vec::new();
-        let mut open: Option<usize> = None;
-        for i in 1..self.samples.len() {
-            let matches = self.busy_vcpus(i) == vcpus;
-            match (matches, open) {
-                (true, None) => open = Some(i),
-                (false, Some(first)) => {
-                    runs.push((first, i - 1));
-                    open = None;
-                }
-                _ => {}
-            }
-        }
-        if let Some(first) = open {
-            runs.push((first, self.samples.len() - 1));
-        }
-        runs
-    }
-
-    /// Intervals after `from` (exclusive) up to the first with any busy vCPU (exclusive).
-    pub fn idle_run_after(&self, from: usize) -> (usize, usize) {
-        let first = from + 1;
-        let mut last = from;
-        for i in first..self.samples.len() {
-            if !self.busy_vcpus(i).is_empty() {
-                break;
-            }
-            last = i;
-        }
-        (first, last)
-    }
-
-    /// L1 uptime `t` as pvmm's stats clock (ms since pvmm's start).
-    pub fn to_pvmm_ms(&self, t: f64) -> f64 {
-        (t - self.start) * 1000.0
-    }
-
-    /// The capacities pvmm published (stats lines) from `before_ticks` ticks before L1 uptime
-    /// `t` to `after_ticks` ticks after it, as vectors by vCPU.
-    pub fn capacities_around(
-        &self,
-        t: f64,
-        before_ticks: usize,
-        after_ticks: usize,
-    ) -> Vec<Vec<u64>> {
-        let ms = self.to_pvmm_ms(t);
-        let at = self
-            .ticks
-            .iter()
-            .position(|k| k.t_ms as f64 > ms)
-            .unwrap_or(self.ticks.len());
-        let from = at.saturating_sub(before_ticks + 1);
-        let to = (at + after_ticks).min(self.ticks.len());
-        self.ticks[from..to]
-            .iter()
-            .map(|k| k.vcpus.iter().map(|v| v.capacity).collect())
-            .collect()
-    }
-
-    /// pvmm ticks with `t_ms` in `(from, to]` (L1 uptimes).
-    pub fn ticks_between(&self, from: f64, to: f64) -> usize {
-        let (a, b) = (self.to_pvmm_ms(from), self.to_pvmm_ms(to));
-        self.ticks
-            .iter()
-            .filter(|k| (k.t_ms as f64) > a && (k.t_ms as f64) <= b)
-            .count()
-    }
-
-    /// Median interval between pvmm's ticks (s); 0.1 when there are too few.
-    pub fn median_tick_s(&self) -> f64 {
-        let mut gaps: Vec<u64> = self
-            .ticks
-            .windows(2)
-            .map(|w| w[1].t_ms.saturating_sub(w[0].t_ms))
-            .collect();
-        if gaps.is_empty() {
-            return 0.1;
-        }
-        gaps.sort_unstable();
-        gaps[gaps.len() / 2] as f64 / 1000.0
-    }
-
-    /// Share of the time between samples `a` and `b` that L1 CPU `cpu` was idle.
-    pub fn cpu_idle_share(&self, cpu: u32, a: usize, b: usize) -> f64 {
-        let find = |s: &ProbeSample| s.cpus.iter().find(|c| c.cpu == cpu).cloned();
-        match (find(&self.samples[a]), find(&self.samples[b])) {
-            (Some(x), Some(y)) if y.total > x.total => {
-                y.idle.saturating_sub(x.idle) as f64 / (y.total - x.total) as f64
-            }
-            _ => 1.0,
-        }
-    }
-
-    /// The packages vCPU thread `vcpu` may run on at sample `i`.
-    pub fn packages_allowed(&self, i: usize, vcpu: u32) -> Vec<u32> {
-        let mut packages: Vec<u32> = self.samples[i]
-            .threads
-            .iter()
-            .filter(|t| t.vcpu == vcpu)
-            .flat_map(|t| {
-                t.allowed
-                    .iter()
-                    .filter_map(|c| self.package_of.get(c).copied())
-            })
-            .collect();
-        packages.sort_unstable();
-        packages.dedup();
-        packages
-    }
-
-    /// Whether vCPU `vcpu` has a CPU of its own at sample `i`: it may run on exactly one CPU
-    /// and no other vCPU thread may run there.
-    pub fn has_own_cpu(&self, i: usize, vcpu: u32) -> bool {
-        let threads = &self.samples[i].threads;
-        let Some(mine) = threads.iter().find(|t| t.vcpu == vcpu) else {
-            return false;
-        };
-        mine.allowed.len() == 1
-            && threads
-                .iter()
-                .filter(|t| t.vcpu != vcpu)
-                .all(|t| !t.allowed.contains(&mine.allowed[0]))
-    }
-
-    /// One line per sample in `a..=b`: time, busy shares and allowed CPUs (for failure
-    /// messages).
-    pub fn describe(&self, a: usize, b: usize) -> String {
-        let mut out = String::new();
-        for i in a.max(1)..=b.min(self.samples.len().saturating_sub(1)) {
-            let s = &self.samples[i];
-            out.push_str(&format!(
-                "  t={:.2} (pvmm {:.0} ms):",
-                s.t,
-                self.to_pvmm_ms(s.t)
-            ));
-            for t in &s.threads {
-                out.push_str(&format!(
-                    " v{}[{:.2} cpus {:?}]",
-                    t.vcpu,
-                    self.busy_share(i, t.vcpu),
-                    t.allowed
-                ));
-            }
-            out.push('\n');
-        }
-        out
-    }
-}
+// Placement and CPPC rig tests: the L1 probe that samples pvmm's vCPU threads from outside, its
+// parser (both in pvmm-rig, shared with the placement benchmark) and the measurements the tests
+// build on.
+pub use pvmm_rig::probe::{
+    parse_cpu_list, placement_probe, CpuTimes, PlacementTrace, ProbeSample, StatsTick, StatsVcpu,
+    ThreadSample, BUSY_SHARE, L1_STATS_PATH, L1_USER_HZ, PROBE_SAMPLE,
+};
 
 /// Hard limit for one L1 boot of placement runs: each pvmm run takes 25-45 s in the rig on an
 /// idle machine; shared CI machines are several times slower.
@@ -642,23 +154,7 @@ pub fn dump_outcome(test: &str, outcome: &pvmm_rig::RigOutcome) {
         return;
     };
     let path = std::path::Path::new(&dir).join(format!("{test}.log"));
-    let mut text = String::new();
-    for event in &outcome.events {
-        text.push_str(&format!(
-            "[rig] {} {} {}\n",
-            event.kind, event.label, event.value
-        ));
-    }
-    for (tag, lines) in [
-        ("L1", &outcome.l1_lines),
-        ("guest", &outcome.guest_lines),
-        ("pvmm", &outcome.vmm_lines),
-        ("probe", &outcome.probe_lines),
-    ] {
-        for line in lines {
-            text.push_str(&format!("[{tag}] {line}\n"));
-        }
-    }
+    let text = outcome.log_text();
     if let Err(e) = std::fs::write(&path, text) {
         eprintln!("PVMM_RIG_DUMP: cannot write {}: {e}", path.display());
     }
@@ -676,12 +172,11 @@ pub use pvmm_rig::soak::PVMM_EXIT_TRIPLE_FAULT;
 /// Rig boots a rig test may use for one outcome. The nested rig itself (QEMU TCG emulating
 /// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
 /// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
-/// the guest's boot (6 of 40 pvmm boots when counted), and L1 failing ([`l1_failed`]).
+/// the guest's boot (about one pvmm boot in seven), and L1 failing ([`l1_failed`]).
 /// Such an outcome is run again, with a loud `!!! rig retry` line naming its kind, up to 3
 /// boots in all; a third crash fails the test like any other failure, and so does, at once, an
 /// outcome of a kind not seen before ([`retry_rig_crash`]). Three, not two: on a loaded 2-CPU machine (CI's
-/// speed) 3 of 12 sequence boots counted this session ended in an L1 failure, so two in a
-/// row would fail about one CI run in six over the three rig test binaries; a retried
+/// speed) about one sequence boot in four ends in an L1 failure, so two in a row would fail about one CI run in six over the three rig test binaries; a retried
 /// sequence costs its failure point plus at most 90 s, so CI stays well inside its limit.
 pub const RIG_ATTEMPTS: u32 = 3;
 
@@ -817,6 +312,10 @@ pub fn cppc_reads(guest: &[String]) -> Vec<CppcRead> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use pvmm_rig::images::BUSYBOX;
+
     use super::*;
 
     /// (boots made, the boot returned) when boot `b` (from 1) ends as `kind_of(b)`.

@@ -1,4 +1,4 @@
-//! What the guest kernel sees through ACPI CPPC (issue 5, point 5), end to end in the rig:
+//! What the guest kernel sees through ACPI CPPC, end to end in the rig:
 //! L1 = 2 packages x 2 cores, a 4-vCPU guest under pvmm, read through the guest's own
 //! `/sys/devices/system/cpu/cpuN/acpi_cppc/` and `/proc/interrupts`, compared with pvmm's
 //! `--stats` capacities and with the vCPU threads' placement seen from L1

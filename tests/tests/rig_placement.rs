@@ -1,4 +1,4 @@
-//! Live placement, checked from outside pvmm (issue 4, point 5): L1 = 2 packages x 2 cores
+//! Live placement, checked from outside pvmm: L1 = 2 packages x 2 cores
 //! (CPUs 0-1 = package 0, 2-3 = package 1), a 4-vCPU guest running pvmm-load threads pinned
 //! to chosen guest CPUs (so the test knows which vCPU is busy; the L1 probe confirms it from
 //! the vCPU threads' CPU time).
@@ -8,8 +8,8 @@
 //! 0.1 s by a probe pinned to CPU 0. pvmm's `--stats` lines only turn L1 times into pvmm
 //! ticks. All four policies run in one L1 boot; the tests share it.
 //!
-//! Bounds are the algorithmic ones of the issue: the 5 s ramp-down window
-//! (`DEFAULT_RAMP_DOWN_WINDOW_MS`) and "two ticks". Slack, stated where used: pvmm's
+//! Bounds are the engine's own: the 5 s ramp-down window
+//! (`DEFAULT_RAMP_DOWN_WINDOW_MS`) and two placement ticks. Slack, stated where used: pvmm's
 //! utilization is PELT-decayed (32 ms half-life), so a vCPU's demand falls below the fit
 //! threshold up to [`PELT_DECAY_S`] after the guest goes idle; the probe only sees a change at
 //! its next sample, and the L1-uptime-to-`t_ms` conversion is exact only to a tick, so one
@@ -35,7 +35,7 @@ const TICK_SLACK: usize = 1;
 /// two ticks plus slack, in ticks.
 const SETTLE_TICKS: usize = 2 + TICK_SLACK;
 
-/// Package 1's CPUs must be at least this idle once the idle guest is consolidated (issue 4.5 a).
+/// Package 1's CPUs must be at least this idle once the idle guest is consolidated.
 const IDLE_PACKAGE_MIN_IDLE: f64 = 0.95;
 
 /// The powersaving run: 4 busy vCPUs for 4 s (c), idle for 9 s (a, d: ramp-down 5 s), vCPU 3
@@ -123,11 +123,11 @@ fn single_package(trace: &PlacementTrace, i: usize) -> Option<u32> {
     (0..2).find(|&p| all_on_package(trace, i, p))
 }
 
-/// The package issue 4.5 a and b name as the one an idle or lightly loaded guest is packed
-/// onto.
+/// The package an idle or lightly loaded guest is packed onto under the packing policies: the
+/// lowest-numbered one.
 const PACKED_PACKAGE: u32 = 0;
 
-/// 4.5 c: with 4 busy vCPUs, every policy gives each vCPU its own CPU.
+/// With 4 busy vCPUs, every policy gives each vCPU its own CPU.
 #[test]
 fn four_busy_vcpus_get_a_cpu_each_under_every_policy() {
     let Some(outcome) = outcome() else { return };
@@ -147,7 +147,7 @@ fn four_busy_vcpus_get_a_cpu_each_under_every_policy() {
     }
 }
 
-/// 4.5 b: with 2 busy vCPUs, powersaving keeps both on package 0 on different CPUs, and
+/// With 2 busy vCPUs, powersaving keeps both on package 0 on different CPUs, and
 /// performance puts them on different packages.
 #[test]
 fn two_busy_vcpus_packed_by_powersaving_spread_by_performance() {
@@ -172,7 +172,7 @@ fn two_busy_vcpus_packed_by_powersaving_spread_by_performance() {
     }
     assert!(
         packages.iter().all(|&p| p == PACKED_PACKAGE),
-        "issue 4.5 b: powersaving must keep the busy vCPUs on package {PACKED_PACKAGE}; they were on packages {packages:?}:\n{}",
+        "powersaving must keep the busy vCPUs on package {PACKED_PACKAGE}; they were on packages {packages:?}:\n{}",
         trace.describe(two.0 - 1, two.1)
     );
     let (_, trace) = run_trace(outcome, "performance");
@@ -188,7 +188,7 @@ fn two_busy_vcpus_packed_by_powersaving_spread_by_performance() {
     }
 }
 
-/// 4.5 a and d: when the guest falls from 4 busy vCPUs to idle, powersaving consolidates
+/// When the guest falls from 4 busy vCPUs to idle, powersaving consolidates
 /// every vCPU thread onto package 0 not before the 5 s ramp-down and within it plus two ticks
 /// (plus PELT decay and a tick of slack), and package 1's CPUs are then at least 95 % idle.
 #[test]
@@ -278,11 +278,11 @@ fn idle_guest_consolidates_after_the_ramp_down_and_package_1_sleeps() {
     );
     assert_eq!(
         package, PACKED_PACKAGE,
-        "issue 4.5 a: the idle guest must be confined to package {PACKED_PACKAGE} (and package 1 sleep); pvmm chose package {package}"
+        "the idle guest must be confined to package {PACKED_PACKAGE} (and package 1 sleep); pvmm chose package {package}"
     );
 }
 
-/// 4.5 e: a vCPU that turns busy while the guest is packed gets a CPU of its own within two
+/// A vCPU that turns busy while the guest is packed gets a CPU of its own within two
 /// ticks (+ a tick of slack).
 #[test]
 fn vcpu_turning_busy_while_packed_gets_its_own_cpu_within_two_ticks() {

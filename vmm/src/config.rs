@@ -34,9 +34,8 @@ pub const DEFAULT_KVM_DEVICE: &str = "/dev/kvm";
 /// guest's orderly shutdown takes seconds; systemd's own default stop timeout is 90 s, so pvmm
 /// stops well inside it.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
-/// Default placement tick: fast enough to spread a vCPU that turns busy within a few hundred
-/// milliseconds, slow enough that reading stats and deciding costs well under 1 % of a CPU.
-pub const DEFAULT_TICK_MS: u64 = 100;
+/// Default placement tick: the engine's ([`pvmm_scheduler::placement::DEFAULT_TICK_MS`]).
+pub const DEFAULT_TICK_MS: u64 = pvmm_scheduler::placement::DEFAULT_TICK_MS;
 /// Shortest tick accepted: below 10 ms the decayed utilization (32 ms half-life) barely moves
 /// between decisions and affinity changes would outpace the host scheduler.
 pub const MIN_TICK_MS: u64 = 10;

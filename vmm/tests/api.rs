@@ -480,3 +480,48 @@ fn a_listening_guest_gets_the_power_button_and_a_second_sigint_stops_at_once() {
     );
     assert!(err.contains("SIGINT again: stopping the VM now"), "{err}");
 }
+
+/// Threads of `pid` named `name`, from /proc.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_kept_connection_serves_request_after_request_on_one_thread() {
+    let Some(vmm) = Vmm::start("api-keepalive", &[]) else {
+        return;
+    };
+    // The start-up probe's one-shot connections end once their client has closed.
+    let start = Instant::now();
+    while threads_named(vmm.child.id(), "pvmm-api-conn") > 0 {
+        assert!(start.elapsed() < SOCKET_WAIT, "one-shot connections linger");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut conn = pvmm::api::client::Connection::new(&vmm.socket);
+    for _ in 0..20 {
+        let a = conn
+            .request("GET", "/v1/vm", None)
+            .expect("kept connection");
+        assert_eq!(a.status, 200, "{}", a.body);
+        let a = conn
+            .request("PUT", "/v1/policy", Some(r#"{"policy":"balance"}"#))
+            .expect("kept connection");
+        assert_eq!(a.status, 200, "{}", a.body);
+        // One connection, one thread serving it, whatever the number of requests.
+        assert_eq!(threads_named(vmm.child.id(), "pvmm-api-conn"), 1);
+    }
+    // A one-shot client still gets its answer and a closed connection.
+    assert_eq!(vmm.call("GET", "/v1/vm", None).status, 200);
+    vmm.ok("PUT", "/v1/vm/shutdown", Some(r#"{"timeout_ms":0}"#));
+    let (status, err) = vmm.finish();
+    assert_eq!(status, Some(6), "{err}");
+}

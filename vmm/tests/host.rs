@@ -375,8 +375,9 @@ fn a_qemu_vm_is_adopted_packed_with_pvmm_and_restored_at_sigterm() {
         0
     );
     assert_eq!(daemon.0.wait().unwrap().code(), Some(0));
-    // Every thread is back where it was (KVM's recovery worker may have started meanwhile: it
-    // inherited the same affinity).
+    // Every thread is back where it was. A thread QEMU's process gained while placed (KVM's
+    // NX huge page recovery worker starts when it is first needed) inherited the daemon's
+    // pinning; it gets the affinity the process had at adoption.
     let original = &before[0].1;
     assert!(before.iter().all(|(_, a)| a == original), "{before:?}");
     let after = threads();

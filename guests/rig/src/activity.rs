@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use pvmm_scheduler::sim::power::thread_overlap;
-use pvmm_scheduler::sim::PowerModel;
+use pvmm_scheduler::power::thread_overlap;
+use pvmm_scheduler::power::PowerModel;
 
 /// The shell that prints the `PKG` lines (busybox sh in L1).
 pub const TOPOLOGY_SCRIPT: &str = r#"for c in /sys/devices/system/cpu/cpu[0-9]*; do

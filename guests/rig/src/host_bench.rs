@@ -16,13 +16,15 @@
 //!   timestamps);
 //! - **Migrations**: the vCPU threads' `se.nr_migrations` (L1 kernel, `/proc/<pid>/task/*/
 //!   sched`), every move of any regime counted alike, whether pvmm, the daemon or L1's
-//!   scheduler made it.
+//!   scheduler made it;
+//! - **VMM(%)** and **Daemon(%)**: the CPU time of the VMMs' threads other than vCPUs and of
+//!   `pvmm host` (`/proc/<pid>/stat`): what placement itself costs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pvmm_scheduler::sim::PowerModel;
+use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
 use crate::images::{L1Images, Workspace};
@@ -96,6 +98,8 @@ const MIGRATION_EVERY: u32 = 5;
 /// L1 time per case besides the load: L1's boot, the guests' boots (slower when several
 /// boot at once under TCG) and power-off, on a shared machine.
 const CASE_OVERHEAD_SECS: u64 = 300;
+/// L1's clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`, 100 on x86-64 Linux).
+const L1_USER_HZ: f64 = 100.0;
 /// Where the VMs' sockets and the daemon's lock live in L1.
 const RUNTIME_DIR: &str = "/tmp";
 
@@ -116,6 +120,10 @@ pub struct HostCase {
     pub energy_j: f64,
     /// Migrations of all vCPU threads in the window.
     pub migrations: u64,
+    /// CPU the VMMs' threads other than vCPUs used in the window, in CPUs (all VMs).
+    pub vmm_other_cpu: f64,
+    /// CPU the daemon used in the window, in CPUs (regime `pvmm-host` only).
+    pub daemon_cpu: Option<f64>,
 }
 
 impl HostCase {
@@ -169,12 +177,18 @@ while kill -0 $PVMM_PID 2>/dev/null; do
   n=$((n + 1))
   if [ $((n % {MIGRATION_EVERY})) = 0 ]; then
     files=
+    stats=
     for t in /proc/$PVMM_PID/task/*; do
       {{ read -r c < $t/comm; }} 2>/dev/null
-      case "$c" in vcpu*|"CPU "*/KVM) files="$files $t/sched";; esac
+      case "$c" in vcpu*|"CPU "*/KVM) files="$files $t/sched"; stats="$stats $t/stat";; esac
     done
     read -r up rest < /proc/uptime
-    echo "N $up $(cat $files 2>/dev/null | awk '/nr_migrations/ {{s += $NF}} END {{print s + 0}}')" >> $out
+    mig=$(cat $files 2>/dev/null | awk '/nr_migrations/ {{s += $NF}} END {{print s + 0}}')
+    cpu=$(cat /proc/$PVMM_PID/stat $stats 2>/dev/null | awk '{{sub(/^.*\) /, ""); t = $12 + $13; if (NR == 1) all = t; else v += t}} END {{print all + 0, v + 0}}')
+    echo "N $up $mig $cpu" >> $out
+    if [ -n "$leader" ] && [ -f /tmp/pvmm-host.pid ]; then
+      echo "D $up $(awk '{{sub(/^.*\) /, ""); print $12 + $13}}' /proc/$(cat /tmp/pvmm-host.pid)/stat 2>/dev/null)" >> $out
+    fi
   fi
   sleep {SAMPLE_INTERVAL}
 done
@@ -249,6 +263,10 @@ struct Lines {
     migrations: Vec<Vec<(f64, u64)>>,
     /// Per VM: (L1 time, iterations so far).
     progress: BTreeMap<usize, Vec<(f64, u64)>>,
+    /// Per VM: (L1 time, CPU ticks of the VMM's threads other than its vCPUs).
+    other_cpu: Vec<Vec<(f64, u64)>>,
+    /// (L1 time, CPU ticks of the daemon).
+    daemon: Vec<(f64, u64)>,
 }
 
 fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
@@ -261,15 +279,24 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
             return Err(format!("VM {label} exited with status {:?}", run.status));
         }
         let mut counts = Vec::new();
+        let mut others = Vec::new();
         for line in run.probe {
             if lines.activity.parse_line(line) {
                 continue;
             }
             let w: Vec<&str> = line.split_whitespace().collect();
             match w.as_slice() {
-                ["N", up, total] => {
-                    if let (Ok(t), Ok(m)) = (up.parse(), total.parse()) {
+                ["N", up, moved, all, vcpus] => {
+                    if let (Ok(t), Ok(m), Ok(a), Ok(v)) =
+                        (up.parse(), moved.parse(), all.parse::<u64>(), vcpus.parse())
+                    {
                         counts.push((t, m));
+                        others.push((t, a.saturating_sub(v)));
+                    }
+                }
+                ["D", up, ticks] => {
+                    if let (Ok(t), Ok(d)) = (up.parse(), ticks.parse()) {
+                        lines.daemon.push((t, d));
                     }
                 }
                 ["M", up, text] => {
@@ -287,6 +314,7 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
             }
         }
         lines.migrations.push(counts);
+        lines.other_cpu.push(others);
     }
     Ok(lines)
 }
@@ -330,9 +358,18 @@ fn measure(
         .iter()
         .map(|counts| last_before(counts, end).saturating_sub(last_before(counts, begin)))
         .sum();
+    let over_window = |series: &[(f64, u64)]| {
+        last_before(series, end).saturating_sub(last_before(series, begin)) as f64
+            / L1_USER_HZ
+            / (end - begin)
+    };
+    let vmm_other_cpu = lines.other_cpu.iter().map(|s| over_window(s)).sum();
+    let daemon_cpu = (!lines.daemon.is_empty()).then(|| over_window(&lines.daemon));
     Ok(HostCase {
         regime,
         vms: labels.len(),
+        vmm_other_cpu,
+        daemon_cpu,
         window_s: activity.seconds,
         work,
         package_idle: activity.package_idle,
@@ -362,14 +399,16 @@ pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
     };
     let _ = writeln!(
         out,
-        "{:<10} {:>8} {:>12} {:>16} {:>10} {:>10} {:>12}",
+        "{:<10} {:>8} {:>12} {:>16} {:>10} {:>10} {:>12} {:>9} {:>9}",
         "Regime",
         "Window",
         "Work(iter)",
         "Package Idle(%)",
         "Migrations",
         "Energy(J)",
-        "Energy/work"
+        "Energy/work",
+        "VMM(%)",
+        "Daemon(%)"
     );
     for c in cases {
         let idle: Vec<String> = c
@@ -379,19 +418,23 @@ pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<10} {:>7.1}s {:>12} {:>16} {:>10} {:>10.1} {:>12.2}",
+            "{:<10} {:>7.1}s {:>12} {:>16} {:>10} {:>10.1} {:>12.2} {:>9.1} {:>9}",
             c.regime.name(),
             c.window_s,
             c.work,
             idle.join(" "),
             c.migrations,
             c.energy_j,
-            c.energy_per_kwork() / reference.energy_per_kwork()
+            c.energy_per_kwork() / reference.energy_per_kwork(),
+            c.vmm_other_cpu * 100.0,
+            c.daemon_cpu
+                .map_or("-".to_string(), |d| format!("{:.1}", d * 100.0))
         );
     }
     let _ = writeln!(
         out,
-        "(Energy/work: modelled joules per iteration, relative to {} = 1.00)",
+        "(Energy/work: modelled joules per iteration, relative to {} = 1.00; VMM(%): the VMMs' \
+         threads other than vCPUs, Daemon(%): pvmm-host, in % of one L1 CPU)",
         reference.regime.name()
     );
     out
@@ -446,18 +489,21 @@ mod tests {
             package_idle: vec![0.5, 0.9],
             energy_j,
             migrations: 4,
+            vmm_other_cpu: 0.01,
+            daemon_cpu: None,
         };
         let q = case(Regime::Qemu, 1000, 100.0);
         let d = case(Regime::Daemon, 1000, 80.0);
         let table = format_table(2, &[&q, &d]);
         let rows: Vec<&str> = table.lines().collect();
-        assert!(
-            rows[2].starts_with("qemu") && rows[2].ends_with("1.00"),
+        let cells = |row: &str| row.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let (q, d) = (cells(rows[2]), cells(rows[3]));
+        assert_eq!((q[0].as_str(), q[7].as_str()), ("qemu", "1.00"), "{table}");
+        assert_eq!(
+            (d[0].as_str(), d[7].as_str()),
+            ("pvmm-host", "0.80"),
             "{table}"
         );
-        assert!(
-            rows[3].starts_with("pvmm-host") && rows[3].ends_with("0.80"),
-            "{table}"
-        );
+        assert_eq!((d[8].as_str(), d[9].as_str()), ("1.0", "-"), "{table}");
     }
 }

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use crate::cpio::{CpioArchive, CpioError};
+use crate::packages::{self, PackageError};
 use crate::scripts;
 
 /// The Debian metapackage whose dependency names the current cloud kernel package.
@@ -75,7 +76,7 @@ pub enum ImageError {
         status: std::process::ExitStatus,
         stderr: String,
     },
-    #[error("'{0}' does not list a linux-image dependency (run 'apt-get update' first?)")]
+    #[error("'{0}' does not list a linux-image dependency (run 'sudo apt-get update' first)")]
     NoKernelPackage(String),
     #[error("{0} is not a static executable (install the Debian package busybox-static)")]
     BusyboxNotStatic(String),
@@ -88,6 +89,8 @@ pub enum ImageError {
     },
     #[error(transparent)]
     Cpio(#[from] CpioError),
+    #[error(transparent)]
+    Packages(#[from] PackageError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
@@ -206,17 +209,36 @@ pub fn resolve_kernel_package() -> Result<String, ImageError> {
             return Ok(pinned);
         }
     }
-    let listing = run_tool(
-        Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]),
-        "apt",
-    )?;
+    let depends = || {
+        run_tool(
+            Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]),
+            "apt",
+        )
+        .ok()
+        .and_then(|listing| kernel_dependency(&listing))
+    };
+    if let Some(package) = depends() {
+        return Ok(package);
+    }
+    // apt's package lists are empty (a fresh container) or lack the metapackage.
+    if packages::running_as_root() {
+        progress("apt's package lists do not name the kernel package: apt-get update");
+        packages::update_lists()?;
+        if let Some(package) = depends() {
+            return Ok(package);
+        }
+    }
+    Err(ImageError::NoKernelPackage(KERNEL_METAPACKAGE.to_string()))
+}
+
+/// The `linux-image-*` dependency in `apt-cache depends` output.
+fn kernel_dependency(listing: &str) -> Option<String> {
     listing
         .lines()
         .filter_map(|line| line.trim().strip_prefix("Depends:"))
         .map(str::trim)
         .find(|dep| dep.starts_with("linux-image-"))
         .map(str::to_string)
-        .ok_or_else(|| ImageError::NoKernelPackage(KERNEL_METAPACKAGE.to_string()))
 }
 
 fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
@@ -298,7 +320,7 @@ fn fetch_kernel(ws: &Workspace) -> Result<(String, PathBuf, Vec<PathBuf>), Image
 }
 
 /// Checks that `path` is an ELF executable without a program interpreter (static).
-fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
+pub(crate) fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
     const PT_INTERP: u32 = 3;
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
@@ -390,8 +412,11 @@ pub fn build_static(ws: &Workspace, package: &str, binary: &str) -> Result<PathB
 }
 
 /// Builds the guest images (`cargo xtask guest`): the kernel (and L1's KVM modules) from the
-/// Debian package, and the busybox initramfs with `/init` and `pvmm-load`.
+/// Debian package, and the busybox initramfs with `/init` and `pvmm-load`. Every rig entry
+/// point comes through here, so the Debian packages are made available first
+/// ([`packages::ensure`]).
 pub fn build_guest(ws: &Workspace) -> Result<GuestImages, ImageError> {
+    packages::ensure()?;
     let (kernel_package, unpacked_kernel, kvm_modules) = fetch_kernel(ws)?;
     let guest_dir = ws.dir("guest")?;
     let kernel = guest_dir.join("vmlinuz");
@@ -482,7 +507,8 @@ fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
     Ok(libraries)
 }
 
-fn which(program: &str) -> Option<PathBuf> {
+/// `program` on `PATH`.
+pub(crate) fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(program))
@@ -591,6 +617,16 @@ mod tests {
         assert!(!is_static_elf(&this).unwrap());
         let not_elf = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         assert!(!is_static_elf(&not_elf).unwrap());
+    }
+
+    #[test]
+    fn finds_the_kernel_dependency() {
+        let listing = "linux-image-cloud-amd64\n  Depends: linux-image-6.1.0-28-cloud-amd64\n";
+        assert_eq!(
+            kernel_dependency(listing).as_deref(),
+            Some("linux-image-6.1.0-28-cloud-amd64")
+        );
+        assert_eq!(kernel_dependency("linux-image-cloud-amd64\n"), None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! pvmm's guest images and QEMU-nested test rig, as a library for `cargo xtask` and the
 //! end-to-end tests.
 //!
+//! - [`packages`]: the Debian packages the rig and the tests need, installed when missing
+//!   (as root) or named in the one command to run.
 //! - [`images`]: builds the Debian cloud kernel, the busybox guest initramfs (with
 //!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`.
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
@@ -9,6 +11,7 @@
 //! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
 //! - [`host_bench`]: several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned
 //!   (`cargo xtask bench-host`).
+//! - [`probe`]: the L1 probes' lines and their parser (the placement tests' probe and trace).
 //! - [`placement_bench`]: the kernbench-like placement benchmark (`cargo xtask bench-placement`).
 //! - [`sequence`]: several pvmm runs (policies, loads) in one L1 boot.
 //! - [`tuning`]: L1's QEMU, kernel and KVM-module settings, by preset name.
@@ -20,7 +23,9 @@ pub mod bench;
 pub mod cpio;
 pub mod host_bench;
 pub mod images;
+pub mod packages;
 pub mod placement_bench;
+pub mod probe;
 pub mod rig;
 pub mod scripts;
 pub mod sequence;

@@ -1,5 +1,7 @@
-//! `cargo xtask bench-placement`: the seeds' kernbench-like scenario in the rig, for every
-//! placement policy and for `--policy none` (issue 4, point 6).
+//! `cargo xtask bench-placement`: a kernbench-like load in the rig under every placement
+//! policy and under `--policy none`, reported as the sched_mc_power_savings kernbench tables
+//! were (package idle, energy and power relative to the performance policy; the tables of
+//! "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n" (Vaidyanathan Srinivasan, LKML, 2008-12-30)).
 //!
 //! One L1 boot (2 packages x 2 cores by default) runs a 4-vCPU guest under pvmm once per
 //! (thread count N, policy). The guest runs `pvmm-load --threads N` with a kernbench-like
@@ -23,19 +25,22 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pvmm_scheduler::sim::PowerModel;
+use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
 use crate::images::{L1Images, Workspace};
+use crate::probe::ProbeLine;
 use crate::rig::{RigError, RigOutcome, Topology};
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
 
-/// The seeds' kernbench thread busy fraction, 1 - sqrt(0.5086) = 0.287 (scheduler's
-/// `kernbench_busy_fraction`), as a pvmm-load duty in percent.
+/// The kernbench thread busy fraction of the simulator's scenario, 1 - sqrt(0.5086) = 0.287,
+/// as a pvmm-load duty in percent (pvmm-sim's `kernbench_busy_fraction`: 50.86 % is the packed
+/// package's idle share in the kernbench tables of "Re: [PATCH v7 0/8] Tunable
+/// sched_mc_power_savings=n", Vaidyanathan Srinivasan, LKML, 2008-12-30).
 pub const KERNBENCH_DUTY_PERCENT: u32 = 29;
 
-/// pvmm-load period (ms) giving the seeds' scenario's 20 ms mean bursts at 29 % duty
-/// (scheduler's `KERNBENCH_BURST_MS`): 20 / 0.287 = 70 ms.
+/// pvmm-load period (ms) giving the simulator's kernbench scenario's 20 ms mean bursts at 29 %
+/// duty (pvmm-sim's `KERNBENCH_BURST_MS`): 20 / 0.287 = 70 ms.
 pub const KERNBENCH_PERIOD_MS: u32 = 70;
 
 /// Policies compared, `performance` first (the reference), then `none` (no pinning).
@@ -63,9 +68,9 @@ const LOAD_TIME_FACTOR: u64 = 3;
 
 /// The whole L1 boot may take this many per-run limits per run, plus [`L1_BOOT_SECS`]: the
 /// per-run limit is counted on L1's clock from pvmm's start, but each run also pays for L1
-/// starting pvmm and the probe, and on a shared 2-CPU host 15 runs of 10 s took 1410 s
-/// against 1350 s of per-run limits (N = 4 went unmeasured). A hung run is still cut off by
-/// its own limit.
+/// starting pvmm and the probe: on a shared 2-CPU host 15 runs of 10 s take about 1410 s
+/// against 1350 s of per-run limits, so one limit per run would cut the last cases off. A hung
+/// run is still cut off by its own limit.
 const SEQUENCE_SLACK_FACTOR: u64 = 2;
 
 /// A run's time besides its load on a quiet host (guest boot to init about 16 s, power-off,
@@ -285,19 +290,12 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
         if activity.parse_line(line) {
             continue;
         }
-        let w: Vec<&str> = line.split_whitespace().collect();
-        match w.as_slice() {
-            ["START", up] => start = up.parse::<f64>().ok(),
-            ["M", up, text] => {
-                if let Ok(t) = up.parse() {
-                    marks.insert(text.to_string(), t);
-                }
+        match ProbeLine::parse(line) {
+            Ok(Some(ProbeLine::Start(t))) => start = Some(t),
+            Ok(Some(ProbeLine::Mark(t, text))) => {
+                marks.insert(text, t);
             }
-            ["S", t_ms, total] => {
-                if let (Ok(t), Ok(m)) = (t_ms.parse(), total.parse()) {
-                    stats.push((t, m));
-                }
-            }
+            Ok(Some(ProbeLine::Migrations { t_ms, total })) => stats.push((t_ms, total)),
             _ => {}
         }
     }
@@ -325,8 +323,8 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
     ))
 }
 
-/// The results for `threads` busy threads as a table in the seeds' format (pvmm-sim's
-/// `format_table` layout): `performance` = 1.00 for Energy (per unit of work) and Power.
+/// The results for `threads` busy threads as a table in the sched_mc_power_savings kernbench
+/// tables' format (pvmm-sim's `format_table` layout): `performance` = 1.00 for Energy (per unit of work) and Power.
 pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
     let mut out = format!("{title}\n");
     let Some(reference) = results

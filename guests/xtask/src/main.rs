@@ -11,8 +11,8 @@
 //! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--qemu-only]`: boot time to
 //!   guest init, pvmm vs QEMU, in one L1 boot.
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
-//!   [--policies LIST]`: the seeds' kernbench-like scenario under every placement policy and
-//!   `none`, one table per thread count (package idle, work, migrations, modelled energy).
+//!   [--policies LIST]`: a kernbench-like load (the simulator's scenario of the
+//!   sched_mc_power_savings kernbench tables) under every placement policy and `none`, one table per thread count (package idle, work, migrations, modelled energy).
 //! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S]`:
 //!   several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned, one table per VM
 //!   count.
@@ -34,7 +34,7 @@ use pvmm_rig::placement_bench::{
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::soak::{format_tallies, run_soak, BusyLoops, SoakOptions};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
-use pvmm_rig::{InnerVmm, L1Tuning, Rig, RigError, Topology, VmSpec};
+use pvmm_rig::{InnerVmm, L1Tuning, Rig, RigError, RigOutcome, Topology, VmSpec};
 
 /// The guest command when none is given: the README's demo prints the guest's CPU count.
 const DEFAULT_GUEST_CMD: &str =
@@ -69,63 +69,69 @@ enum Task {
     /// them with '+'.
     RigSoak(SoakArgs),
     /// Boot time to guest init: pvmm vs qemu -enable-kvm, alternating in one L1 boot.
-    BenchBoot {
-        /// Guest vCPUs (both VMMs).
-        #[arg(long, default_value_t = 4)]
-        vcpus: u32,
-        /// Guest memory in MiB (both VMMs).
-        #[arg(long, default_value_t = 512)]
-        memory: u64,
-        /// Boots per VMM.
-        #[arg(long, default_value_t = 3)]
-        runs: u32,
-        /// L1 CPU topology.
-        #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
-        topology: Topology,
-        /// Measure only QEMU (while pvmm cannot boot yet).
-        #[arg(long)]
-        qemu_only: bool,
-        /// Print every rig line.
-        #[arg(long)]
-        verbose: bool,
-        /// Leave `quiet` off the guest command line (measures the serial console too).
-        #[arg(long)]
-        boot_log: bool,
-    },
-    /// Placement benchmark: the seeds' kernbench-like load (N busy guest threads with a
+    BenchBoot(BootBenchArgs),
+    /// Placement benchmark: the simulator's kernbench-like load (N busy guest threads with a
     /// kernbench duty cycle) under every policy and `none`, in one L1 boot; one table per N
     /// with package idle, work done, migrations and modelled energy (performance = 1.00).
-    BenchPlacement {
-        /// Busy guest thread counts, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-        threads: Vec<u32>,
-        /// Guest vCPUs.
-        #[arg(long, default_value_t = 4)]
-        vcpus: u32,
-        /// Seconds of load per case.
-        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=3600))]
-        seconds: u32,
-        /// pvmm-load duty cycle in percent (default: the seeds' kernbench busy fraction, 29 %).
-        #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
-        duty: u32,
-        /// pvmm-load period in ms (default 70: 20 ms bursts at 29 %, as the seeds' scenario).
-        #[arg(long, default_value_t = KERNBENCH_PERIOD_MS, value_parser = clap::value_parser!(u32).range(1..=60000))]
-        period_ms: u32,
-        /// Policies, comma-separated (pvmm --policy values; `none` = no pinning).
-        #[arg(long, value_delimiter = ',', default_values_t = BENCH_POLICIES.map(String::from))]
-        policies: Vec<String>,
-        /// L1 CPU topology.
-        #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
-        topology: Topology,
-        /// Print every rig line.
-        #[arg(long)]
-        verbose: bool,
-    },
+    BenchPlacement(PlacementBenchArgs),
     /// Host-wide placement benchmark: 1, 2 and 4 VMs side by side in one L1, each guest with
     /// one kernbench-like thread, under `pvmm host` (pvmm-host), each pvmm on its own (pvmm)
     /// and QEMU unpinned (qemu); one L1 boot per case, one table per VM count (package idle,
     /// work, migrations, modelled energy per unit of work relative to qemu).
     BenchHost(HostBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BootBenchArgs {
+    /// Guest vCPUs (both VMMs).
+    #[arg(long, default_value_t = 4)]
+    vcpus: u32,
+    /// Guest memory in MiB (both VMMs).
+    #[arg(long, default_value_t = 512)]
+    memory: u64,
+    /// Boots per VMM.
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// L1 CPU topology.
+    #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+    topology: Topology,
+    /// Measure only QEMU (while pvmm cannot boot yet).
+    #[arg(long)]
+    qemu_only: bool,
+    /// Print every rig line.
+    #[arg(long)]
+    verbose: bool,
+    /// Leave `quiet` off the guest command line (measures the serial console too).
+    #[arg(long)]
+    boot_log: bool,
+}
+
+#[derive(Debug, Args)]
+struct PlacementBenchArgs {
+    /// Busy guest thread counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    threads: Vec<u32>,
+    /// Guest vCPUs.
+    #[arg(long, default_value_t = 4)]
+    vcpus: u32,
+    /// Seconds of load per case.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    seconds: u32,
+    /// pvmm-load duty cycle in percent (default: the simulator's kernbench busy fraction, 29 %).
+    #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
+    duty: u32,
+    /// pvmm-load period in ms (default 70: 20 ms bursts at 29 %, as the simulator's kernbench).
+    #[arg(long, default_value_t = KERNBENCH_PERIOD_MS, value_parser = clap::value_parser!(u32).range(1..=60000))]
+    period_ms: u32,
+    /// Policies, comma-separated (pvmm --policy values; `none` = no pinning).
+    #[arg(long, value_delimiter = ',', default_values_t = BENCH_POLICIES.map(String::from))]
+    policies: Vec<String>,
+    /// L1 CPU topology.
+    #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+    topology: Topology,
+    /// Print every rig line.
+    #[arg(long)]
+    verbose: bool,
 }
 
 #[derive(Debug, Args)]
@@ -140,7 +146,7 @@ struct HostBenchArgs {
     /// at once in L1 reach their load tens of seconds apart).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(5..=3600))]
     seconds: u32,
-    /// pvmm-load duty cycle in percent (default: the seeds' kernbench busy fraction, 29 %).
+    /// pvmm-load duty cycle in percent (default: the simulator's kernbench busy fraction, 29 %).
     #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
     duty: u32,
     /// pvmm-load period in ms.
@@ -161,12 +167,9 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         pvmm: true,
         qemu: args.regimes.contains(&Regime::Qemu),
     };
-    let images = match images::build_l1(ws, needs) {
+    let images = match build_l1(ws, needs) {
         Ok(images) => images,
-        Err(error) => {
-            eprintln!("xtask: error: {error}");
-            return ExitCode::from(EXIT_BUILD_FAILURE);
-        }
+        Err(code) => return code,
     };
     let options = HostBenchOptions {
         vms: args.vms.iter().map(|&n| n as usize).collect(),
@@ -182,7 +185,11 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         let mut cases = Vec::new();
         for &regime in &options.regimes {
             images::progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
-            match host_bench::run_case(ws, &images, &options, regime, vms) {
+            let result = host_bench::run_case(ws, &images, &options, regime, vms);
+            if let Ok((_, outcome)) = &result {
+                dump_outcome(outcome, &format!("bench-host-{}-{vms}", regime.name()));
+            }
+            match result {
                 Ok((Ok(case), _)) => cases.push(case),
                 Ok((Err(why), outcome)) => {
                     failed = true;
@@ -298,19 +305,22 @@ fn rig_error_exit(error: &RigError) -> u8 {
     }
 }
 
-/// Builds the L1 images the VMs need; None (after saying why) when that fails.
-fn l1_images(ws: &Workspace, vms: &[VmSpec]) -> Option<images::L1Images> {
+/// Builds the L1 layers `needs` asks for; the xtask's exit code (after saying why) when that
+/// fails.
+fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<images::L1Images, ExitCode> {
+    images::build_l1(ws, needs).map_err(|error| {
+        eprintln!("xtask: error: {error}");
+        ExitCode::from(EXIT_BUILD_FAILURE)
+    })
+}
+
+/// Builds the L1 images the VMs need; the xtask's exit code (after saying why) when that fails.
+fn l1_images(ws: &Workspace, vms: &[VmSpec]) -> Result<images::L1Images, ExitCode> {
     let needs = L1Needs {
         pvmm: vms.iter().any(|vm| vm.vmm == InnerVmm::Pvmm),
         qemu: vms.iter().any(|vm| vm.vmm == InnerVmm::Qemu),
     };
-    match images::build_l1(ws, needs) {
-        Ok(images) => Some(images),
-        Err(error) => {
-            eprintln!("xtask: error: {error}");
-            None
-        }
-    }
+    build_l1(ws, needs)
 }
 
 /// Runs `cargo xtask rig`'s rig and reports how it ended (each VM apart when several).
@@ -422,8 +432,9 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
             ..vm
         })
         .collect();
-    let Some(images) = l1_images(ws, &vms) else {
-        return ExitCode::from(EXIT_BUILD_FAILURE);
+    let images = match l1_images(ws, &vms) {
+        Ok(images) => images,
+        Err(code) => return code,
     };
     eprintln!(
         "xtask: images ready in {:.1} s",
@@ -471,8 +482,9 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
             guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
         })
         .collect();
-    let Some(images) = l1_images(ws, &specs) else {
-        return ExitCode::from(EXIT_BUILD_FAILURE);
+    let images = match l1_images(ws, &specs) {
+        Ok(images) => images,
+        Err(code) => return code,
     };
     let log_dir = log_dir.unwrap_or_else(|| {
         let now = std::time::SystemTime::now()
@@ -491,6 +503,133 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
     soak(ws, &images, &options, load)
 }
 
+/// `cargo xtask guest`.
+fn guest_task(ws: &Workspace, started: Instant) -> ExitCode {
+    match images::build_guest(ws) {
+        Ok(guest) => {
+            eprintln!(
+                "xtask: guest images ready in {:.1} s: kernel {} ({}), initramfs {}",
+                started.elapsed().as_secs_f64(),
+                guest.kernel.display(),
+                guest.kernel_package,
+                guest.initrd.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            ExitCode::from(EXIT_BUILD_FAILURE)
+        }
+    }
+}
+
+/// `cargo xtask bench-boot`.
+fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
+    let needs = L1Needs {
+        pvmm: !args.qemu_only,
+        qemu: true,
+    };
+    let images = match build_l1(ws, needs) {
+        Ok(images) => images,
+        Err(code) => return code,
+    };
+    let options = BenchOptions {
+        vcpus: args.vcpus,
+        memory_mib: args.memory,
+        runs: args.runs.max(1),
+        topology: args.topology,
+        with_pvmm: !args.qemu_only,
+        echo: args.verbose,
+        quiet: !args.boot_log,
+    };
+    match run_bench(ws, &images, &options) {
+        Ok(report) => {
+            println!("{}", report.table(&options));
+            eprintln!("xtask: {}", report.outcome.summary("last VMM"));
+            if report.qemu.median().is_some() && (args.qemu_only || report.pvmm.median().is_some())
+            {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_RIG_FAILURE as u8)
+            }
+        }
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            ExitCode::from(EXIT_RIG_FAILURE as u8)
+        }
+    }
+}
+
+/// With `PVMM_RIG_DUMP=DIR` set, writes every classified line of `outcome`
+/// ([`RigOutcome::log_text`]) to `DIR/<name>.log`: a failed case's post-mortem.
+fn dump_outcome(outcome: &RigOutcome, name: &str) {
+    let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") else {
+        return;
+    };
+    let path = PathBuf::from(dir).join(format!("{name}.log"));
+    if let Err(error) = std::fs::write(&path, outcome.log_text()) {
+        eprintln!("xtask: cannot write {}: {error}", path.display());
+    }
+}
+
+/// `cargo xtask bench-placement`.
+fn bench_placement(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCode {
+    if let Some(bad) = args.threads.iter().find(|&&n| n == 0 || n > 1024) {
+        eprintln!("xtask: error: invalid --threads value {bad}: expected 1-1024");
+        return ExitCode::from(2);
+    }
+    let needs = L1Needs {
+        pvmm: true,
+        qemu: false,
+    };
+    let images = match build_l1(ws, needs) {
+        Ok(images) => images,
+        Err(code) => return code,
+    };
+    let options = PlacementBenchOptions {
+        threads: args.threads,
+        vcpus: args.vcpus,
+        seconds: args.seconds,
+        duty_percent: args.duty,
+        period_ms: args.period_ms,
+        policies: args.policies,
+        topology: args.topology,
+        echo: args.verbose,
+    };
+    let (results, failures, outcome) = match run_placement_bench(ws, &images, &options) {
+        Ok(measured) => measured,
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            return ExitCode::from(rig_error_exit(&error));
+        }
+    };
+    dump_outcome(&outcome, "bench-placement");
+    for &n in &options.threads {
+        let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
+        let title = format!(
+            "N = {n}: pvmm-load --threads {n} --duty {} --period-ms {} --seconds {}, {} vCPUs, L1 {}",
+            options.duty_percent, options.period_ms, options.seconds, options.vcpus, options.topology
+        );
+        println!("{}", format_bench_table(&title, &rows));
+    }
+    for failure in &failures {
+        eprintln!(
+            "xtask: {} with N = {} not measured: {}",
+            failure.policy, failure.threads, failure.reason
+        );
+    }
+    eprintln!(
+        "xtask: {} (bench took {:.0} s)",
+        outcome.summary("last pvmm"),
+        started.elapsed().as_secs_f64()
+    );
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_RIG_FAILURE as u8)
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ws = match Workspace::locate() {
@@ -502,159 +641,11 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     match cli.command {
-        Task::Guest => match images::build_guest(&ws) {
-            Ok(guest) => {
-                eprintln!(
-                    "xtask: guest images ready in {:.1} s: kernel {} ({}), initramfs {}",
-                    started.elapsed().as_secs_f64(),
-                    guest.kernel.display(),
-                    guest.kernel_package,
-                    guest.initrd.display()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("xtask: error: {error}");
-                ExitCode::from(EXIT_BUILD_FAILURE)
-            }
-        },
+        Task::Guest => guest_task(&ws, started),
         Task::Rig(args) => rig_task(&ws, started, args),
         Task::RigSoak(args) => soak_task(&ws, args),
-        Task::BenchBoot {
-            vcpus,
-            memory,
-            runs,
-            topology,
-            qemu_only,
-            verbose,
-            boot_log,
-        } => {
-            let needs = L1Needs {
-                pvmm: !qemu_only,
-                qemu: true,
-            };
-            let images = match images::build_l1(&ws, needs) {
-                Ok(images) => images,
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    return ExitCode::from(EXIT_BUILD_FAILURE);
-                }
-            };
-            let options = BenchOptions {
-                vcpus,
-                memory_mib: memory,
-                runs: runs.max(1),
-                topology,
-                with_pvmm: !qemu_only,
-                echo: verbose,
-                quiet: !boot_log,
-            };
-            match run_bench(&ws, &images, &options) {
-                Ok(report) => {
-                    println!("{}", report.table(&options));
-                    eprintln!("xtask: {}", report.outcome.summary("last VMM"));
-                    if report.qemu.median().is_some()
-                        && (qemu_only || report.pvmm.median().is_some())
-                    {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(EXIT_RIG_FAILURE as u8)
-                    }
-                }
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    ExitCode::from(EXIT_RIG_FAILURE as u8)
-                }
-            }
-        }
+        Task::BenchBoot(args) => bench_boot(&ws, args),
         Task::BenchHost(args) => bench_host(&ws, args),
-        Task::BenchPlacement {
-            threads,
-            vcpus,
-            seconds,
-            duty,
-            period_ms,
-            policies,
-            topology,
-            verbose,
-        } => {
-            if let Some(bad) = threads.iter().find(|&&n| n == 0 || n > 1024) {
-                eprintln!("xtask: error: invalid --threads value {bad}: expected 1-1024");
-                return ExitCode::from(2);
-            }
-            let images = match images::build_l1(
-                &ws,
-                L1Needs {
-                    pvmm: true,
-                    qemu: false,
-                },
-            ) {
-                Ok(images) => images,
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    return ExitCode::from(EXIT_BUILD_FAILURE);
-                }
-            };
-            let options = PlacementBenchOptions {
-                threads,
-                vcpus,
-                seconds,
-                duty_percent: duty,
-                period_ms,
-                policies,
-                topology,
-                echo: verbose,
-            };
-            match run_placement_bench(&ws, &images, &options) {
-                Ok((results, failures, outcome)) => {
-                    if let Some(path) = std::env::var_os("PVMM_RIG_DUMP") {
-                        // Debugging aid: every classified line, for a failed case's post-mortem.
-                        let mut text = String::new();
-                        for (tag, lines) in [
-                            ("guest", &outcome.guest_lines),
-                            ("pvmm", &outcome.vmm_lines),
-                            ("probe", &outcome.probe_lines),
-                        ] {
-                            for line in lines {
-                                text.push_str(&format!("[{tag}] {line}\n"));
-                            }
-                        }
-                        if let Err(error) = std::fs::write(&path, text) {
-                            eprintln!(
-                                "xtask: cannot write {}: {error}",
-                                PathBuf::from(&path).display()
-                            );
-                        }
-                    }
-                    for &n in &options.threads {
-                        let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
-                        let title = format!(
-                            "N = {n}: pvmm-load --threads {n} --duty {duty} --period-ms {period_ms} --seconds {seconds}, {vcpus} vCPUs, L1 {topology}",
-                        );
-                        println!("{}", format_bench_table(&title, &rows));
-                    }
-                    for failure in &failures {
-                        eprintln!(
-                            "xtask: {} with N = {} not measured: {}",
-                            failure.policy, failure.threads, failure.reason
-                        );
-                    }
-                    eprintln!(
-                        "xtask: {} (bench took {:.0} s)",
-                        outcome.summary("last pvmm"),
-                        started.elapsed().as_secs_f64()
-                    );
-                    if failures.is_empty() {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(EXIT_RIG_FAILURE as u8)
-                    }
-                }
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    ExitCode::from(rig_error_exit(&error))
-                }
-            }
-        }
+        Task::BenchPlacement(args) => bench_placement(&ws, started, args),
     }
 }

@@ -7,10 +7,36 @@
 //! ([`CAPACITY_GREATER_MARGIN`]) better at package level (busy vCPUs only), core
 //! or CPU level.
 //!
-//! Spread mode has no slots: it tracks loads only ([`Engine::assign_load`]).
+//! Spread mode has no slots and no fit test: it tracks loads only
+//! ([`super::draft::Draft::assign`]).
 
-use super::{ratio_less, reset, Engine, VcpuLoad, NO_CPU, NO_PKG};
+use super::draft::reset;
+use super::index::{CpuIndex, PkgIndex};
+use super::layout::ratio_less;
+use super::{Engine, VcpuLoad};
 use crate::capacity::{CAPACITY_GREATER_MARGIN, CAPACITY_SCALE};
+
+/// Spread mode's buffers, reused across decisions.
+#[derive(Debug, Clone)]
+pub(super) struct SpreadScratch {
+    /// vCPUs that keep their previous CPU this decision.
+    stay: Vec<bool>,
+    /// Least and second least loaded package during the stay test
+    /// ([`PkgIndex::NONE`] when the host has fewer).
+    min_pkg: [PkgIndex; 2],
+    /// Least loaded core of each package during the stay test.
+    pkg_min_core: Vec<u32>,
+}
+
+impl Default for SpreadScratch {
+    fn default() -> Self {
+        SpreadScratch {
+            stay: Vec::new(),
+            min_pkg: [PkgIndex::NONE; 2],
+            pkg_min_core: Vec::new(),
+        }
+    }
+}
 
 /// The loads around one CPU: its package's, its core's and its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,16 +79,16 @@ impl Engine {
         // placed vCPU on its previous CPU, current weights): a vCPU keeps its
         // CPU unless, with its own weight removed, the least loaded CPU is
         // clearly better. Testing each vCPU one by one against a half-built
-        // placement made two vCPUs swap whenever their utils changed order
-        // (issue 3.5); a fair-share test failed whenever one vCPU exceeded its
+        // placement would make two vCPUs swap whenever their utils change
+        // order; a fair-share test would fail whenever one vCPU exceeds its
         // share of a core. A busy vCPU sharing a core while another core is
         // idle still moves: load + w against w is clearly greater.
         let n = self.vcpus.len();
-        reset(&mut self.scratch.spread_stay, n, false);
+        reset(&mut self.spread.stay, n, false);
         for (i, load) in loads.iter().enumerate() {
             let prev = self.vcpus[i].cpu;
-            if prev != NO_CPU {
-                self.assign_load(i, prev, load.busy);
+            if !prev.is_none() {
+                self.draft.assign(&self.layout, i, prev, load.busy);
             }
         }
         // Each stay test below asks what the placement would be without one
@@ -71,12 +97,12 @@ impl Engine {
         self.fill_spread_minima();
         for (i, load) in loads.iter().enumerate() {
             let prev = self.vcpus[i].cpu;
-            if prev == NO_CPU {
+            if prev.is_none() {
                 continue;
             }
-            let stays = self.scratch.forced[i]
-                || if self.layout.spread_uniform {
-                    let fast = self.spread_stays_uniform(i, prev as usize, load.busy);
+            let stays = self.draft.out_of_tokens[i]
+                || if self.layout.spread.uniform {
+                    let fast = self.spread_stays_uniform(i, prev, load.busy);
                     debug_assert_eq!(
                         fast,
                         self.spread_stays_by_search(i, prev, load.busy),
@@ -86,30 +112,30 @@ impl Engine {
                 } else {
                     self.spread_stays_by_search(i, prev, load.busy)
                 };
-            self.scratch.spread_stay[i] = stays;
+            self.spread.stay[i] = stays;
         }
         for i in 0..n {
-            if self.vcpus[i].cpu != NO_CPU && !self.scratch.spread_stay[i] {
-                self.unassign_load(i);
+            if !self.vcpus[i].cpu.is_none() && !self.spread.stay[i] {
+                self.draft.unassign(&self.layout, i);
             }
         }
-        for k in 0..self.scratch.order.len() {
-            let i = self.scratch.order[k] as usize;
-            if self.scratch.new_cpu[i] != NO_CPU {
+        for k in 0..self.draft.order.len() {
+            let i = self.draft.order[k] as usize;
+            if self.draft.placed(i) {
                 continue;
             }
-            let w = self.scratch.weight[i];
-            let best = self.least_loaded_cpu(w) as usize;
+            let w = self.draft.weight[i];
+            let best = self.least_loaded_cpu(w);
             let prev = self.vcpus[i].cpu;
             // Hysteresis: without it two vCPUs bigger than their fair share of
             // a core (few vCPUs on many cores) swap packages every time their
             // utils change order. Keep the previous CPU unless the least loaded
             // one is clearly better; a busy vCPU sharing a core while another
             // core is idle still moves (load + w vs w is clearly greater).
-            let c = if prev != NO_CPU
+            let c = if !prev.is_none()
                 && !self.clearly_better(
-                    prev as usize,
-                    self.loads_around(prev as usize),
+                    prev,
+                    self.loads_around(prev),
                     best,
                     self.loads_around(best),
                     w,
@@ -117,32 +143,31 @@ impl Engine {
                 ) {
                 prev
             } else {
-                best as u32
+                best
             };
-            self.assign_load(i, c, loads[i].busy);
+            self.draft.assign(&self.layout, i, c, loads[i].busy);
         }
     }
 
     /// The stay test by search: takes vCPU `i` off its previous CPU `prev`,
     /// finds the least loaded CPU, and puts `i` back. Any topology.
-    fn spread_stays_by_search(&mut self, i: usize, prev: u32, busy: bool) -> bool {
-        self.unassign_load(i);
-        let w = self.scratch.weight[i];
-        let best = self.least_loaded_cpu(w) as usize;
-        let prev_cpu = prev as usize;
+    fn spread_stays_by_search(&mut self, i: usize, prev: CpuIndex, busy: bool) -> bool {
+        self.draft.unassign(&self.layout, i);
+        let w = self.draft.weight[i];
+        let best = self.least_loaded_cpu(w);
         let keep = !self.clearly_better(
-            prev_cpu,
-            self.loads_around(prev_cpu),
+            prev,
+            self.loads_around(prev),
             best,
             self.loads_around(best),
             w,
             busy,
         );
-        self.assign_load(i, prev, busy);
+        self.draft.assign(&self.layout, i, prev, busy);
         keep
     }
 
-    /// The stay test on a uniform host ([`super::Layout::spread_uniform`]),
+    /// The stay test on a uniform host ([`super::layout::SpreadCapacity::uniform`]),
     /// in constant time: comparing loads relative to equal capacities is
     /// comparing loads, so the least loaded CPU without vCPU `i` is the
     /// least loaded package / core / thread of [`Self::fill_spread_minima`],
@@ -150,30 +175,32 @@ impl Engine {
     /// it. Gives the same answer as [`Self::spread_stays_by_search`] (debug
     /// builds check every call); it is most of a decision's work, run for
     /// every placed vCPU every tick.
-    fn spread_stays_uniform(&self, i: usize, prev: usize, busy: bool) -> bool {
+    fn spread_stays_uniform(&self, i: usize, prev_cpu: CpuIndex, busy: bool) -> bool {
         let l = &self.layout;
-        let s = &self.scratch;
+        let s = &self.draft;
         let w = s.weight[i];
-        let (p, k) = (l.cpu_pkg[prev] as usize, l.cpu_core[prev] as usize);
+        let prev = prev_cpu.get();
+        let (p, k) = (l.pkg_of(prev_cpu).get(), l.cpu_core[prev] as usize);
         // Everything `i` sits on, with `i` removed.
         let mine = LoadsAround {
             pkg: s.pkg_load[p] - w,
             core: s.core_load[k] - w,
             cpu: s.cpu_load[prev] - w,
         };
-        let [min_pkg, second_pkg] = s.spread_min_pkg;
-        let other = if min_pkg as usize == p {
-            second_pkg
+        let [min_pkg, next_min_pkg] = self.spread.min_pkg;
+        // The least loaded package other than `i`'s own.
+        let other = if min_pkg.get() == p {
+            next_min_pkg
         } else {
             min_pkg
         };
-        let best_pkg =
-            if other == NO_PKG || (mine.pkg, p) < (s.pkg_load[other as usize], other as usize) {
-                p
-            } else {
-                other as usize
-            };
-        let min_core = s.pkg_min_core[best_pkg] as usize;
+        let best_pkg = if other.is_none() || (mine.pkg, p) < (s.pkg_load[other.get()], other.get())
+        {
+            p
+        } else {
+            other.get()
+        };
+        let min_core = self.spread.pkg_min_core[best_pkg] as usize;
         let best_core = if best_pkg == p && (mine.core, k) < (s.core_load[min_core], min_core) {
             k
         } else {
@@ -203,17 +230,17 @@ impl Engine {
             },
             cpu: cpu_load(best),
         };
-        !self.clearly_better(prev, mine, best, theirs, w, busy)
+        !self.clearly_better(prev_cpu, mine, CpuIndex(best as u32), theirs, w, busy)
     }
 
-    /// The loads around dense CPU `c` as placed now.
-    fn loads_around(&self, c: usize) -> LoadsAround {
+    /// The loads around CPU `c` as placed now.
+    fn loads_around(&self, c: CpuIndex) -> LoadsAround {
         let l = &self.layout;
-        let s = &self.scratch;
+        let s = &self.draft;
         LoadsAround {
-            pkg: s.pkg_load[l.cpu_pkg[c] as usize],
-            core: s.core_load[l.cpu_core[c] as usize],
-            cpu: s.cpu_load[c],
+            pkg: s.pkg_load[l.pkg_of(c).get()],
+            core: s.core_load[l.cpu_core[c.get()] as usize],
+            cpu: s.cpu_load[c.get()],
         }
     }
 
@@ -223,13 +250,13 @@ impl Engine {
     /// a vCPU that is `busy` now: a less loaded package (its cache, memory
     /// bandwidth, turbo headroom) helps a vCPU that runs, while an idle vCPU
     /// with a core of its own gains nothing by moving. Under bursty loads (a
-    /// kernel build) idle vCPUs otherwise left a package every time a sibling
-    /// burst, several times a second.
+    /// kernel build) idle vCPUs would otherwise leave a package every time a
+    /// sibling bursts, several times a second.
     fn clearly_better(
         &self,
-        prev: usize,
+        prev: CpuIndex,
         mine: LoadsAround,
-        best: usize,
+        best: CpuIndex,
         theirs: LoadsAround,
         w: u64,
         busy: bool,
@@ -237,33 +264,34 @@ impl Engine {
         if prev == best {
             return false;
         }
+        let (prev, best) = (prev.get(), best.get());
         let l = &self.layout;
         let relative = || {
             let worse =
                 |lp: u64, cp: u64, lb: u64, cb: u64| ratio_clearly_greater(lp + w, cp, lb + w, cb);
-            let (pp, pb) = (l.cpu_pkg[prev] as usize, l.cpu_pkg[best] as usize);
+            let (pp, pb) = (l.cpu_pkg[prev].get(), l.cpu_pkg[best].get());
             let (kp, kb) = (l.cpu_core[prev] as usize, l.cpu_core[best] as usize);
             (busy
                 && worse(
                     mine.pkg,
-                    l.spread_pkg_cap[pp],
+                    l.spread.pkg_cap[pp],
                     theirs.pkg,
-                    l.spread_pkg_cap[pb],
+                    l.spread.pkg_cap[pb],
                 ))
                 || worse(
                     mine.core,
-                    l.spread_core_cap[kp],
+                    l.spread.core_cap[kp],
                     theirs.core,
-                    l.spread_core_cap[kb],
+                    l.spread.core_cap[kb],
                 )
                 || worse(
                     mine.cpu,
-                    l.spread_cpu_cap[prev],
+                    l.spread.cpu_cap[prev],
                     theirs.cpu,
-                    l.spread_cpu_cap[best],
+                    l.spread.cpu_cap[best],
                 )
         };
-        if !l.equal_caps {
+        if !l.spread.equal_caps {
             return relative();
         }
         // Every package, core and CPU alike: capacities cancel out.
@@ -277,35 +305,36 @@ impl Engine {
 
     /// Least loaded package, then core in it, then thread in that (weights
     /// relative to capacity, after adding `w`); ties go to lower indices.
-    fn least_loaded_cpu(&self, w: u64) -> u32 {
+    fn least_loaded_cpu(&self, w: u64) -> CpuIndex {
         let best_pkg = self.least_loaded_package(w);
         let best_core = self.least_loaded_core(best_pkg, w);
         self.least_loaded_thread(best_core, w)
     }
 
-    /// Fills `scratch.spread_min_pkg` (the least and second least loaded
-    /// packages) and `scratch.pkg_min_core` (each package's least loaded core)
+    /// Fills `spread.min_pkg` (the least and second least loaded packages)
+    /// and `spread.pkg_min_core` (each package's least loaded core)
     /// by load, lowest index on ties, under the current placement. Only
     /// meaningful on a uniform host, where load order is capacity order.
     fn fill_spread_minima(&mut self) {
         let l = &self.layout;
-        let s = &mut self.scratch;
-        let mut min = [NO_PKG; 2];
-        for p in 0..l.num_pkgs() {
-            let key = |q: u32| (s.pkg_load[q as usize], q);
-            if min[0] == NO_PKG || key(p as u32) < key(min[0]) {
-                min = [p as u32, min[0]];
-            } else if min[1] == NO_PKG || key(p as u32) < key(min[1]) {
-                min[1] = p as u32;
+        let load = &self.draft.pkg_load;
+        let s = &mut self.spread;
+        let mut min = [PkgIndex::NONE; 2];
+        for p in l.pkgs() {
+            let key = |q: PkgIndex| (load[q.get()], q);
+            if min[0].is_none() || key(p) < key(min[0]) {
+                min = [p, min[0]];
+            } else if min[1].is_none() || key(p) < key(min[1]) {
+                min[1] = p;
             }
         }
-        s.spread_min_pkg = min;
+        s.min_pkg = min;
         reset(&mut s.pkg_min_core, l.num_pkgs(), 0);
         for p in 0..l.num_pkgs() {
             let cores = l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize;
             let mut best = cores.start;
             for core in cores {
-                if s.core_load[core] < s.core_load[best] {
+                if self.draft.core_load[core] < self.draft.core_load[best] {
                     best = core;
                 }
             }
@@ -318,10 +347,10 @@ impl Engine {
         let l = &self.layout;
         least_loaded(
             0..l.num_pkgs(),
-            &self.scratch.pkg_load,
-            &l.spread_pkg_cap,
+            &self.draft.pkg_load,
+            &l.spread.pkg_cap,
             w,
-            l.uniform_pkgs,
+            l.spread.uniform_pkgs,
         )
     }
 
@@ -330,23 +359,24 @@ impl Engine {
         let l = &self.layout;
         least_loaded(
             l.pkg_core_start[p] as usize..l.pkg_core_start[p + 1] as usize,
-            &self.scratch.core_load,
-            &l.spread_core_cap,
+            &self.draft.core_load,
+            &l.spread.core_cap,
             w,
-            l.pkg_uniform_cores[p],
+            l.spread.pkg_uniform_cores[p],
         )
     }
 
     /// The least loaded thread of core `core` for weight `w`.
-    fn least_loaded_thread(&self, core: usize, w: u64) -> u32 {
+    fn least_loaded_thread(&self, core: usize, w: u64) -> CpuIndex {
         let l = &self.layout;
-        least_loaded(
+        let best = least_loaded(
             l.core_cpu_start[core] as usize..l.core_cpu_start[core + 1] as usize,
-            &self.scratch.cpu_load,
-            &l.spread_cpu_cap,
+            &self.draft.cpu_load,
+            &l.spread.cpu_cap,
             w,
-            l.core_uniform_threads[core],
-        ) as u32
+            l.spread.core_uniform_threads[core],
+        );
+        CpuIndex(best as u32)
     }
 }
 

@@ -1,9 +1,10 @@
-//! The client side of the control socket, for `pvmm-ctl`: one request per connection, the
-//! response parsed with `httparse`, and readable tables for people.
+//! The client side of the control socket: one-shot requests for `pvmm-ctl` ([`request`]), a
+//! kept-alive [`Connection`] for a balancer that asks every tick, answers parsed with
+//! `httparse`, and readable tables for people.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -46,6 +47,9 @@ pub struct Answer {
     pub body: Value,
 }
 
+/// Initial read buffer for an answer: every answer pvmm gives for a VM of a few dozen vCPUs.
+const ANSWER_BUFFER_BYTES: usize = 16 * 1024;
+
 /// Sends `method path` with `body` (JSON, or empty) to the pvmm at `socket`.
 pub fn request(
     socket: &Path,
@@ -60,12 +64,15 @@ pub fn request(
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let body = body.unwrap_or("");
-    let sent = write!(
-        stream,
+    // One buffer, one write (`write!` to the socket would send each piece of the format
+    // separately).
+    let text = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .and_then(|_| stream.flush());
+    );
+    let sent = stream
+        .write_all(text.as_bytes())
+        .and_then(|_| stream.flush());
     // pvmm answers a request it refuses from its head alone (a body over the limit) and
     // closes: the rest of the body cannot be sent, but the answer is there to read.
     if let Err(e) = sent {
@@ -73,11 +80,131 @@ pub fn request(
             return Err(e.into());
         }
     }
-    let mut raw = Vec::new();
+    // Room for a usual answer at once: an empty Vec makes `read_to_end` start with small
+    // reads, a system call each.
+    let mut raw = Vec::with_capacity(ANSWER_BUFFER_BYTES);
     stream
         .take((MAX_HEAD_BYTES + MAX_BODY_BYTES * 16) as u64)
         .read_to_end(&mut raw)?;
     parse_answer(&raw)
+}
+
+/// A connection to one pvmm kept open across requests (HTTP/1.1 keep-alive), opened again
+/// when pvmm closed it (an idle connection is closed after the socket's I/O timeout).
+#[derive(Debug)]
+pub struct Connection {
+    socket: PathBuf,
+    stream: Option<UnixStream>,
+}
+
+impl Connection {
+    /// A connection to the pvmm at `socket`, opened at the first request.
+    pub fn new(socket: &Path) -> Self {
+        Self {
+            socket: socket.to_path_buf(),
+            stream: None,
+        }
+    }
+
+    /// Sends `method path` with `body` and reads the answer. A kept connection that fails
+    /// is opened again and the request sent once more (pvmm may have closed it while idle;
+    /// every request the daemon sends may be repeated).
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Answer, ClientError> {
+        if self.stream.is_some() {
+            match self.exchange(method, path, body) {
+                Ok(answer) => return Ok(answer),
+                Err(_) => self.stream = None,
+            }
+        }
+        self.exchange(method, path, body).inspect_err(|_| {
+            self.stream = None;
+        })
+    }
+
+    fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Answer, ClientError> {
+        if self.stream.is_none() {
+            let stream =
+                UnixStream::connect(&self.socket).map_err(|source| ClientError::Connect {
+                    path: self.socket.display().to_string(),
+                    source,
+                })?;
+            stream.set_read_timeout(Some(IO_TIMEOUT))?;
+            stream.set_write_timeout(Some(IO_TIMEOUT))?;
+            self.stream = Some(stream);
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(ClientError::Truncated);
+        };
+        let body = body.unwrap_or("");
+        let text = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(text.as_bytes())?;
+        let (answer, keep) = read_framed_answer(stream)?;
+        if !keep {
+            self.stream = None;
+        }
+        Ok(answer)
+    }
+}
+
+/// Reads one answer framed by its `Content-Length` (the connection stays open); with it,
+/// whether pvmm keeps the connection.
+fn read_framed_answer(stream: &mut UnixStream) -> Result<(Answer, bool), ClientError> {
+    let mut raw = Vec::with_capacity(ANSWER_BUFFER_BYTES);
+    let mut chunk = vec![0u8; ANSWER_BUFFER_BYTES];
+    let limit = MAX_HEAD_BYTES + MAX_BODY_BYTES * 16;
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Err(ClientError::Truncated);
+        }
+        raw.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        let head = match resp.parse(&raw) {
+            Ok(httparse::Status::Complete(head)) => head,
+            Ok(httparse::Status::Partial) if raw.len() < limit => continue,
+            Ok(httparse::Status::Partial) => return Err(ClientError::Truncated),
+            Err(e) => return Err(ClientError::NotHttp(e)),
+        };
+        let header = |name: &str| {
+            resp.headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(name))
+                .and_then(|h| std::str::from_utf8(h.value).ok())
+                .map(str::trim)
+        };
+        let length: usize = header("content-length")
+            .and_then(|v| v.parse().ok())
+            .ok_or(ClientError::Truncated)?;
+        let keep = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("keep-alive"));
+        let status = resp.code.unwrap_or(0);
+        if head + length > limit {
+            return Err(ClientError::Truncated);
+        }
+        while raw.len() < head + length {
+            let n = stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(ClientError::Truncated);
+            }
+            raw.extend_from_slice(&chunk[..n]);
+        }
+        let body =
+            serde_json::from_slice(&raw[head..head + length]).map_err(ClientError::NotJson)?;
+        return Ok((Answer { status, body }, keep));
+    }
 }
 
 /// Parses a whole HTTP response.

@@ -1,5 +1,8 @@
-//! HTTP/1.1 framing for the control socket: one request per connection, parsed with
-//! `httparse`, bodies bounded, answers always JSON with `Connection: close`.
+//! HTTP/1.1 framing for the control socket: requests parsed with `httparse`, bodies bounded,
+//! answers always JSON. A connection carries requests one after another (HTTP/1.1 keep-alive)
+//! until the client asks to close (`Connection: close`, as `pvmm-ctl` and curl's one-shot
+//! requests do), sends something malformed, or is silent for [`IO_TIMEOUT`]: a balancer that
+//! asks every tick then pays for no connection, and pvmm for no thread, per request.
 //!
 //! The bounds are what keep a hostile or broken client to the cost of its own connection: the
 //! head and the body are each read into a buffer of fixed maximum size, and a connection that
@@ -29,6 +32,10 @@ pub struct HttpRequest {
     pub path: String,
     /// The body (empty when none).
     pub body: Vec<u8>,
+    /// Whether the connection stays open for another request: HTTP/1.1 without
+    /// `Connection: close`, and nothing sent past this request (pvmm answers one request at
+    /// a time; a client that pipelines gets its first answer and the connection closed).
+    pub keep_alive: bool,
 }
 
 /// An answer: status and JSON body.
@@ -83,7 +90,7 @@ fn reason_phrase(status: u16) -> &'static str {
 /// Reads one request from `stream`.
 pub fn read_request(stream: &mut impl Read) -> Result<HttpRequest, ReadFailure> {
     let mut buf = Vec::with_capacity(READ_CHUNK);
-    let (head_len, method, path, content_length) = loop {
+    let (head_len, method, path, content_length, wants_more) = loop {
         if read_more(stream, &mut buf, MAX_HEAD_BYTES + MAX_BODY_BYTES)? == 0 {
             return Err(ReadFailure::Gone);
         }
@@ -95,7 +102,13 @@ pub fn read_request(stream: &mut impl Read) -> Result<HttpRequest, ReadFailure> 
                 let method = req.method.unwrap_or_default().to_string();
                 let target = req.path.unwrap_or_default();
                 let path = target.split('?').next().unwrap_or_default().to_string();
-                break (n, method, path, length);
+                let close = req.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("connection")
+                        && std::str::from_utf8(h.value)
+                            .is_ok_and(|v| v.trim().eq_ignore_ascii_case("close"))
+                });
+                let wants_more = req.version == Some(1) && !close;
+                break (n, method, path, length, wants_more);
             }
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
                 return Err(bad(format!("request head over {MAX_HEAD_BYTES} bytes")))
@@ -115,11 +128,13 @@ pub fn read_request(stream: &mut impl Read) -> Result<HttpRequest, ReadFailure> 
             return Err(ReadFailure::Gone);
         }
     }
+    let pipelined = buf.len() > total;
     buf.truncate(total);
     Ok(HttpRequest {
         method,
         path,
         body: buf.split_off(head_len),
+        keep_alive: wants_more && !pipelined,
     })
 }
 
@@ -170,21 +185,29 @@ fn content_length(headers: &[httparse::Header<'_>]) -> Result<usize, ReadFailure
     Ok(length.unwrap_or(0))
 }
 
-/// Writes `response` and flushes; errors mean the client went away, which costs nothing.
-pub fn write_response(stream: &mut impl Write, response: &HttpResponse) -> std::io::Result<()> {
+/// Writes `response` in one piece and flushes, saying whether the connection stays open;
+/// errors mean the client went away, which costs nothing.
+pub fn write_response(
+    stream: &mut impl Write,
+    response: &HttpResponse,
+    keep_alive: bool,
+) -> std::io::Result<()> {
     let mut body = response.body.to_string();
     body.push('\n');
     let allow = response
         .allow
         .map(|a| format!("Allow: {a}\r\n"))
         .unwrap_or_default();
-    write!(
-        stream,
-        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n{body}",
+    // One buffer, one write: `write!` straight to the socket sends each piece of the format
+    // in its own system call.
+    let text = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{allow}Connection: {}\r\n\r\n{body}",
         response.status,
         reason_phrase(response.status),
         body.len(),
-    )?;
+        if keep_alive { "keep-alive" } else { "close" },
+    );
+    stream.write_all(text.as_bytes())?;
     stream.flush()
 }
 
@@ -258,8 +281,9 @@ mod tests {
         let mut out = Vec::new();
         let mut r = HttpResponse::error(405, "no");
         r.allow = Some("GET");
-        write_response(&mut out, &r).unwrap();
+        write_response(&mut out, &r, false).unwrap();
         let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("Connection: close\r\n"), "{text}");
         assert!(
             text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"),
             "{text}"
@@ -267,6 +291,31 @@ mod tests {
         assert!(text.contains("Allow: GET\r\n"));
         assert!(text.contains("Content-Length: 15\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\n{\"error\":\"no\"}\n"));
+    }
+
+    #[test]
+    fn http_1_1_keeps_the_connection_unless_asked_or_pipelined() {
+        let one = |raw: &[u8]| read_all(raw, 4096).map(|r| r.keep_alive).ok();
+        assert_eq!(one(b"GET /v1/vm HTTP/1.1\r\n\r\n"), Some(true));
+        assert_eq!(
+            one(b"GET /v1/vm HTTP/1.1\r\nConnection: Close\r\n\r\n"),
+            Some(false)
+        );
+        assert_eq!(one(b"GET /v1/vm HTTP/1.0\r\n\r\n"), Some(false));
+        assert_eq!(
+            one(b"GET /v1/vm HTTP/1.1\r\n\r\nGET /v1/vm HTTP/1.1\r\n\r\n"),
+            Some(false)
+        );
+        let mut out = Vec::new();
+        write_response(
+            &mut out,
+            &HttpResponse::new(200, serde_json::json!({})),
+            true,
+        )
+        .unwrap();
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("Connection: keep-alive\r\n"));
     }
 
     proptest! {

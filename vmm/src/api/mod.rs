@@ -232,7 +232,7 @@ fn accept_loop(listener: &UnixListener, vm: Arc<dyn VmControl>, stop: &AtomicBoo
             active.fetch_sub(1, Ordering::AcqRel);
             let busy = HttpResponse::error(503, "too many connections; try again");
             let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-            let _ = write_response(&mut stream, &busy);
+            let _ = write_response(&mut stream, &busy, false);
             continue;
         }
         let vm = vm.clone();
@@ -249,24 +249,34 @@ fn accept_loop(listener: &UnixListener, vm: Arc<dyn VmControl>, stop: &AtomicBoo
     }
 }
 
-/// Reads one request, answers it, and closes.
+/// Answers the connection's requests one after another until the client asks to close, sends
+/// something pvmm refuses to frame, goes away, or is silent for [`IO_TIMEOUT`].
 fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl) {
     if stream.set_read_timeout(Some(IO_TIMEOUT)).is_err()
         || stream.set_write_timeout(Some(IO_TIMEOUT)).is_err()
     {
         return;
     }
-    let response = match read_request(&mut stream) {
-        Ok(request) => match parse_request(&request, &vm.shape()) {
-            Ok(api) => dispatch(api, vm),
-            Err(answer) => answer,
-        },
-        Err(ReadFailure::Bad(answer)) => answer,
-        Err(ReadFailure::Gone) => return,
-    };
-    // A client that went away before reading its answer costs nothing more.
-    if write_response(&mut stream, &response).is_ok() {
-        linger(&mut stream);
+    loop {
+        let (response, keep_alive) = match read_request(&mut stream) {
+            Ok(request) => {
+                let response = match parse_request(&request, &vm.shape()) {
+                    Ok(api) => dispatch(api, vm),
+                    Err(answer) => answer,
+                };
+                (response, request.keep_alive)
+            }
+            Err(ReadFailure::Bad(answer)) => (answer, false),
+            Err(ReadFailure::Gone) => return,
+        };
+        // A client that went away before reading its answer costs nothing more.
+        if write_response(&mut stream, &response, keep_alive).is_err() {
+            return;
+        }
+        if !keep_alive {
+            linger(&mut stream);
+            return;
+        }
     }
 }
 

@@ -209,6 +209,7 @@ mod tests {
             method: method.into(),
             path: path.into(),
             body: body.as_bytes().to_vec(),
+            keep_alive: false,
         }
     }
 

@@ -1,6 +1,6 @@
 //! The VMs a host daemon manages, and how each kind is read and placed.
 //!
-//! - A pvmm VM is read through its control socket (`GET /v1/vcpus`: each vCPU's utilization
+//! - A pvmm VM is read through its control socket (`GET /v1/placement`: each vCPU's utilization
 //!   from pvmm's own idle signal, which includes KVM's halt statistics) and placed through it
 //!   (`PUT /v1/placement/external`, which also publishes the capacities to the guest through
 //!   CPPC and renews the lease). pvmm keeps its own threads with its vCPUs.
@@ -16,7 +16,7 @@ use pvmm_scheduler::{CpuSet, IdleSample, UtilConfig, UtilTracker};
 use serde_json::{json, Value};
 
 use super::discover::{process_ran_ns, thread_demand_ns, thread_ids, ForeignVm};
-use crate::api::client::request;
+use crate::api::client::Connection;
 
 /// One vCPU of a managed VM, as read at this tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,9 @@ pub struct MemberVcpu {
     pub util: u32,
     /// Ran at least half of the last tick.
     pub busy: bool,
+    /// The CPUs its VMM reports it placed on (pvmm VMs; None for others, whose threads'
+    /// affinity is read from `/proc`).
+    pub cpus: Option<CpuSet>,
 }
 
 /// Errors reading or placing a member.
@@ -45,20 +48,31 @@ pub enum MemberError {
 }
 
 /// A pvmm VM joined through its control socket.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PvmmMember {
     /// Its control socket.
     pub socket: PathBuf,
     /// Its pid.
     pub pid: i32,
+    /// The connection kept open to it: two requests a tick cost no connection, and pvmm
+    /// no thread, each.
+    conn: Connection,
 }
 
-fn call(socket: &Path, method: &str, path: &str, body: Option<&str>) -> Result<Value, MemberError> {
+fn call(
+    conn: &mut Connection,
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<Value, MemberError> {
     let err = |why: String| MemberError::Socket {
         socket: socket.to_path_buf(),
         why,
     };
-    let answer = request(socket, method, path, body).map_err(|e| err(e.to_string()))?;
+    let answer = conn
+        .request(method, path, body)
+        .map_err(|e| err(e.to_string()))?;
     if answer.status >= 300 {
         return Err(err(format!(
             "{method} {path}: {} {}",
@@ -71,7 +85,8 @@ fn call(socket: &Path, method: &str, path: &str, body: Option<&str>) -> Result<V
 impl PvmmMember {
     /// Joins the pvmm serving `socket`.
     pub fn join(socket: &Path) -> Result<Self, MemberError> {
-        let vm = call(socket, "GET", "/v1/vm", None)?;
+        let mut conn = Connection::new(socket);
+        let vm = call(&mut conn, socket, "GET", "/v1/vm", None)?;
         let pid = vm["pid"].as_i64().and_then(|p| i32::try_from(p).ok());
         let pid = pid.ok_or_else(|| MemberError::Socket {
             socket: socket.to_path_buf(),
@@ -80,12 +95,32 @@ impl PvmmMember {
         Ok(Self {
             socket: socket.to_path_buf(),
             pid,
+            conn,
         })
     }
 
-    /// Its vCPUs now.
-    pub fn read(&self) -> Result<Vec<MemberVcpu>, MemberError> {
-        let body = call(&self.socket, "GET", "/v1/vcpus", None)?;
+    /// Its vCPUs now, from its latest tick (`GET /v1/placement`, the `--stats` snapshot: no
+    /// `/proc` reading in pvmm per request, which `GET /v1/vcpus` does to list its threads).
+    /// None before pvmm's first tick.
+    pub fn read(&mut self) -> Result<Vec<MemberVcpu>, MemberError> {
+        let answer = self
+            .conn
+            .request("GET", "/v1/placement", None)
+            .map_err(|e| MemberError::Socket {
+                socket: self.socket.clone(),
+                why: e.to_string(),
+            })?;
+        let body = match answer.status {
+            200 => answer.body,
+            // No tick has run yet: no vCPUs to place this tick.
+            503 => return Ok(Vec::new()),
+            status => {
+                return Err(MemberError::Socket {
+                    socket: self.socket.clone(),
+                    why: format!("GET /v1/placement: {status} {}", answer.body),
+                })
+            }
+        };
         let empty = Vec::new();
         let vcpus = body["vcpus"].as_array().unwrap_or(&empty);
         Ok(vcpus
@@ -94,18 +129,18 @@ impl PvmmMember {
                 Some(MemberVcpu {
                     vcpu: u32::try_from(v["vcpu"].as_u64()?).ok()?,
                     tid: i32::try_from(v["tid"].as_i64()?).ok()?,
-                    // Before pvmm's first tick a vCPU has no utilization yet: idle.
                     util: (v["util"].as_f64().unwrap_or(0.0) * 1024.0)
                         .round()
                         .clamp(0.0, 1024.0) as u32,
                     busy: v["busy"].as_bool().unwrap_or(false),
+                    cpus: v["cpus"].as_str().and_then(|c| c.parse().ok()),
                 })
             })
             .collect())
     }
 
     /// Places its vCPUs (and renews the lease): (vCPU, CPUs, capacity) each.
-    pub fn place(&self, assignments: &[(u32, CpuSet, u32)]) -> Result<(), MemberError> {
+    pub fn place(&mut self, assignments: &[(u32, CpuSet, u32)]) -> Result<(), MemberError> {
         let list: Vec<Value> = assignments
             .iter()
             .map(|(vcpu, cpus, capacity)| {
@@ -113,12 +148,26 @@ impl PvmmMember {
             })
             .collect();
         let body = json!({ "assignments": list }).to_string();
-        call(&self.socket, "PUT", "/v1/placement/external", Some(&body)).map(|_| ())
+        call(
+            &mut self.conn,
+            &self.socket,
+            "PUT",
+            "/v1/placement/external",
+            Some(&body),
+        )
+        .map(|_| ())
     }
 
     /// Hands placement back to the pvmm's own policy.
-    pub fn release(&self) -> Result<(), MemberError> {
-        call(&self.socket, "DELETE", "/v1/placement/external", None).map(|_| ())
+    pub fn release(&mut self) -> Result<(), MemberError> {
+        call(
+            &mut self.conn,
+            &self.socket,
+            "DELETE",
+            "/v1/placement/external",
+            None,
+        )
+        .map(|_| ())
     }
 }
 
@@ -298,6 +347,7 @@ impl ForeignMember {
                 tid: v.tid,
                 util: v.tracker.util(),
                 busy: v.tracker.is_busy(),
+                cpus: None,
             })
             .collect()
     }

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use pvmm_scheduler::sim::power::{thread_overlap, PowerModel};
+use pvmm_scheduler::power::{thread_overlap, PowerModel};
 use pvmm_scheduler::HostTopology;
 use serde_json::{json, Value};
 
@@ -201,7 +201,7 @@ pub fn serve_stream<S: Read + Write>(mut stream: S, latest: &Latest, powercap: &
     let request = match read_request(&mut stream) {
         Ok(r) => r,
         Err(ReadFailure::Bad(answer)) => {
-            let _ = write_response(&mut stream, &answer);
+            let _ = write_response(&mut stream, &answer, false);
             return;
         }
         Err(ReadFailure::Gone) => return,
@@ -228,7 +228,7 @@ pub fn serve_stream<S: Read + Write>(mut stream: S, latest: &Latest, powercap: &
         }
         (_, path, _) => HttpResponse::error(404, format!("no such path: {path}")),
     };
-    let _ = write_response(&mut stream, &answer);
+    let _ = write_response(&mut stream, &answer, false);
 }
 
 /// Serves `listener`'s connections one at a time on a thread named `name` (a scrape or a

@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pvmm_scheduler::{
-    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LinuxExecutor, Policy, VcpuId,
-    VcpuLoad,
+    Assignment, CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LinuxExecutor,
+    Policy, VcpuId, VcpuLoad,
 };
 use serde_json::{json, Value};
 
@@ -95,6 +95,14 @@ struct Managed {
     member: Member,
     /// vCPUs read at this tick.
     vcpus: Vec<MemberVcpu>,
+    /// Not yet placed by this daemon: where its vCPUs run now is told to the engine first.
+    fresh: bool,
+    /// A foreign VM's affinity (its main thread's) when it was adopted: what a thread it
+    /// creates while placed gets back at release, since such a thread inherits the affinity
+    /// the daemon gave its creator.
+    inherited: Option<CpuSet>,
+    /// Placed at least once.
+    placed: bool,
 }
 
 /// Where one tick's time went, in microseconds: finding VMs, reading their vCPUs'
@@ -310,6 +318,10 @@ impl HostDaemon {
             ),
         };
         self.log(format!("joined {what}"));
+        let inherited = match &member {
+            Member::Foreign(_) => self.executor.read(pid).ok(),
+            Member::Pvmm(_) => None,
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.vms.insert(
@@ -318,6 +330,9 @@ impl HostDaemon {
                 id,
                 member,
                 vcpus: Vec::new(),
+                fresh: true,
+                inherited,
+                placed: false,
             },
         );
     }
@@ -354,6 +369,7 @@ impl HostDaemon {
         self.read(now_ns);
         self.cost.read_us = us(phase);
         let phase = Instant::now();
+        self.assume_current();
         let loads: Vec<VcpuLoad> = self
             .vms
             .values()
@@ -387,14 +403,43 @@ impl HostDaemon {
         Ok(())
     }
 
+    /// Tells the engine where each vCPU of a VM it has not placed yet runs now, when that is
+    /// one CPU (where pvmm placed it, or a foreign thread's affinity): a restarted daemon then
+    /// moves only the vCPUs it would put elsewhere.
+    fn assume_current(&mut self) {
+        for m in self
+            .vms
+            .values_mut()
+            .filter(|m| m.fresh && !m.vcpus.is_empty())
+        {
+            m.fresh = false;
+            for v in &m.vcpus {
+                let cpus = match &m.member {
+                    Member::Pvmm(_) => v.cpus.clone(),
+                    Member::Foreign(_) => self.executor.read(v.tid).ok(),
+                };
+                if let Some(cpu) = cpus.filter(|c| c.len() == 1).and_then(|c| c.first()) {
+                    let id = VcpuId {
+                        vm: m.id,
+                        vcpu: v.vcpu,
+                    };
+                    self.engine.assume(id, cpu);
+                }
+            }
+        }
+    }
+
     /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
-    /// affinity; a refusal is reported once.
-    fn pin_foreign(&mut self, tid: i32, cpus: &CpuSet) {
+    /// affinity (`inherited` when the thread was created while its VM was placed); a refusal
+    /// is reported once.
+    fn pin_foreign(&mut self, tid: i32, cpus: &CpuSet, inherited: Option<CpuSet>) {
         if self.applied.get(&tid) == Some(cpus) || self.refused.contains(&tid) {
             return;
         }
-        if let Ok(before) = self.executor.read(tid) {
-            self.original.entry(tid).or_insert(before);
+        if !self.original.contains_key(&tid) {
+            if let Some(before) = inherited.or_else(|| self.executor.read(tid).ok()) {
+                self.original.insert(tid, before);
+            }
         }
         match self.executor.apply(tid, cpus) {
             Ok(()) => {
@@ -408,53 +453,59 @@ impl HostDaemon {
         }
     }
 
+    /// Applies `decision`, whose assignments follow the loads' order: the VMs in `self.vms`
+    /// order, each VM's vCPUs as read. Threads already where they belong cost nothing.
     fn apply(&mut self, decision: &Decision) {
-        let by_id: HashMap<VcpuId, (&CpuSet, u32)> = decision
-            .assignments
+        let mut packages: Vec<u32> = decision.assignments.iter().map(|a| a.package).collect();
+        packages.sort_unstable();
+        packages.dedup();
+        let active: CpuSet = packages
             .iter()
-            .map(|a| (a.id, (&a.cpus, a.capacity)))
-            .collect();
-        let active: CpuSet = decision
-            .assignments
-            .iter()
-            .map(|a| self.config.topology.package_cpus(a.package))
+            .map(|&p| self.config.topology.package_cpus(p))
             .fold(CpuSet::default(), |acc, cpus| acc.union(&cpus));
-        let mut foreign_pins: Vec<(i32, CpuSet)> = Vec::new();
+        let mut foreign_pins: Vec<(i32, CpuSet, Option<CpuSet>)> = Vec::new();
         let mut failed = Vec::new();
-        for (pid, m) in &self.vms {
-            let mine: Vec<(u32, CpuSet, u32)> = m
-                .vcpus
-                .iter()
-                .filter_map(|v| {
-                    let (cpus, cap) = by_id.get(&VcpuId {
-                        vm: m.id,
-                        vcpu: v.vcpu,
-                    })?;
-                    Some((v.vcpu, (*cpus).clone(), *cap))
-                })
+        let mut next = decision.assignments.iter();
+        for (pid, m) in &mut self.vms {
+            let mine: Vec<&Assignment> = next
+                .by_ref()
+                .take(m.vcpus.len())
+                .filter(|a| a.id.vm == m.id)
                 .collect();
-            match &m.member {
+            match &mut m.member {
                 Member::Pvmm(p) => {
-                    if !mine.is_empty() && p.place(&mine).is_err() {
+                    let list: Vec<(u32, CpuSet, u32)> = mine
+                        .iter()
+                        .map(|a| (a.id.vcpu, a.cpus.clone(), a.capacity))
+                        .collect();
+                    if !list.is_empty() && p.place(&list).is_err() {
                         failed.push(*pid);
                     }
                 }
                 Member::Foreign(f) => {
-                    for (vcpu, cpus, _) in &mine {
-                        if let Some(tid) = f.found.vcpu_tids.get(vcpu) {
-                            foreign_pins.push((*tid, cpus.clone()));
+                    let unplaced = |tid: &i32, cpus: &CpuSet| self.applied.get(tid) != Some(cpus);
+                    let inherited = m.inherited.clone().filter(|_| m.placed);
+                    for a in &mine {
+                        match f.found.vcpu_tids.get(&a.id.vcpu) {
+                            Some(tid) if unplaced(tid, &a.cpus) => {
+                                foreign_pins.push((*tid, a.cpus.clone(), inherited.clone()))
+                            }
+                            _ => {}
                         }
                     }
                     if !active.is_empty() {
                         for tid in f.housekeeping() {
-                            foreign_pins.push((tid, active.clone()));
+                            if unplaced(&tid, &active) {
+                                foreign_pins.push((tid, active.clone(), inherited.clone()));
+                            }
                         }
                     }
                 }
             }
+            m.placed = true;
         }
-        for (tid, cpus) in foreign_pins {
-            self.pin_foreign(tid, &cpus);
+        for (tid, cpus, inherited) in foreign_pins {
+            self.pin_foreign(tid, &cpus, inherited);
         }
         self.totals.apply_errors += failed.len() as u64;
         for pid in failed {
@@ -572,8 +623,8 @@ impl HostDaemon {
     /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the
     /// affinity it had before.
     pub fn release(&mut self) {
-        for m in self.vms.values() {
-            if let Member::Pvmm(p) = &m.member {
+        for m in self.vms.values_mut() {
+            if let Member::Pvmm(p) = &mut m.member {
                 if let Err(e) = p.release() {
                     eprintln!("pvmm-host: {e}");
                 }
@@ -612,6 +663,10 @@ mod tests {
     use pvmm_scheduler::RecordingExecutor;
 
     fn daemon(host: &FakeHost, policy: &str) -> HostDaemon {
+        daemon_with(host, policy, RecordingExecutor::new())
+    }
+
+    fn daemon_with(host: &FakeHost, policy: &str, executor: RecordingExecutor) -> HostDaemon {
         let dir = host.roots.proc.parent().unwrap().join("run");
         let config = HostConfig {
             policy: policy.parse().unwrap(),
@@ -623,7 +678,7 @@ mod tests {
             verbose: false,
             metrics: None,
         };
-        HostDaemon::with_executor(config, None, Box::new(RecordingExecutor::new())).unwrap()
+        HostDaemon::with_executor(config, None, Box::new(executor)).unwrap()
     }
 
     #[test]
@@ -689,6 +744,74 @@ mod tests {
         }
         assert_eq!(d.managed(), (2, 4));
         assert!(d.applied.contains_key(&112));
+    }
+
+    #[test]
+    fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() {
+        let host = FakeHost::new("adopt-in-place");
+        host.process(
+            100,
+            &[(100, "qemu"), (110, "CPU 0/KVM"), (111, "CPU 1/KVM")],
+            &[
+                (3, "anon_inode:kvm-vm"),
+                (4, "anon_inode:kvm-vcpu:0"),
+                (5, "anon_inode:kvm-vcpu:1"),
+            ],
+        );
+        // An earlier daemon (or the VMM's own pinning) left both idle vCPUs on CPU 1, a CPU
+        // of package 0, where powersaving packs them; from scratch the engine would choose
+        // CPU 0 for vCPU 0.
+        let mut executor = RecordingExecutor::new();
+        for tid in [110, 111] {
+            executor.apply(tid, &CpuSet::single(1)).unwrap();
+        }
+        let mut d = daemon_with(&host, "powersaving", executor);
+        d.tick().unwrap();
+        assert_eq!(d.totals.migrations, 0);
+        for tid in [110, 111] {
+            assert_eq!(
+                d.applied.get(&tid),
+                Some(&CpuSet::single(1)),
+                "thread {tid}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_thread_created_while_placed_gets_its_process_affinity_back() {
+        let host = FakeHost::new("late-thread");
+        let fds = [(3, "anon_inode:kvm-vm"), (4, "anon_inode:kvm-vcpu:0")];
+        host.process(100, &[(100, "qemu"), (110, "CPU 0/KVM")], &fds);
+        let mut executor = RecordingExecutor::new();
+        for tid in [100, 110] {
+            executor.apply(tid, &CpuSet::range(0, 3)).unwrap();
+        }
+        let mut d = daemon_with(&host, "powersaving", executor);
+        d.tick().unwrap();
+        // A thread appears while the VM is placed; it inherited its creator's pinning.
+        host.process(
+            100,
+            &[(100, "qemu"), (110, "CPU 0/KVM"), (120, "worker")],
+            &[],
+        );
+        let pinned = d.executor.read(100).unwrap();
+        assert_ne!(pinned, CpuSet::range(0, 3));
+        d.executor.apply(120, &pinned).unwrap();
+        for _ in 0..discover::FULL_SCAN_TICKS {
+            d.tick().unwrap();
+        }
+        assert!(
+            d.applied.contains_key(&120),
+            "the new thread is housekeeping"
+        );
+        d.release();
+        for tid in [100, 110, 120] {
+            assert_eq!(
+                d.executor.read(tid).unwrap(),
+                CpuSet::range(0, 3),
+                "thread {tid}"
+            );
+        }
     }
 
     #[test]

@@ -1,16 +1,20 @@
-//! Result tables in the seeds' format: one row per policy, absolute run time
+//! Result tables in the format of the kernbench tables of
+//! "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n" (Vaidyanathan Srinivasan, LKML, 2008-12-30):
+//! one row per policy, absolute run time
 //! and per-package idle percentages, energy and power relative to the
 //! reference policy (`performance` = 1.00), plus absolute energy and power,
 //! migrations and perf/W.
 //!
-//! The seeds (`shared/seeds/000_*`) report kernbench as
+//! That thread reports kernbench as
 //!
 //! ```text
 //! SchedMC Run Time     Package Idle(%)    Energy(J)  Power(W)
 //! 0       217.37       73.30 76.93        1.00       1.00
 //! ```
 //!
-//! and Alex Shi (`004_*`) scales performance per watt as
+//! and Alex Shi ("Re: [PATCH 0/18] sched: simplified fork, enable load
+//! average into LB and power awareness scheduling", LKML, 2012-12-11)
+//! scales performance per watt as
 //! `1e6 / time / watts`. Columns here:
 //!
 //! | column | meaning |
@@ -26,7 +30,7 @@
 use std::fmt::Write as _;
 
 use super::run::{Placement, RunResult};
-use crate::policy::Policy;
+use pvmm_scheduler::policy::Policy;
 
 /// Index of the reference row: the `performance` row, else the first.
 pub fn reference_index(results: &[RunResult]) -> usize {
@@ -60,6 +64,9 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// Columns of the table.
+const COLUMNS: usize = 9;
+
 /// Formats `results` as a table under `title` (title lines are printed as
 /// given; the header names the reference policy).
 pub fn format_table(title: &str, results: &[RunResult]) -> String {
@@ -76,7 +83,27 @@ pub fn format_table(title: &str, results: &[RunResult]) -> String {
     }
     let reference = &results[reference_index(results)];
     let jobs = results.iter().all(|r| r.has_jobs);
-    let headers = [
+    let headers = table_headers(jobs);
+    let rows: Vec<[String; COLUMNS]> = results
+        .iter()
+        .map(|r| table_row(r, reference, jobs))
+        .collect();
+    let widths = column_widths(&headers, &rows);
+    push_table_line(&headers, &widths, &mut out);
+    for row in &rows {
+        push_table_line(row, &widths, &mut out);
+    }
+    let _ = writeln!(
+        out,
+        "(Energy, Power: relative to {} = 1.00; Energy is for the same work)",
+        reference.placement
+    );
+    out
+}
+
+/// The header line: run time with jobs, work done without.
+fn table_headers(jobs: bool) -> [String; COLUMNS] {
+    [
         "Policy".to_string(),
         if jobs { "Run Time(s)" } else { "Work Done(s)" }.to_string(),
         "Package Idle(%)".to_string(),
@@ -86,65 +113,63 @@ pub fn format_table(title: &str, results: &[RunResult]) -> String {
         "Power(W)".to_string(),
         "Migrations".to_string(),
         "Perf/W".to_string(),
-    ];
-    let mut rows: Vec<[String; 9]> = Vec::new();
-    for r in results {
-        let first = if jobs {
-            let mark = if r.finished { "" } else { ">" };
-            format!("{mark}{:.2}", r.elapsed_s)
-        } else {
-            format!("{:.2}", r.work_done_s)
-        };
-        let idle = r
-            .package_idle
-            .iter()
-            .map(|f| format!("{:6.2}", f * 100.0))
-            .collect::<Vec<_>>()
-            .join(" ");
-        rows.push([
-            r.placement.to_string(),
-            first,
-            idle,
-            ratio(r.energy_per_work(), reference.energy_per_work()),
-            ratio(r.avg_power_w(), reference.avg_power_w()),
-            format!("{:.1}", r.energy_j),
-            format!("{:.2}", r.avg_power_w()),
-            r.migrations.to_string(),
-            format!("{:.2}", perf_per_watt(r)),
-        ]);
-    }
+    ]
+}
+
+/// One run's cells, energy and power relative to `reference`.
+fn table_row(r: &RunResult, reference: &RunResult, jobs: bool) -> [String; COLUMNS] {
+    let first = if jobs {
+        let mark = if r.finished { "" } else { ">" };
+        format!("{mark}{:.2}", r.elapsed_s)
+    } else {
+        format!("{:.2}", r.work_done_s)
+    };
+    let idle = r
+        .package_idle
+        .iter()
+        .map(|f| format!("{:6.2}", f * 100.0))
+        .collect::<Vec<_>>()
+        .join(" ");
+    [
+        r.placement.to_string(),
+        first,
+        idle,
+        ratio(r.energy_per_work(), reference.energy_per_work()),
+        ratio(r.avg_power_w(), reference.avg_power_w()),
+        format!("{:.1}", r.energy_j),
+        format!("{:.2}", r.avg_power_w()),
+        r.migrations.to_string(),
+        format!("{:.2}", perf_per_watt(r)),
+    ]
+}
+
+/// Each column's width: its widest cell, header included.
+fn column_widths(headers: &[String], rows: &[[String; COLUMNS]]) -> Vec<usize> {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in &rows {
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row.iter()) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: &[String], out: &mut String| {
-        let mut text = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i > 0 {
-                text.push_str("  ");
-            }
-            // Policy left-aligned, numbers right-aligned.
-            if i == 0 {
-                let _ = write!(text, "{cell:<w$}");
-            } else {
-                let _ = write!(text, "{cell:>w$}");
-            }
+    widths
+}
+
+/// Appends one line of cells padded to `widths`.
+fn push_table_line(cells: &[String], widths: &[usize], out: &mut String) {
+    let mut text = String::new();
+    for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+        if i > 0 {
+            text.push_str("  ");
         }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(&headers, &mut out);
-    for row in &rows {
-        line(row, &mut out);
+        // Policy left-aligned, numbers right-aligned.
+        if i == 0 {
+            let _ = write!(text, "{cell:<w$}");
+        } else {
+            let _ = write!(text, "{cell:>w$}");
+        }
     }
-    let _ = writeln!(
-        out,
-        "(Energy, Power: relative to {} = 1.00; Energy is for the same work)",
-        reference.placement
-    );
-    out
+    out.push_str(text.trim_end());
+    out.push('\n');
 }
 
 #[cfg(test)]

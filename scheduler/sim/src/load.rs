@@ -13,7 +13,7 @@
 //! | `duty:B/P[@S]` | open loop | fully busy for `B` ms of every `P` ms period, windows starting at `S` ms (default 0) |
 //! | `bursty:B/I` | closed loop | bursts of work of random size (exponential, mean `B` ms) separated by random idle gaps (exponential, mean `I` ms) that start when the previous burst is *done* |
 //! | `ramp:F/T/O` | open loop | demand moves linearly from `F` to `T` (0..1) over `O` ms, then stays at `T` |
-//! | trace file | open loop | piecewise-constant demand per vCPU ([`crate::sim::trace`]) |
+//! | trace file | open loop | piecewise-constant demand per vCPU ([`crate::trace`]) |
 //!
 //! Open-loop work keeps arriving whatever the vCPU gets (unserved work queues
 //! up); closed-loop work waits for the vCPU, so a slower placement stretches

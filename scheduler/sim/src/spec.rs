@@ -6,8 +6,8 @@
 //! | key | value | default |
 //! |---|---|---|
 //! | `vcpus` | number of vCPUs, 1..=1024 | the number of loads, or the trace's columns, or 1 |
-//! | `load` | one generator for every vCPU, or `L1+L2+...` one per vCPU ([`crate::sim::load`]) | `constant:1` |
-//! | `trace` | a trace file, one column per vCPU ([`crate::sim::trace`]); excludes `load` | |
+//! | `load` | one generator for every vCPU, or `L1+L2+...` one per vCPU ([`crate::load`]) | `constant:1` |
+//! | `trace` | a trace file, one column per vCPU ([`crate::trace`]); excludes `load` | |
 //! | `work` | the VM's job in CPU-seconds at full speed, shared by its vCPUs as make's job server shares compile jobs: the VM is done when it has all been done | none: the VM runs until the simulation ends |
 //!
 //! Examples: `vcpus=4,load=bursty:20/50,work=60`;
@@ -21,8 +21,8 @@ use thiserror::Error;
 use super::load::{LoadError, LoadSpec};
 use super::trace::{Trace, TraceError};
 
-/// Most vCPUs one simulated VM may have (KVM's limit on the development
-/// machines, see `shared/notes/environment.md`).
+/// Most vCPUs one simulated VM may have: KVM's `KVM_MAX_VCPUS` on x86-64
+/// hosts (the most a real VM placed by the engine can have).
 pub const MAX_VCPUS_PER_VM: usize = 1024;
 
 /// Largest `work=` accepted (CPU-seconds): about 11 days of one CPU; more is a
@@ -94,10 +94,28 @@ impl VmSpec {
 
     /// Parses the text form (module docs); trace paths are read from disk.
     pub fn parse(text: &str) -> Result<Self, SpecError> {
-        let mut vcpus: Option<usize> = None;
-        let mut loads: Option<Vec<LoadSpec>> = None;
-        let mut trace: Option<Arc<Trace>> = None;
-        let mut work_s: Option<f64> = None;
+        let items = SpecItems::read(text)?;
+        let work_s = items.work_s;
+        Ok(VmSpec {
+            vcpus: items.vcpu_loads()?,
+            work_s,
+        })
+    }
+}
+
+/// The items of a VM spec's text form, each checked on its own.
+#[derive(Default)]
+struct SpecItems {
+    vcpus: Option<usize>,
+    loads: Option<Vec<LoadSpec>>,
+    trace: Option<Arc<Trace>>,
+    work_s: Option<f64>,
+}
+
+impl SpecItems {
+    /// Reads the `KEY=VALUE` items in order; the first bad one is the error.
+    fn read(text: &str) -> Result<Self, SpecError> {
+        let mut items = SpecItems::default();
         let mut seen: Vec<&str> = Vec::new();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (key, value) = item
@@ -107,36 +125,49 @@ impl VmSpec {
             if seen.contains(&key) {
                 return Err(SpecError::Duplicate(key.to_string()));
             }
-            match key {
-                "vcpus" => {
-                    let n = value
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| (1..=MAX_VCPUS_PER_VM).contains(n))
-                        .ok_or_else(|| SpecError::BadVcpus(value.to_string()))?;
-                    vcpus = Some(n);
-                }
-                "load" => {
-                    let parsed = value
-                        .split('+')
-                        .map(str::parse::<LoadSpec>)
-                        .collect::<Result<Vec<_>, _>>()?;
-                    loads = Some(parsed);
-                }
-                "trace" => trace = Some(Arc::new(Trace::from_file(Path::new(value))?)),
-                "work" => {
-                    let w = value
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|w| w.is_finite() && *w > 0.0 && *w <= MAX_WORK_S)
-                        .ok_or_else(|| SpecError::BadWork(value.to_string()))?;
-                    work_s = Some(w);
-                }
-                _ => return Err(SpecError::UnknownKey(key.to_string())),
-            }
+            items.set(key, value)?;
             seen.push(key);
         }
-        let specs = match (loads, trace) {
+        Ok(items)
+    }
+
+    /// Sets the item `key` from its text.
+    fn set(&mut self, key: &str, value: &str) -> Result<(), SpecError> {
+        match key {
+            "vcpus" => {
+                let n = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_VCPUS_PER_VM).contains(n))
+                    .ok_or_else(|| SpecError::BadVcpus(value.to_string()))?;
+                self.vcpus = Some(n);
+            }
+            "load" => {
+                let parsed = value
+                    .split('+')
+                    .map(str::parse::<LoadSpec>)
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.loads = Some(parsed);
+            }
+            "trace" => self.trace = Some(Arc::new(Trace::from_file(Path::new(value))?)),
+            "work" => {
+                let w = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|w| w.is_finite() && *w > 0.0 && *w <= MAX_WORK_S)
+                    .ok_or_else(|| SpecError::BadWork(value.to_string()))?;
+                self.work_s = Some(w);
+            }
+            _ => return Err(SpecError::UnknownKey(key.to_string())),
+        }
+        Ok(())
+    }
+
+    /// One load per vCPU: the trace's columns, the loads given (one for all, or one each), or
+    /// a constant full load.
+    fn vcpu_loads(self) -> Result<Vec<LoadSpec>, SpecError> {
+        let vcpus = self.vcpus;
+        let specs = match (self.loads, self.trace) {
             (Some(_), Some(_)) => return Err(SpecError::LoadAndTrace),
             (_, Some(trace)) => {
                 let columns = trace.vcpus();
@@ -169,10 +200,7 @@ impl VmSpec {
             }
             (None, None) => vec![LoadSpec::Constant { demand: 1.0 }; vcpus.unwrap_or(1)],
         };
-        Ok(VmSpec {
-            vcpus: specs,
-            work_s,
-        })
+        Ok(specs)
     }
 }
 

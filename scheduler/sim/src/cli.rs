@@ -12,16 +12,16 @@ use clap::Parser;
 
 use super::run::MAX_DURATION_MS;
 use super::scenario::{
-    format_seed_rows, kernbench_description, kernbench_topology, kernbench_vm, KERNBENCH_THREADS,
-    KERNBENCH_TOPOLOGY,
+    format_measured_rows, kernbench_description, kernbench_topology, kernbench_vm,
+    KERNBENCH_THREADS, KERNBENCH_TOPOLOGY,
 };
 use super::spec::MAX_VCPUS_PER_VM;
 use super::{
     format_table, simulate, svg, Placement, PowerModel, Progress, RunResult, SimConfig, SimError,
     VmSpec,
 };
-use crate::placement::EngineConfig;
-use crate::topology::{parse_host_topology_arg, HostTopology};
+use pvmm_scheduler::placement::EngineConfig;
+use pvmm_scheduler::topology::{parse_host_topology_arg, HostTopology};
 
 /// Exit status for bad command lines and bad input files.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -31,7 +31,8 @@ pub const EXIT_FAILURE: u8 = 1;
 /// Default simulated time without jobs (s): long enough for the engine's 5 s
 /// consolidation ramp to play out many times.
 const DEFAULT_DURATION_S: f64 = 60.0;
-/// Default cap with jobs (s): ten times the seeds' longest kernbench run.
+/// Default cap with jobs (s): about ten times the longest measured kernbench
+/// run ([`crate::scenario::KERNBENCH_2008`]: 217 s).
 const DEFAULT_JOB_CAP_S: f64 = 3600.0;
 /// Wall-clock interval between progress lines on stderr.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -50,8 +51,8 @@ gives it (time slicing on a shared CPU, SMT sharing, a cache-sharing bonus when
 a VM's vCPUs share a package, a migration cost). A power model turns package,
 core and thread activity into watts.
 
-Prints one table per case, one row per policy, in the format of the seeds'
-kernbench tables (performance = 1.00):
+Prints one table per case, one row per policy, in the format of the kernbench
+tables of the sched_mc_power_savings series (LKML, 2008; performance = 1.00):
   Run Time(s)      when every VM's job finished ('>' = not by the cap);
                    'Work Done(s)' (CPU-seconds) when no VM has a job
   Package Idle(%)  per package, share of the time all its CPUs were idle
@@ -67,9 +68,9 @@ then (threads wander between packages).
 
 MODES
   pvmm-sim --scenario kernbench [--vcpus 2,4,6,8] [--scale F] [--svg FILE]
-      The seeds' case: host 2x4x1, one VM with N vCPUs running a make -jN-like
-      load (bursts of work and idle gaps, a fixed build shared by the vCPUs),
-      one table per N.
+      The measured 2008 case: host 2x4x1, one VM with N vCPUs running a
+      make -jN-like load (bursts of work and idle gaps, a fixed build shared
+      by the vCPUs), one table per N.
   pvmm-sim --topology SPEC --vm SPEC [--vm SPEC...] [--policy LIST]
            [--duration S] [--svg FILE]
       Any host and VMs; one table.
@@ -107,7 +108,7 @@ EXIT STATUS: 0 success; 2 bad command line or input (spec, topology, trace);
 #[derive(Parser, Debug)]
 #[command(name = "pvmm-sim", version, about = ABOUT, long_about = LONG_ABOUT)]
 struct Args {
-    /// Built-in scenario: kernbench (the seeds' dual-socket quad-core case).
+    /// Built-in scenario: kernbench (the 2008 sched_mc_power_savings dual-socket quad-core case).
     #[arg(long, value_name = "NAME")]
     scenario: Option<String>,
 
@@ -163,7 +164,7 @@ struct Args {
     #[arg(long, value_name = "MS")]
     ramp_down_ms: Option<u64>,
 
-    /// Engine: migrations per vCPU per second at most (default 2).
+    /// Engine: migrations per vCPU per second on average, in bursts of up to N (default 2).
     #[arg(long, value_name = "N")]
     max_migrations: Option<u32>,
 
@@ -346,30 +347,47 @@ impl<'a> Reporter<'a> {
     }
 }
 
-fn run_case(
-    topology: &HostTopology,
-    vms: &[VmSpec],
-    placements: &[Placement],
-    config: &SimConfig,
-    label: &str,
-    reporter: &mut Reporter<'_>,
-) -> Result<Vec<RunResult>, Failure> {
-    let mut results = Vec::new();
-    for &placement in placements {
-        reporter.start(&format!("{label}{placement}"));
-        let result = simulate(topology, vms, placement, config, &mut |p| reporter.tick(p))
-            .map_err(|e| match e {
-                SimError::BadConfig(m) => bad(m),
-                other => failed(other.to_string()),
-            })?;
-        reporter.done(&result);
-        results.push(result);
-    }
-    Ok(results)
-}
+/// SVG panels: a title and the run it shows.
+type Panels = Vec<(String, RunResult)>;
 
 fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Failure> {
     let placements = parse_placements(&args.policy)?;
+    let config = sim_config(args)?;
+    let topology = match &args.topology {
+        Some(arg) => parse_host_topology_arg(arg).map_err(|e| bad(e.to_string()))?,
+        None => kernbench_topology().map_err(|e| failed(e.to_string()))?,
+    };
+    let mut reporter = Reporter::new(args.quiet, err);
+    let mut cases = Cases {
+        topology: &topology,
+        placements: &placements,
+        reporter: &mut reporter,
+        out,
+    };
+    let (heading, panels) = match args.scenario.as_deref() {
+        Some("kernbench") => cases.kernbench(args, config)?,
+        Some(other) => {
+            return Err(bad(format!(
+                "unknown scenario '{other}' (expected kernbench)"
+            )))
+        }
+        None => cases.vms(args, config)?,
+    };
+    if let Some(path) = &args.svg {
+        let refs: Vec<(String, &RunResult)> = panels.iter().map(|(t, r)| (t.clone(), r)).collect();
+        let text = svg::render(&heading, &refs);
+        std::fs::write(path, text)
+            .map_err(|e| failed(format!("cannot write SVG {}: {e}", path.display())))?;
+        if !args.quiet {
+            let _ = writeln!(reporter.err, "pvmm-sim: wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The simulation settings of the command line, but for the duration (which
+/// depends on the mode).
+fn sim_config(args: &Args) -> Result<SimConfig, Failure> {
     let power = match &args.power {
         Some(spec) => PowerModel::parse_overrides(spec).map_err(|e| bad(e.to_string()))?,
         None => PowerModel::default(),
@@ -381,7 +399,7 @@ fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Fail
     if let Some(n) = args.max_migrations {
         engine.max_migrations_per_vcpu_per_s = n;
     }
-    let mut config = SimConfig {
+    Ok(SimConfig {
         tick_ms: args.tick_ms,
         step_us: args.step_us,
         seed: args.seed,
@@ -389,127 +407,142 @@ fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Fail
         engine,
         timeline: args.svg.is_some(),
         ..SimConfig::default()
-    };
-    let topology = match &args.topology {
-        Some(arg) => parse_host_topology_arg(arg).map_err(|e| bad(e.to_string()))?,
-        None => kernbench_topology().map_err(|e| failed(e.to_string()))?,
-    };
-    let mut reporter = Reporter::new(args.quiet, err);
-    let mut panels: Vec<(String, RunResult)> = Vec::new();
-    let heading;
-    let stdout = out;
+    })
+}
 
-    match args.scenario.as_deref() {
-        Some("kernbench") => {
-            if !args.vms.is_empty() {
-                return Err(bad("--scenario and --vm cannot be combined"));
-            }
-            if !args.scale.is_finite() || args.scale <= 0.0 || args.scale > 100.0 {
-                return Err(bad(format!(
-                    "--scale {} is not a factor above 0 and up to 100",
-                    args.scale
-                )));
-            }
-            let counts = match &args.vcpus {
-                Some(list) => parse_vcpu_counts(list)?,
-                None => KERNBENCH_THREADS.to_vec(),
-            };
-            config.duration_ms = duration_ms(args.duration.unwrap_or(DEFAULT_JOB_CAP_S))?;
-            config.validate().map_err(|e| bad(e.to_string()))?;
-            let _ = writeln!(
-                stdout,
-                "pvmm-sim kernbench scenario\n  host: {} ({})\n  load: {}\n  \
-                 simulation: placement tick {} ms, work step {} us, seed {}\n",
-                args.topology.as_deref().unwrap_or(KERNBENCH_TOPOLOGY),
-                topology_summary(&topology),
-                kernbench_description(args.scale),
-                config.tick_ms,
-                config.step_us,
-                config.seed
-            );
-            for n in counts {
-                let vms = [kernbench_vm(n, args.scale)];
-                let results = run_case(
-                    &topology,
-                    &vms,
-                    &placements,
-                    &config,
-                    &format!("kernbench N={n}: "),
-                    &mut reporter,
-                )?;
-                let title = format!("Kernbench-like load, {n} busy vCPUs (1 VM)");
-                let _ = write!(stdout, "{}", format_table(&title, &results));
-                let _ = writeln!(stdout, "{}", format_seed_rows(n));
-                let _ = stdout.flush();
-                for r in results {
-                    panels.push((format!("N={n}, {}", r.placement), r));
-                }
-            }
-            heading = format!("pvmm-sim kernbench on {}", topology_summary(&topology));
+/// What every mode runs its cases with: the host, the policies, progress
+/// lines and the tables' output.
+struct Cases<'a, 'e> {
+    topology: &'a HostTopology,
+    placements: &'a [Placement],
+    reporter: &'a mut Reporter<'e>,
+    out: &'a mut dyn Write,
+}
+
+impl Cases<'_, '_> {
+    /// `--scenario kernbench`: one table per vCPU count, each followed by the
+    /// measured 2008 rows. Returns the SVG heading and panels.
+    fn kernbench(
+        &mut self,
+        args: &Args,
+        mut config: SimConfig,
+    ) -> Result<(String, Panels), Failure> {
+        if !args.vms.is_empty() {
+            return Err(bad("--scenario and --vm cannot be combined"));
         }
-        Some(other) => {
+        if !args.scale.is_finite() || args.scale <= 0.0 || args.scale > 100.0 {
             return Err(bad(format!(
-                "unknown scenario '{other}' (expected kernbench)"
-            )))
+                "--scale {} is not a factor above 0 and up to 100",
+                args.scale
+            )));
         }
-        None => {
-            if args.vms.is_empty() {
-                return Err(bad("give --scenario kernbench, or at least one --vm SPEC"));
-            }
-            if args.vcpus.is_some() {
-                return Err(bad("--vcpus is for --scenario kernbench; use --vm vcpus=N"));
-            }
-            let vms = args
-                .vms
-                .iter()
-                .map(|s| VmSpec::parse(s).map_err(|e| bad(format!("--vm {s}: {e}"))))
-                .collect::<Result<Vec<_>, _>>()?;
-            let has_jobs = vms.iter().any(|v| v.work_s.is_some());
-            let default_s = if has_jobs {
-                DEFAULT_JOB_CAP_S
-            } else {
-                DEFAULT_DURATION_S
-            };
-            config.duration_ms = duration_ms(args.duration.unwrap_or(default_s))?;
-            config.validate().map_err(|e| bad(e.to_string()))?;
-            let total_vcpus: usize = vms.iter().map(|v| v.vcpus.len()).sum();
-            let _ = writeln!(
-                stdout,
-                "pvmm-sim\n  host: {}\n  load: {} VM{}, {} vCPUs\n  \
-                 simulation: {}, placement tick {} ms, work step {} us, seed {}\n",
-                topology_summary(&topology),
-                vms.len(),
-                if vms.len() == 1 { "" } else { "s" },
-                total_vcpus,
-                if has_jobs {
-                    format!(
-                        "until every job is done (cap {} s)",
-                        config.duration_ms / 1000
-                    )
-                } else {
-                    format!("{} s", config.duration_ms as f64 / 1000.0)
-                },
-                config.tick_ms,
-                config.step_us,
-                config.seed
-            );
-            let results = run_case(&topology, &vms, &placements, &config, "", &mut reporter)?;
-            let _ = writeln!(stdout, "{}", format_table("", &results));
+        let counts = match &args.vcpus {
+            Some(list) => parse_vcpu_counts(list)?,
+            None => KERNBENCH_THREADS.to_vec(),
+        };
+        config.duration_ms = duration_ms(args.duration.unwrap_or(DEFAULT_JOB_CAP_S))?;
+        config.validate().map_err(|e| bad(e.to_string()))?;
+        let topology = self.topology;
+        let _ = writeln!(
+            self.out,
+            "pvmm-sim kernbench scenario\n  host: {} ({})\n  load: {}\n  \
+             simulation: placement tick {} ms, work step {} us, seed {}\n",
+            args.topology.as_deref().unwrap_or(KERNBENCH_TOPOLOGY),
+            topology_summary(topology),
+            kernbench_description(args.scale),
+            config.tick_ms,
+            config.step_us,
+            config.seed
+        );
+        let mut panels = Panels::new();
+        for n in counts {
+            let vms = [kernbench_vm(n, args.scale)];
+            let results = self.run_case(&vms, &config, &format!("kernbench N={n}: "))?;
+            let title = format!("Kernbench-like load, {n} busy vCPUs (1 VM)");
+            let _ = write!(self.out, "{}", format_table(&title, &results));
+            let _ = writeln!(self.out, "{}", format_measured_rows(n));
+            let _ = self.out.flush();
             for r in results {
-                panels.push((r.placement.to_string(), r));
+                panels.push((format!("N={n}, {}", r.placement), r));
             }
-            heading = format!("pvmm-sim on {}", topology_summary(&topology));
         }
+        let heading = format!("pvmm-sim kernbench on {}", topology_summary(topology));
+        Ok((heading, panels))
     }
 
-    if let Some(path) = &args.svg {
-        let refs: Vec<(String, &RunResult)> = panels.iter().map(|(t, r)| (t.clone(), r)).collect();
-        let text = svg::render(&heading, &refs);
-        std::fs::write(path, text)
-            .map_err(|e| failed(format!("cannot write SVG {}: {e}", path.display())))?;
-        if !args.quiet {
-            let _ = writeln!(reporter.err, "pvmm-sim: wrote {}", path.display());
+    /// `--vm SPEC...`: one table. Returns the SVG heading and panels.
+    fn vms(&mut self, args: &Args, mut config: SimConfig) -> Result<(String, Panels), Failure> {
+        if args.vms.is_empty() {
+            return Err(bad("give --scenario kernbench, or at least one --vm SPEC"));
         }
+        if args.vcpus.is_some() {
+            return Err(bad("--vcpus is for --scenario kernbench; use --vm vcpus=N"));
+        }
+        let vms = args
+            .vms
+            .iter()
+            .map(|s| VmSpec::parse(s).map_err(|e| bad(format!("--vm {s}: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let has_jobs = vms.iter().any(|v| v.work_s.is_some());
+        let default_s = if has_jobs {
+            DEFAULT_JOB_CAP_S
+        } else {
+            DEFAULT_DURATION_S
+        };
+        config.duration_ms = duration_ms(args.duration.unwrap_or(default_s))?;
+        config.validate().map_err(|e| bad(e.to_string()))?;
+        let total_vcpus: usize = vms.iter().map(|v| v.vcpus.len()).sum();
+        let _ = writeln!(
+            self.out,
+            "pvmm-sim\n  host: {}\n  load: {} VM{}, {} vCPUs\n  \
+             simulation: {}, placement tick {} ms, work step {} us, seed {}\n",
+            topology_summary(self.topology),
+            vms.len(),
+            if vms.len() == 1 { "" } else { "s" },
+            total_vcpus,
+            if has_jobs {
+                format!(
+                    "until every job is done (cap {} s)",
+                    config.duration_ms / 1000
+                )
+            } else {
+                format!("{} s", config.duration_ms as f64 / 1000.0)
+            },
+            config.tick_ms,
+            config.step_us,
+            config.seed
+        );
+        let results = self.run_case(&vms, &config, "")?;
+        let _ = writeln!(self.out, "{}", format_table("", &results));
+        let panels = results
+            .into_iter()
+            .map(|r| (r.placement.to_string(), r))
+            .collect();
+        let heading = format!("pvmm-sim on {}", topology_summary(self.topology));
+        Ok((heading, panels))
     }
-    Ok(())
+
+    /// Simulates `vms` under every placement, with progress lines.
+    fn run_case(
+        &mut self,
+        vms: &[VmSpec],
+        config: &SimConfig,
+        label: &str,
+    ) -> Result<Vec<RunResult>, Failure> {
+        let mut results = Vec::new();
+        for &placement in self.placements {
+            self.reporter.start(&format!("{label}{placement}"));
+            let reporter = &mut *self.reporter;
+            let result = simulate(self.topology, vms, placement, config, &mut |p| {
+                reporter.tick(p)
+            })
+            .map_err(|e| match e {
+                SimError::BadConfig(m) => bad(m),
+                other => failed(other.to_string()),
+            })?;
+            self.reporter.done(&result);
+            results.push(result);
+        }
+        Ok(results)
+    }
 }

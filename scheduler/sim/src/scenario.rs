@@ -1,13 +1,15 @@
-//! The seeds' scenario: kernbench on a dual-socket quad-core host.
+//! The kernbench scenario of the sched_mc_power_savings series, on a
+//! dual-socket quad-core host.
 //!
-//! `shared/seeds/000_*` ran kernbench with 2, 4, 6 and 8 threads on "x86 quad
-//! core dual socket system with 8 logical CPUs" under sched_mc_power_savings
-//! 0, 1 and 2. Here one VM with N vCPUs runs a make -jN-like load on a
+//! "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n" (Vaidyanathan Srinivasan, LKML, 2008-12-30)
+//! ran kernbench with 2, 4, 6 and 8 threads on an "x86 quad core dual socket
+//! system with 8 logical CPUs" under sched_mc_power_savings 0, 1 and 2
+//! ([`KERNBENCH_2008`]: averages of 5 runs, kernel 2.6.28). Here one VM with N vCPUs runs a make -jN-like load on a
 //! `2x4x1` host:
 //!
 //! - **Each vCPU alternates bursts of work and idle gaps** (the closed-loop
 //!   `bursty` generator: a job waits for the previous one). The busy
-//!   fraction comes from the seeds' own package idle numbers: under
+//!   fraction comes from that thread's own package idle numbers: under
 //!   sched_mc=1 with 2 threads both threads sat on package 0, which was idle
 //!   50.86 % of the time. Two independent threads busy a fraction `b` each
 //!   leave a package idle `(1 - b)^2` of the time, so
@@ -22,30 +24,30 @@
 //! - **The build is a fixed amount of work shared by the vCPUs**, as make's
 //!   job server hands out compile jobs: [`kernbench_work_s`] CPU-seconds,
 //!   sized so that N = 2 under `performance` (threads on different packages,
-//!   no cache sharing) takes about the seeds' 217.37 s at sched_mc=0.
+//!   no cache sharing) takes about the measured 217.37 s at sched_mc=0.
 //!
 //! The power model's defaults are Len Brown's SNB-EP figures
-//! ([`crate::sim::power`]); the seeds' 2008 machine drew different watts, so
+//! ([`pvmm_scheduler::power`]); the 2008 machine drew different watts, so
 //! compare ratios, not joules.
 
-use crate::topology::{HostTopology, TopologyError};
+use pvmm_scheduler::topology::{HostTopology, TopologyError};
 
 use super::load::LoadSpec;
 use super::run::CACHE_SHARING_SPEEDUP;
 use super::spec::VmSpec;
 
-/// The seeds' host: 2 sockets x 4 cores x 1 thread.
+/// The measured host: 2 sockets x 4 cores x 1 thread.
 pub const KERNBENCH_TOPOLOGY: &str = "2x4x1";
 
-/// The seeds' thread counts.
+/// The measured thread counts.
 pub const KERNBENCH_THREADS: [usize; 4] = [2, 4, 6, 8];
 
-/// Seeds (`000_*`), 2 threads, sched_mc=1: idle share of package 0, which
-/// held both threads.
-pub const SEED_PACKED_PACKAGE_IDLE: f64 = 0.5086;
+/// Measured, 2 threads, sched_mc=1: idle share of package 0, which held both
+/// threads ([`KERNBENCH_2008`]).
+pub const KERNBENCH_PACKED_PACKAGE_IDLE: f64 = 0.5086;
 
-/// Seeds (`000_*`), 2 threads, sched_mc=0: run time (s).
-pub const SEED_RUN_TIME_2_THREADS_S: f64 = 217.37;
+/// Measured, 2 threads, sched_mc=0: run time (s) ([`KERNBENCH_2008`]).
+pub const KERNBENCH_RUN_TIME_2_THREADS_S: f64 = 217.37;
 
 /// Mean burst of work (ms at full speed). A modelling choice: well under the
 /// 100 ms placement tick and the 32 ms utilization half-life, so the engine
@@ -54,7 +56,7 @@ pub const KERNBENCH_BURST_MS: f64 = 20.0;
 
 /// Busy fraction of one kernbench thread at full speed (module docs).
 pub fn kernbench_busy_fraction() -> f64 {
-    1.0 - SEED_PACKED_PACKAGE_IDLE.sqrt()
+    1.0 - KERNBENCH_PACKED_PACKAGE_IDLE.sqrt()
 }
 
 /// Mean idle gap (ms) that gives [`kernbench_busy_fraction`] with
@@ -67,16 +69,16 @@ pub fn kernbench_idle_ms() -> f64 {
 /// The build's work (CPU-seconds at full speed): N = 2 threads, each cycling
 /// through a burst (slowed by [`CACHE_SHARING_SPEEDUP`], the two threads
 /// being on different packages) and a gap, finish in
-/// [`SEED_RUN_TIME_2_THREADS_S`].
+/// [`KERNBENCH_RUN_TIME_2_THREADS_S`].
 pub fn kernbench_work_s() -> f64 {
     let burst_time = KERNBENCH_BURST_MS * (1.0 + CACHE_SHARING_SPEEDUP);
     let cycle = burst_time + kernbench_idle_ms();
-    SEED_RUN_TIME_2_THREADS_S * 2.0 * KERNBENCH_BURST_MS / cycle
+    KERNBENCH_RUN_TIME_2_THREADS_S * 2.0 * KERNBENCH_BURST_MS / cycle
 }
 
-/// One row of the seeds' kernbench tables (`000_*`).
+/// One row of the measured kernbench tables ([`KERNBENCH_2008`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SeedRow {
+pub struct KernbenchRow {
     /// sched_mc_power_savings level (0 = the reference).
     pub level: u8,
     /// Run time (s).
@@ -89,37 +91,40 @@ pub struct SeedRow {
     pub power: f64,
 }
 
-/// The seeds' measured kernbench tables (`shared/seeds/000_*`, averages of 5
-/// runs on a 2008 dual-socket quad-core, kernel 2.6.28), per thread count.
-/// Reference data to read the simulated tables against, not simulator input.
+/// The measured kernbench tables of "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n"
+/// (Vaidyanathan Srinivasan, LKML, 2008-12-30):
+/// averages of 5 runs on a 2008 dual-socket quad-core, kernel 2.6.28, per
+/// thread count. Reference data to read the simulated tables against, not
+/// simulator input.
 #[rustfmt::skip]
-pub const SEED_KERNBENCH: [(usize, [SeedRow; 3]); 4] = [
+pub const KERNBENCH_2008: [(usize, [KernbenchRow; 3]); 4] = [
     (2, [
-        SeedRow { level: 0, run_time_s: 217.37, package_idle_pct: [73.30, 76.93], energy: 1.00, power: 1.00 },
-        SeedRow { level: 1, run_time_s: 204.68, package_idle_pct: [50.86, 99.91], energy: 0.95, power: 1.01 },
-        SeedRow { level: 2, run_time_s: 204.49, package_idle_pct: [50.69, 99.93], energy: 0.95, power: 1.01 },
+        KernbenchRow { level: 0, run_time_s: 217.37, package_idle_pct: [73.30, 76.93], energy: 1.00, power: 1.00 },
+        KernbenchRow { level: 1, run_time_s: 204.68, package_idle_pct: [50.86, 99.91], energy: 0.95, power: 1.01 },
+        KernbenchRow { level: 2, run_time_s: 204.49, package_idle_pct: [50.69, 99.93], energy: 0.95, power: 1.01 },
     ]),
     (4, [
-        SeedRow { level: 0, run_time_s: 109.11, package_idle_pct: [51.99, 54.91], energy: 1.00, power: 1.00 },
-        SeedRow { level: 1, run_time_s: 109.71, package_idle_pct: [35.86, 71.88], energy: 0.96, power: 0.96 },
-        SeedRow { level: 2, run_time_s: 102.95, package_idle_pct: [25.02, 82.47], energy: 0.92, power: 0.97 },
+        KernbenchRow { level: 0, run_time_s: 109.11, package_idle_pct: [51.99, 54.91], energy: 1.00, power: 1.00 },
+        KernbenchRow { level: 1, run_time_s: 109.71, package_idle_pct: [35.86, 71.88], energy: 0.96, power: 0.96 },
+        KernbenchRow { level: 2, run_time_s: 102.95, package_idle_pct: [25.02, 82.47], energy: 0.92, power: 0.97 },
     ]),
     (6, [
-        SeedRow { level: 0, run_time_s: 74.77, package_idle_pct: [35.29, 36.37], energy: 1.00, power: 1.00 },
-        SeedRow { level: 1, run_time_s: 74.54, package_idle_pct: [28.83, 40.90], energy: 0.99, power: 0.99 },
-        SeedRow { level: 2, run_time_s: 73.38, package_idle_pct: [21.09, 47.29], energy: 0.98, power: 1.00 },
+        KernbenchRow { level: 0, run_time_s: 74.77, package_idle_pct: [35.29, 36.37], energy: 1.00, power: 1.00 },
+        KernbenchRow { level: 1, run_time_s: 74.54, package_idle_pct: [28.83, 40.90], energy: 0.99, power: 0.99 },
+        KernbenchRow { level: 2, run_time_s: 73.38, package_idle_pct: [21.09, 47.29], energy: 0.98, power: 1.00 },
     ]),
     (8, [
-        SeedRow { level: 0, run_time_s: 63.18, package_idle_pct: [26.23, 28.67], energy: 1.00, power: 1.00 },
-        SeedRow { level: 1, run_time_s: 56.89, package_idle_pct: [19.85, 22.38], energy: 0.93, power: 1.02 },
-        SeedRow { level: 2, run_time_s: 55.27, package_idle_pct: [17.65, 19.84], energy: 0.91, power: 1.03 },
+        KernbenchRow { level: 0, run_time_s: 63.18, package_idle_pct: [26.23, 28.67], energy: 1.00, power: 1.00 },
+        KernbenchRow { level: 1, run_time_s: 56.89, package_idle_pct: [19.85, 22.38], energy: 0.93, power: 1.02 },
+        KernbenchRow { level: 2, run_time_s: 55.27, package_idle_pct: [17.65, 19.84], energy: 0.91, power: 1.03 },
     ]),
 ];
 
-/// The seeds' rows for `threads` as text lines aligned like a results table
-/// (empty when the seeds have no table for that count).
-pub fn format_seed_rows(threads: usize) -> String {
-    let Some((_, rows)) = SEED_KERNBENCH.iter().find(|(n, _)| *n == threads) else {
+/// The measured rows for `threads` as text lines aligned like a results
+/// table (empty when there is no measured table for that count). The header
+/// line calls them "Seeds" and names the thread's first file (`000_*`).
+pub fn format_measured_rows(threads: usize) -> String {
+    let Some((_, rows)) = KERNBENCH_2008.iter().find(|(n, _)| *n == threads) else {
         return String::new();
     };
     let mut out = format!(
@@ -134,7 +139,7 @@ pub fn format_seed_rows(threads: usize) -> String {
     out
 }
 
-/// The seeds' host topology.
+/// The measured host's topology.
 pub fn kernbench_topology() -> Result<HostTopology, TopologyError> {
     HostTopology::from_spec(KERNBENCH_TOPOLOGY)
 }
@@ -153,7 +158,7 @@ pub fn kernbench_vm(vcpus: usize, work_scale: f64) -> VmSpec {
 }
 
 /// A one-paragraph description of the load for report headers (the host is
-/// described separately: `--topology` may replace the seeds' one).
+/// described separately: `--topology` may replace the measured one).
 pub fn kernbench_description(work_scale: f64) -> String {
     format!(
         "one VM with N vCPUs running a make -jN-like load: bursts of mean {:.0} ms of work and \
@@ -172,20 +177,23 @@ mod tests {
 
     #[test]
     fn seed_rows() {
-        let text = format_seed_rows(2);
+        let text = format_measured_rows(2);
         assert!(
             text.contains("sched_mc=1   204.68   50.86  99.91  0.95  1.01"),
             "{text}"
         );
         assert_eq!(text.lines().count(), 4);
-        assert_eq!(format_seed_rows(3), "");
-        // The table agrees with its own time ratios (000_*: level 2 at 8 threads 0.87).
-        let (_, rows8) = SEED_KERNBENCH[3];
+        assert_eq!(format_measured_rows(3), "");
+        // The table agrees with its own time ratios (level 2 at 8 threads: 0.87).
+        let (_, rows8) = KERNBENCH_2008[3];
         assert!((rows8[2].run_time_s / rows8[0].run_time_s - 0.87).abs() < 0.005);
         // The busy fraction was derived from this table's N=2 level-1 package 0.
-        let packed = SEED_KERNBENCH[0].1[1].package_idle_pct[0] / 100.0;
-        assert!((packed - SEED_PACKED_PACKAGE_IDLE).abs() < 1e-12);
-        assert_eq!(SEED_KERNBENCH[0].1[0].run_time_s, SEED_RUN_TIME_2_THREADS_S);
+        let packed = KERNBENCH_2008[0].1[1].package_idle_pct[0] / 100.0;
+        assert!((packed - KERNBENCH_PACKED_PACKAGE_IDLE).abs() < 1e-12);
+        assert_eq!(
+            KERNBENCH_2008[0].1[0].run_time_s,
+            KERNBENCH_RUN_TIME_2_THREADS_S
+        );
     }
 
     #[test]
@@ -193,13 +201,13 @@ mod tests {
         let b = kernbench_busy_fraction();
         assert!((b - 0.2868).abs() < 1e-3, "{b}");
         // The same b predicts sched_mc=0's idle (N/2 threads per package).
-        let seeds_perf_idle = [
+        let measured_perf_idle = [
             (2, 0.7330, 0.7693),
             (4, 0.5199, 0.5491),
             (6, 0.3529, 0.3637),
             (8, 0.2623, 0.2867),
         ];
-        for (n, lo, hi) in seeds_perf_idle {
+        for (n, lo, hi) in measured_perf_idle {
             let predicted = (1.0 - b).powi(n / 2);
             assert!(
                 predicted > lo - 0.03 && predicted < hi + 0.03,

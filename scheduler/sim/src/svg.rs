@@ -122,12 +122,6 @@ pub fn render(heading: &str, panels: &[(String, &RunResult)]) -> String {
         .map(|(_, r)| r.elapsed_s)
         .fold(0.0f64, f64::max)
         .max(1e-3);
-    let packages = panels
-        .iter()
-        .map(|(_, r)| r.package_ids.len())
-        .max()
-        .unwrap_or(0);
-    let plot_w = WIDTH - LEFT - RIGHT;
     let mut height = TITLE_HEIGHT + LEGEND_HEIGHT;
     for (_, r) in panels {
         let rows = r.timeline.as_ref().map_or(1, |t| t.vcpus.len().max(1));
@@ -147,7 +141,22 @@ pub fn render(heading: &str, panels: &[(String, &RunResult)]) -> String {
         r#"<text x="8" y="14" font-size="13" font-weight="bold">{}</text>"#,
         escape(heading)
     );
-    // Legend.
+    write_legend(&mut s, panels);
+    let mut y = TITLE_HEIGHT + LEGEND_HEIGHT;
+    for (title, run) in panels {
+        y = write_panel(&mut s, y, title, run, max_s);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The legend: one colour per package, and what solid and pale mean.
+fn write_legend(s: &mut String, panels: &[(String, &RunResult)]) {
+    let packages = panels
+        .iter()
+        .map(|(_, r)| r.package_ids.len())
+        .max()
+        .unwrap_or(0);
     let mut x = 8.0;
     let legend_y = TITLE_HEIGHT + 4.0;
     for p in 0..packages {
@@ -170,50 +179,49 @@ pub fn render(heading: &str, panels: &[(String, &RunResult)]) -> String {
         legend_y + 9.0,
         ACTIVE_BUSY_FRACTION * 100.0
     );
+}
 
-    let mut y = TITLE_HEIGHT + LEGEND_HEIGHT;
-    for (title, run) in panels {
-        let _ = writeln!(
-            s,
-            r#"<text x="8" y="{}" font-weight="bold">{}</text>"#,
-            y + 13.0,
-            escape(title)
-        );
-        y += TITLE_HEIGHT;
-        let scale = plot_w / max_s;
-        match &run.timeline {
-            Some(tl) if !tl.vcpus.is_empty() => {
-                let ticks = tl.cells.iter().map(Vec::len).max().unwrap_or(0);
-                let bucket = ticks.div_ceil(MAX_COLUMNS).max(1);
-                let tick_s = tl.tick_ms as f64 / 1000.0;
-                for (row, id) in tl.vcpus.iter().enumerate() {
-                    let ry = y + row as f64 * (ROW_HEIGHT + ROW_GAP);
-                    let _ = writeln!(
-                        s,
-                        r#"<text x="{}" y="{}" text-anchor="end">vm{} vcpu{}</text>"#,
-                        LEFT - 6.0,
-                        ry + ROW_HEIGHT - 1.0,
-                        id.vm,
-                        id.vcpu
-                    );
-                    write_row(&mut s, tl, row, bucket, tick_s, scale, run.elapsed_s, ry);
-                }
-                y += tl.vcpus.len() as f64 * (ROW_HEIGHT + ROW_GAP);
-            }
-            _ => {
+/// One panel at height `y`: its title, a row per vCPU and the time axis
+/// (`max_s` seconds across the plot). Returns the height after it.
+fn write_panel(s: &mut String, mut y: f64, title: &str, run: &RunResult, max_s: f64) -> f64 {
+    let _ = writeln!(
+        s,
+        r#"<text x="8" y="{}" font-weight="bold">{}</text>"#,
+        y + 13.0,
+        escape(title)
+    );
+    y += TITLE_HEIGHT;
+    let scale = (WIDTH - LEFT - RIGHT) / max_s;
+    match &run.timeline {
+        Some(tl) if !tl.vcpus.is_empty() => {
+            let ticks = tl.cells.iter().map(Vec::len).max().unwrap_or(0);
+            let bucket = ticks.div_ceil(MAX_COLUMNS).max(1);
+            let tick_s = tl.tick_ms as f64 / 1000.0;
+            for (row, id) in tl.vcpus.iter().enumerate() {
+                let ry = y + row as f64 * (ROW_HEIGHT + ROW_GAP);
                 let _ = writeln!(
                     s,
-                    r#"<text x="{LEFT}" y="{}">(no timeline recorded)</text>"#,
-                    y + ROW_HEIGHT
+                    r#"<text x="{}" y="{}" text-anchor="end">vm{} vcpu{}</text>"#,
+                    LEFT - 6.0,
+                    ry + ROW_HEIGHT - 1.0,
+                    id.vm,
+                    id.vcpu
                 );
-                y += ROW_HEIGHT + ROW_GAP;
+                write_row(s, tl, row, bucket, tick_s, scale, run.elapsed_s, ry);
             }
+            y += tl.vcpus.len() as f64 * (ROW_HEIGHT + ROW_GAP);
         }
-        write_axis(&mut s, y, max_s, scale);
-        y += AXIS_HEIGHT + PANEL_GAP;
+        _ => {
+            let _ = writeln!(
+                s,
+                r#"<text x="{LEFT}" y="{}">(no timeline recorded)</text>"#,
+                y + ROW_HEIGHT
+            );
+            y += ROW_HEIGHT + ROW_GAP;
+        }
     }
-    s.push_str("</svg>\n");
-    s
+    write_axis(s, y, max_s, scale);
+    y + AXIS_HEIGHT + PANEL_GAP
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -283,9 +291,9 @@ fn write_axis(s: &mut String, y: f64, max_s: f64, scale: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::VcpuId;
-    use crate::policy::Policy;
-    use crate::sim::run::Placement;
+    use crate::run::Placement;
+    use pvmm_scheduler::placement::VcpuId;
+    use pvmm_scheduler::policy::Policy;
 
     fn cell(package: Option<u16>, busy: f32) -> TimelineCell {
         TimelineCell { package, busy }

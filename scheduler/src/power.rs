@@ -19,7 +19,7 @@
 //! # Where the defaults come from
 //!
 //! Len Brown's wall-power measurements on Alex Shi's power-aware scheduling
-//! series (`shared/notes/scheduling.md`): a 2-socket Sandy Bridge-EP, 8 cores
+//! series (LKML, 2012-2013): a 2-socket Sandy Bridge-EP, 8 cores
 //! x 2 threads per socket, N busy loops, average watts under the
 //! `performance` policy, which spreads: 1 task wakes one package, 2..16 tasks
 //! put one task per core evenly on both packages, 32 tasks fill every thread.

@@ -6,12 +6,12 @@ use std::path::Path;
 
 use super::cli::{main_with_args, EXIT_BAD_INPUT, EXIT_FAILURE};
 use super::load::LoadSpec;
-use super::power::PowerModel;
 use super::run::{simulate, Placement, RunResult, SimConfig, CACHE_SHARING_SPEEDUP};
 use super::scenario::{kernbench_topology, kernbench_vm};
 use super::spec::VmSpec;
-use crate::policy::Policy;
-use crate::topology::HostTopology;
+use pvmm_scheduler::policy::Policy;
+use pvmm_scheduler::power::PowerModel;
+use pvmm_scheduler::topology::HostTopology;
 
 const PERFORMANCE: Placement = Placement::Engine(Policy::Performance);
 const POWERSAVING_1: Placement = Placement::Engine(Policy::Powersaving { level: 1 });

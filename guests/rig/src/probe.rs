@@ -1,0 +1,703 @@
+//! The L1 probes: shell that runs in L1 next to the inner VMM and prints what it sees, one
+//! line per fact, and the one parser for those lines ([`ProbeLine`]).
+//!
+//! Lines, by their first word:
+//!
+//! - `START <L1 uptime>`: the probe started, with pvmm (the origin of pvmm's stats `t_ms`);
+//! - `PKG <cpu> <package> [<core>]`: an L1 CPU's place in L1's topology;
+//! - `T <L1 uptime>`: a sample begins; its `C` and `V` lines follow;
+//! - `C cpuN <the /proc/stat counters>`: an L1 CPU's times at the sample;
+//! - `V vcpuN <tid> <Cpus_allowed_list> <utime> <stime> <last CPU>`: a vCPU thread at the sample;
+//! - `M <L1 uptime> TEXT`: the guest printed `pvmm-mark: TEXT` then (see [`crate::scripts`]);
+//! - `S <t_ms> <migrations_total>`: a pvmm `--stats` line, reduced to its migrations;
+//! - `{...}`: a pvmm `--stats` line (JSON).
+//!
+//! The placement tests' probe ([`placement_probe`]) and its [`PlacementTrace`] use all but `S`;
+//! the placement benchmark's probe ([`crate::placement_bench::bench_probe`]) prints `START`,
+//! `M` and `S` lines, and its CPU samples go to [`crate::activity`].
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+/// Where the placement tests make pvmm write its `--stats` lines inside L1 (L1's tmpfs root).
+pub const L1_STATS_PATH: &str = "/tmp/pvmm-stats.jsonl";
+
+/// L1's USER_HZ: `/proc/stat` and `/proc/<pid>/task/<tid>/stat` count CPU time in these
+/// ticks per second (100 on x86 Linux; the Debian kernel L1 runs is no exception).
+pub const L1_USER_HZ: f64 = 100.0;
+
+/// A sampling interval's CPU-time share at or above which a vCPU thread counts as busy in it:
+/// pvmm's own "busy" definition (ran at least half of the interval).
+pub const BUSY_SHARE: f64 = 0.5;
+
+/// One sample of the L1 probe, a single busybox `awk` over `/proc` (pvmm's pid in
+/// `$PVMM_PID`), printing:
+///
+/// - `T <L1 uptime>`;
+/// - per L1 CPU `C cpuN <the /proc/stat counters>`;
+/// - per vCPU thread `V <comm> <tid> <Cpus_allowed_list> <utime> <stime> <last CPU>` (from
+///   `/proc/<pid>/task/<tid>/stat` and `.../status`). pvmm names vCPU N's thread `vcpuN`, QEMU
+///   (`-name ...,debug-threads=on`) `CPU N/KVM`; both print as `vcpuN`, so a probe of either
+///   VMM parses the same. The fields after the name count from the `)` that ends it (a name
+///   may hold spaces).
+///
+/// One process reading whole files, not the shell's `read` builtin: `read` takes a byte per
+/// system call (it must not read past a line), about 16,000 system calls a sample for a
+/// 4-vCPU pvmm, 8 ms natively and several times that in a TCG L1 whose CPU 0 the probe
+/// shares with a vCPU (on a slow CI machine samples came 0.3-0.5 s apart instead of 0.1 s).
+/// This costs an exec and a few dozen reads (6x less natively). Every file is read with
+/// `getline`, which returns -1 for a file that cannot be opened (a thread that exited after
+/// the shell expanded the glob), where busybox awk would abort on an input file operand; a
+/// thread whose `stat` or `status` could not be read is left out (the parser then drops the
+/// sample as incomplete).
+pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
+  if ((getline line < "/proc/uptime") > 0) { split(line, w, " "); print "T", w[1] }
+  while ((getline line < "/proc/stat") > 0) if (line ~ /^cpu[0-9]/) print "C", line
+  for (i = 1; i < ARGC; i++) {
+    f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
+    if (path[n] == "stat") {
+      if ((getline line < f) > 0) {
+        lp = index(line, "("); rest = substr(line, lp + 1); rp = match(rest, /\) [A-Za-z] /)
+        name = substr(rest, 1, rp - 1); split(substr(rest, rp + 2), w, " ")
+        if (name ~ /^CPU [0-9]+\/KVM$/) { split(name, q, "[ /]"); name = "vcpu" q[2] }
+        if (name ~ /^vcpu[0-9]+$/) { comm[tid] = name; times[tid] = w[12] " " w[13] " " w[37] }
+      }
+    } else {
+      while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
+    }
+    close(f)
+  }
+  for (tid in comm) if (tid in allowed) print "V", comm[tid], tid, allowed[tid], times[tid]
+}' /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status"#;
+
+/// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
+/// work never shows up as activity on the package the tests want idle, then every
+/// `interval_s` seconds appends a [`PROBE_SAMPLE`] to a tmpfs file.
+///
+/// It starts with `START <L1 uptime>` (pvmm's start, the origin of its stats `t_ms` within
+/// a few milliseconds) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
+/// exited prints the samples, the guest's marks (`M <L1 uptime> TEXT` for each guest line
+/// `pvmm-mark: TEXT`, see [`crate::scripts`]), then pvmm's `--stats` file
+/// ([`L1_STATS_PATH`]) with the fields the tests do not read removed (less console traffic).
+pub fn placement_probe(interval_s: &str) -> String {
+    format!(
+        r#"taskset -p 1 $$ >/dev/null 2>&1 || echo "probe: cannot pin to CPU 0"
+out=/tmp/pvmm-samples
+read -r up rest < /proc/uptime
+echo "START $up" > $out
+for c in /sys/devices/system/cpu/cpu[0-9]*; do
+  read -r pkg < $c/topology/physical_package_id
+  echo "PKG ${{c##*cpu}} $pkg" >> $out
+done
+while kill -0 $PVMM_PID 2>/dev/null; do
+  {PROBE_SAMPLE} >> $out
+  sleep {interval_s}
+done
+cat $out
+sleep 1
+[ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
+rm -f /tmp/rig-marks
+sed -e 's/"tid":[0-9]*,//g' -e 's/,"desired":[0-9]*//g' -e 's/"policy":"[^"]*",//' {L1_STATS_PATH}
+"#
+    )
+}
+
+/// One vCPU thread as the probe saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadSample {
+    /// vCPU index (from the thread name `vcpuN`).
+    pub vcpu: u32,
+    /// Thread id in L1.
+    pub tid: u32,
+    /// `Cpus_allowed_list`, expanded.
+    pub allowed: Vec<u32>,
+    /// utime + stime, in [`L1_USER_HZ`] ticks.
+    pub cpu_ticks: u64,
+    /// The CPU it last ran on.
+    pub last_cpu: u32,
+}
+
+/// One L1 CPU's `/proc/stat` counters at a sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTimes {
+    /// CPU number.
+    pub cpu: u32,
+    /// idle + iowait ticks.
+    pub idle: u64,
+    /// All ticks.
+    pub total: u64,
+}
+
+/// One probe sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeSample {
+    /// L1 uptime (s).
+    pub t: f64,
+    /// The vCPU threads, by vCPU index.
+    pub threads: Vec<ThreadSample>,
+    /// L1's CPUs, by number.
+    pub cpus: Vec<CpuTimes>,
+}
+
+/// One vCPU in one pvmm `--stats` line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatsVcpu {
+    /// vCPU index.
+    pub vcpu: u32,
+    /// The host CPU list pvmm applied.
+    pub cpus: String,
+    /// The capacity pvmm publishes through CPPC.
+    pub capacity: u64,
+    /// pvmm's busy flag.
+    pub busy: bool,
+}
+
+/// One pvmm `--stats` line (one tick).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatsTick {
+    /// Milliseconds since pvmm's scheduler started.
+    pub t_ms: u64,
+    /// The vCPUs, by index.
+    pub vcpus: Vec<StatsVcpu>,
+    /// GED notifications sent so far.
+    pub capacity_notifications: u64,
+}
+
+/// Everything a placement probe reported.
+#[derive(Debug, Clone, Default)]
+pub struct PlacementTrace {
+    /// L1 uptime when the probe started (pvmm's start).
+    pub start: f64,
+    /// L1 CPU -> package id.
+    pub package_of: BTreeMap<u32, u32>,
+    /// The samples, in time order.
+    pub samples: Vec<ProbeSample>,
+    /// pvmm's stats lines, in order.
+    pub ticks: Vec<StatsTick>,
+    /// The guest's `pvmm-mark:` lines: L1 uptime and text.
+    pub marks: Vec<(f64, String)>,
+}
+
+/// Expands a Linux CPU list (`0-2,5`); None when malformed.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// One line of an L1 probe's output (see the module documentation).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProbeLine {
+    /// `START`: the probe's (and pvmm's) start, L1 uptime in seconds.
+    Start(f64),
+    /// `PKG`: an L1 CPU, its package and, when printed, its core.
+    Package {
+        /// L1 CPU number.
+        cpu: u32,
+        /// Its physical package id.
+        package: u32,
+        /// Its core id.
+        core: Option<u32>,
+    },
+    /// `T`: a sample begins at this L1 uptime.
+    Sample(f64),
+    /// `C`: an L1 CPU's times.
+    Cpu(CpuTimes),
+    /// `V`: a vCPU thread.
+    Thread(ThreadSample),
+    /// `M`: a guest mark, its L1 uptime and text.
+    Mark(f64, String),
+    /// `S`: pvmm's `migrations_total` at its stats clock `t_ms`.
+    Migrations {
+        /// Milliseconds since pvmm's scheduler started.
+        t_ms: u64,
+        /// Migrations so far.
+        total: u64,
+    },
+    /// A pvmm `--stats` line.
+    Stats(StatsTick),
+}
+
+/// A probe line of a known kind whose fields do not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed probe line: {0:?}")]
+pub struct MalformedLine(pub String);
+
+/// Word `index` of `line` as a `T`.
+fn field<T: FromStr>(words: &[&str], index: usize, line: &str) -> Result<T, MalformedLine> {
+    words
+        .get(index)
+        .and_then(|w| w.parse().ok())
+        .ok_or_else(|| MalformedLine(line.to_string()))
+}
+
+/// The number after `prefix` in word `index` of `line` (`cpu3`, `vcpu1`).
+fn numbered(words: &[&str], index: usize, prefix: &str, line: &str) -> Result<u32, MalformedLine> {
+    words
+        .get(index)
+        .and_then(|w| w.strip_prefix(prefix))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| MalformedLine(line.to_string()))
+}
+
+impl ProbeLine {
+    /// Parses one probe line; Ok(None) for a line of no kind (the probe's own messages, a
+    /// shorter `M`, `V` or `C` line, a JSON line that is not pvmm's stats).
+    pub fn parse(line: &str) -> Result<Option<ProbeLine>, MalformedLine> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let parsed = match words.first().copied() {
+            Some("START") => ProbeLine::Start(field(&words, 1, line)?),
+            Some("PKG") => ProbeLine::Package {
+                cpu: field(&words, 1, line)?,
+                package: field(&words, 2, line)?,
+                core: match words.len() {
+                    3 => None,
+                    _ => Some(field(&words, 3, line)?),
+                },
+            },
+            Some("T") => ProbeLine::Sample(field(&words, 1, line)?),
+            Some("C") if words.len() >= 9 => {
+                let counters = words[2..]
+                    .iter()
+                    .map(|w| w.parse::<u64>())
+                    .collect::<Result<Vec<u64>, _>>()
+                    .map_err(|_| MalformedLine(line.to_string()))?;
+                ProbeLine::Cpu(CpuTimes {
+                    cpu: numbered(&words, 1, "cpu", line)?,
+                    idle: counters[3] + counters[4],
+                    total: counters.iter().take(8).sum(),
+                })
+            }
+            Some("V") if words.len() == 7 => ProbeLine::Thread(ThreadSample {
+                vcpu: numbered(&words, 1, "vcpu", line)?,
+                tid: field(&words, 2, line)?,
+                allowed: parse_cpu_list(words[3]).ok_or_else(|| MalformedLine(line.to_string()))?,
+                cpu_ticks: field::<u64>(&words, 4, line)? + field::<u64>(&words, 5, line)?,
+                last_cpu: field(&words, 6, line)?,
+            }),
+            Some("M") if words.len() >= 3 => {
+                ProbeLine::Mark(field(&words, 1, line)?, words[2..].join(" "))
+            }
+            Some("S") if words.len() == 3 => ProbeLine::Migrations {
+                t_ms: field(&words, 1, line)?,
+                total: field(&words, 2, line)?,
+            },
+            _ if line.starts_with('{') => match parse_stats_line(line) {
+                Some(tick) => ProbeLine::Stats(tick),
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        Ok(Some(parsed))
+    }
+}
+
+/// A pvmm `--stats` line (JSON) with the fields the tests read; None when it is not one.
+fn parse_stats_line(line: &str) -> Option<StatsTick> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let vcpus = value
+        .get("vcpus")?
+        .as_array()?
+        .iter()
+        .map(|v| {
+            Some(StatsVcpu {
+                vcpu: u32::try_from(v.get("vcpu")?.as_u64()?).ok()?,
+                cpus: v.get("cpus")?.as_str()?.to_string(),
+                capacity: v.get("capacity")?.as_u64()?,
+                busy: v.get("busy").and_then(|b| b.as_bool()).unwrap_or(false),
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(StatsTick {
+        t_ms: value.get("t_ms")?.as_u64()?,
+        vcpus,
+        capacity_notifications: value
+            .get("capacity_notifications")
+            .and_then(|n| n.as_u64())
+            .unwrap_or(0),
+    })
+}
+
+/// The sample a `V` or `C` line belongs to; panics when none has begun.
+fn open_sample<'a>(current: &'a mut Option<ProbeSample>, line: &str) -> &'a mut ProbeSample {
+    current
+        .as_mut()
+        .unwrap_or_else(|| panic!("{}", MalformedLine(line.to_string())))
+}
+
+impl PlacementTrace {
+    /// Parses the output of [`placement_probe`] (the rig's `probe_lines`). Panics with the
+    /// offending line when a line is malformed, or a sample's line comes before any sample (a
+    /// test helper).
+    pub fn parse(lines: &[String]) -> PlacementTrace {
+        let mut trace = PlacementTrace::default();
+        let mut current: Option<ProbeSample> = None;
+        for line in lines {
+            let parsed = ProbeLine::parse(line).unwrap_or_else(|error| panic!("{error}"));
+            match parsed {
+                Some(ProbeLine::Start(t)) => trace.start = t,
+                Some(ProbeLine::Package { cpu, package, .. }) => {
+                    trace.package_of.insert(cpu, package);
+                }
+                Some(ProbeLine::Mark(t, text)) => trace.marks.push((t, text)),
+                Some(ProbeLine::Sample(t)) => {
+                    trace.samples.extend(current.take());
+                    current = Some(ProbeSample {
+                        t,
+                        threads: Vec::new(),
+                        cpus: Vec::new(),
+                    });
+                }
+                Some(ProbeLine::Thread(thread)) => {
+                    open_sample(&mut current, line).threads.push(thread)
+                }
+                Some(ProbeLine::Cpu(cpu)) => open_sample(&mut current, line).cpus.push(cpu),
+                Some(ProbeLine::Stats(tick)) => trace.ticks.push(tick),
+                Some(ProbeLine::Migrations { .. }) | None => {}
+            }
+        }
+        trace.samples.extend(current);
+        for sample in &mut trace.samples {
+            sample.threads.sort_by_key(|t| t.vcpu);
+            sample.cpus.sort_by_key(|c| c.cpu);
+        }
+        // A sample cut off by pvmm's exit (fewer threads than the others) is dropped.
+        let vcpus = trace
+            .samples
+            .iter()
+            .map(|s| s.threads.len())
+            .max()
+            .unwrap_or(0);
+        trace
+            .samples
+            .retain(|s| s.threads.len() == vcpus && !s.cpus.is_empty());
+        trace
+    }
+
+    /// L1 uptime of the guest's first `pvmm-mark: TEXT` line with this text.
+    pub fn mark(&self, text: &str) -> Option<f64> {
+        self.marks.iter().find(|(_, m)| m == text).map(|&(t, _)| t)
+    }
+
+    /// The CPUs of package `package`.
+    pub fn package_cpus(&self, package: u32) -> Vec<u32> {
+        self.package_of
+            .iter()
+            .filter(|(_, &p)| p == package)
+            .map(|(&c, _)| c)
+            .collect()
+    }
+
+    /// Share of sample interval `i` (from sample `i - 1` to `i`) that vCPU `vcpu`'s thread ran.
+    pub fn busy_share(&self, i: usize, vcpu: u32) -> f64 {
+        let (a, b) = (&self.samples[i - 1], &self.samples[i]);
+        let ticks = |s: &ProbeSample| {
+            s.threads
+                .iter()
+                .find(|t| t.vcpu == vcpu)
+                .map_or(0, |t| t.cpu_ticks)
+        };
+        let ran = ticks(b).saturating_sub(ticks(a)) as f64 / L1_USER_HZ;
+        let wall = b.t - a.t;
+        if wall > 0.0 {
+            ran / wall
+        } else {
+            0.0
+        }
+    }
+
+    /// The vCPUs busy ([`BUSY_SHARE`]) in sample interval `i`.
+    pub fn busy_vcpus(&self, i: usize) -> Vec<u32> {
+        self.samples[i]
+            .threads
+            .iter()
+            .map(|t| t.vcpu)
+            .filter(|&v| self.busy_share(i, v) >= BUSY_SHARE)
+            .collect()
+    }
+
+    /// Sample index ranges (intervals `i` with `i >= 1`) in which exactly `vcpus` are busy,
+    /// as `(first, last)` interval indexes, in time order.
+    pub fn episodes(&self, vcpus: &[u32]) -> Vec<(usize, usize)> {
+        let mut runs = Vec::new();
+        let mut open: Option<usize> = None;
+        for i in 1..self.samples.len() {
+            let matches = self.busy_vcpus(i) == vcpus;
+            match (matches, open) {
+                (true, None) => open = Some(i),
+                (false, Some(first)) => {
+                    runs.push((first, i - 1));
+                    open = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(first) = open {
+            runs.push((first, self.samples.len() - 1));
+        }
+        runs
+    }
+
+    /// Intervals after `from` (exclusive) up to the first with any busy vCPU (exclusive).
+    pub fn idle_run_after(&self, from: usize) -> (usize, usize) {
+        let first = from + 1;
+        let mut last = from;
+        for i in first..self.samples.len() {
+            if !self.busy_vcpus(i).is_empty() {
+                break;
+            }
+            last = i;
+        }
+        (first, last)
+    }
+
+    /// L1 uptime `t` as pvmm's stats clock (ms since pvmm's start).
+    pub fn to_pvmm_ms(&self, t: f64) -> f64 {
+        (t - self.start) * 1000.0
+    }
+
+    /// The capacities pvmm published (stats lines) from `before_ticks` ticks before L1 uptime
+    /// `t` to `after_ticks` ticks after it, as vectors by vCPU.
+    pub fn capacities_around(
+        &self,
+        t: f64,
+        before_ticks: usize,
+        after_ticks: usize,
+    ) -> Vec<Vec<u64>> {
+        let ms = self.to_pvmm_ms(t);
+        let at = self
+            .ticks
+            .iter()
+            .position(|k| k.t_ms as f64 > ms)
+            .unwrap_or(self.ticks.len());
+        let from = at.saturating_sub(before_ticks + 1);
+        let to = (at + after_ticks).min(self.ticks.len());
+        self.ticks[from..to]
+            .iter()
+            .map(|k| k.vcpus.iter().map(|v| v.capacity).collect())
+            .collect()
+    }
+
+    /// pvmm ticks with `t_ms` in `(from, to]` (L1 uptimes).
+    pub fn ticks_between(&self, from: f64, to: f64) -> usize {
+        let (a, b) = (self.to_pvmm_ms(from), self.to_pvmm_ms(to));
+        self.ticks
+            .iter()
+            .filter(|k| (k.t_ms as f64) > a && (k.t_ms as f64) <= b)
+            .count()
+    }
+
+    /// Median interval between pvmm's ticks (s); 0.1 when there are too few.
+    pub fn median_tick_s(&self) -> f64 {
+        let mut gaps: Vec<u64> = self
+            .ticks
+            .windows(2)
+            .map(|w| w[1].t_ms.saturating_sub(w[0].t_ms))
+            .collect();
+        if gaps.is_empty() {
+            return 0.1;
+        }
+        gaps.sort_unstable();
+        gaps[gaps.len() / 2] as f64 / 1000.0
+    }
+
+    /// Share of the time between samples `a` and `b` that L1 CPU `cpu` was idle.
+    pub fn cpu_idle_share(&self, cpu: u32, a: usize, b: usize) -> f64 {
+        let find = |s: &ProbeSample| s.cpus.iter().find(|c| c.cpu == cpu).cloned();
+        match (find(&self.samples[a]), find(&self.samples[b])) {
+            (Some(x), Some(y)) if y.total > x.total => {
+                y.idle.saturating_sub(x.idle) as f64 / (y.total - x.total) as f64
+            }
+            _ => 1.0,
+        }
+    }
+
+    /// The packages vCPU thread `vcpu` may run on at sample `i`.
+    pub fn packages_allowed(&self, i: usize, vcpu: u32) -> Vec<u32> {
+        let mut packages: Vec<u32> = self.samples[i]
+            .threads
+            .iter()
+            .filter(|t| t.vcpu == vcpu)
+            .flat_map(|t| {
+                t.allowed
+                    .iter()
+                    .filter_map(|c| self.package_of.get(c).copied())
+            })
+            .collect();
+        packages.sort_unstable();
+        packages.dedup();
+        packages
+    }
+
+    /// Whether vCPU `vcpu` has a CPU of its own at sample `i`: it may run on exactly one CPU
+    /// and no other vCPU thread may run there.
+    pub fn has_own_cpu(&self, i: usize, vcpu: u32) -> bool {
+        let threads = &self.samples[i].threads;
+        let Some(mine) = threads.iter().find(|t| t.vcpu == vcpu) else {
+            return false;
+        };
+        mine.allowed.len() == 1
+            && threads
+                .iter()
+                .filter(|t| t.vcpu != vcpu)
+                .all(|t| !t.allowed.contains(&mine.allowed[0]))
+    }
+
+    /// One line per sample in `a..=b`: time, busy shares and allowed CPUs (for failure
+    /// messages).
+    pub fn describe(&self, a: usize, b: usize) -> String {
+        let mut out = String::new();
+        for i in a.max(1)..=b.min(self.samples.len().saturating_sub(1)) {
+            let s = &self.samples[i];
+            out.push_str(&format!(
+                "  t={:.2} (pvmm {:.0} ms):",
+                s.t,
+                self.to_pvmm_ms(s.t)
+            ));
+            for t in &s.threads {
+                out.push_str(&format!(
+                    " v{}[{:.2} cpus {:?}]",
+                    t.vcpu,
+                    self.busy_share(i, t.vcpu),
+                    t.allowed
+                ));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Option<ProbeLine> {
+        ProbeLine::parse(line).unwrap()
+    }
+
+    #[test]
+    fn every_kind_parses() {
+        assert_eq!(parse("START 12.5"), Some(ProbeLine::Start(12.5)));
+        assert_eq!(
+            parse("PKG 3 1"),
+            Some(ProbeLine::Package {
+                cpu: 3,
+                package: 1,
+                core: None
+            })
+        );
+        assert_eq!(
+            parse("PKG 3 1 0"),
+            Some(ProbeLine::Package {
+                cpu: 3,
+                package: 1,
+                core: Some(0)
+            })
+        );
+        assert_eq!(parse("T 13.01"), Some(ProbeLine::Sample(13.01)));
+        assert_eq!(
+            parse("C cpu2 10 0 5 100 7 0 1 0 0 0"),
+            Some(ProbeLine::Cpu(CpuTimes {
+                cpu: 2,
+                idle: 107,
+                total: 123
+            }))
+        );
+        assert_eq!(
+            parse("V vcpu1 120 0-1,3 40 2 3"),
+            Some(ProbeLine::Thread(ThreadSample {
+                vcpu: 1,
+                tid: 120,
+                allowed: vec![0, 1, 3],
+                cpu_ticks: 42,
+                last_cpu: 3
+            }))
+        );
+        assert_eq!(
+            parse("M 20.25 load-begin"),
+            Some(ProbeLine::Mark(20.25, "load-begin".into()))
+        );
+        assert_eq!(
+            parse("S 18330 24"),
+            Some(ProbeLine::Migrations {
+                t_ms: 18330,
+                total: 24
+            })
+        );
+        let Some(ProbeLine::Stats(tick)) = parse(
+            r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2}"#,
+        ) else {
+            panic!("a stats line");
+        };
+        assert_eq!(
+            (tick.t_ms, tick.vcpus.len(), tick.capacity_notifications),
+            (200, 1, 2)
+        );
+    }
+
+    #[test]
+    fn other_lines_are_none_and_bad_fields_malformed() {
+        assert_eq!(parse("probe: cannot pin to CPU 0"), None);
+        assert_eq!(parse("M 20.25"), None);
+        assert_eq!(parse("V vcpu1 120"), None);
+        assert_eq!(parse(r#"{"not":"stats"}"#), None);
+        for bad in [
+            "START",
+            "START x",
+            "T soon",
+            "V cpu1 120 0 1 2 3",
+            "S 1 x",
+            "C cpu1 a 0 0 0 0 0 0 0",
+        ] {
+            assert_eq!(
+                ProbeLine::parse(bad),
+                Err(MalformedLine(bad.into())),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_trace_keeps_complete_samples_in_order() {
+        let lines: Vec<String> = [
+            "START 10.0",
+            "PKG 0 0",
+            "PKG 1 1",
+            "T 10.1",
+            "C cpu1 0 0 0 50 0 0 0 0",
+            "C cpu0 0 0 0 50 0 0 0 0",
+            "V vcpu1 101 1 5 0 1",
+            "V vcpu0 100 0 5 0 0",
+            "T 10.2",
+            "C cpu0 0 0 0 60 0 0 0 0",
+            "V vcpu0 100 0 9 0 0",
+            "M 10.15 go",
+        ]
+        .map(String::from)
+        .to_vec();
+        let trace = PlacementTrace::parse(&lines);
+        assert_eq!(trace.start, 10.0);
+        assert_eq!(trace.package_cpus(1), vec![1]);
+        // The second sample lost a thread (pvmm exiting): dropped.
+        assert_eq!(trace.samples.len(), 1);
+        let threads: Vec<u32> = trace.samples[0].threads.iter().map(|t| t.vcpu).collect();
+        assert_eq!(threads, vec![0, 1]);
+        assert_eq!(trace.samples[0].cpus[0].cpu, 0);
+        assert_eq!(trace.mark("go"), Some(10.15));
+    }
+
+    #[test]
+    #[should_panic(expected = "malformed probe line")]
+    fn a_sample_line_before_any_sample_is_malformed() {
+        PlacementTrace::parse(&["V vcpu0 100 0 5 0 0".to_string()]);
+    }
+}

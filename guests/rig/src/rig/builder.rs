@@ -1,0 +1,251 @@
+//! The [`Rig`] builder: one or more VMs side by side in one L1 boot.
+
+use std::time::Duration;
+
+use super::{
+    guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, L1Job, L1Options, RigError,
+    RigOutcome, Topology, VmSpec,
+};
+use crate::images::{L1Images, Workspace};
+use crate::scripts::shell_join;
+use crate::tuning::L1Tuning;
+
+/// Default hard timeout of a rig run: L1 boots in about 5 s and a 4-vCPU guest in about 10 s
+/// more on an idle machine; our machines are shared and noisy, so allow 20x that.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A rig run of one or more VMs at the same time in one L1 boot: the builder behind
+/// `cargo xtask rig`.
+///
+/// ```no_run
+/// use pvmm_rig::{images, Rig, InnerVmm};
+/// let ws = images::Workspace::locate()?;
+/// let l1 = images::build_l1(&ws, images::L1Needs { pvmm: true, qemu: false })?;
+/// let outcome = Rig::new(InnerVmm::Pvmm)
+///     .guest_command("nproc")
+///     .pvmm_args(["--vcpus", "4"])
+///     .run(&ws, &l1)?;
+/// assert_eq!(outcome.vmm_status, Some(0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// With several VMs ([`Rig::with_vms`]) run `i` (from 0) is labelled `i`: its lines are in
+/// [`RigOutcome::run`]`("i")` and shown as `[guest i]`, `[pvmm i]` (without the space), and
+/// [`RigOutcome::vmm_status`] is the first non-zero VM status, 0 when all exited 0, None when
+/// one never reported.
+#[derive(Debug, Clone)]
+pub struct Rig {
+    vms: Vec<VmSpec>,
+    topology: Topology,
+    timeout: Duration,
+    probe: Option<String>,
+    echo: bool,
+    tuning: L1Tuning,
+}
+
+/// The label of the only run of a one-VM rig.
+pub const SINGLE_RUN_LABEL: &str = "main";
+
+impl Rig {
+    /// A rig with the default topology (2x2x1), timeout and tuning, running one VM of `vmm`.
+    pub fn new(vmm: InnerVmm) -> Rig {
+        Rig::with_vms(vec![VmSpec::new(vmm)])
+    }
+
+    /// A rig running `vms` side by side in one L1.
+    pub fn with_vms(vms: Vec<VmSpec>) -> Rig {
+        Rig {
+            vms,
+            topology: Topology::default(),
+            timeout: DEFAULT_TIMEOUT,
+            probe: None,
+            echo: false,
+            tuning: L1Tuning::default(),
+        }
+    }
+
+    /// L1's CPU topology.
+    pub fn topology(mut self, topology: Topology) -> Rig {
+        self.topology = topology;
+        self
+    }
+
+    /// Hard timeout of the whole run.
+    pub fn timeout(mut self, timeout: Duration) -> Rig {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Shell command (or script) every VM's guest runs before powering off.
+    pub fn guest_command(mut self, command: impl Into<String>) -> Rig {
+        let command = command.into();
+        for vm in &mut self.vms {
+            vm.guest_command = Some(command.clone());
+        }
+        self
+    }
+
+    /// Arguments for every VM's pvmm (before `--initrd`, `--cmdline` and the kernel, which the
+    /// rig adds). With [`InnerVmm::Qemu`] only `--vcpus` and `--memory` are used.
+    pub fn pvmm_args<I, S>(mut self, args: I) -> Rig
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let args: Vec<String> = args.into_iter().map(Into::into).collect();
+        for vm in &mut self.vms {
+            vm.args = args.clone();
+        }
+        self
+    }
+
+    /// A shell script L1 runs alongside each inner VMM, with `PVMM_PID` set to its pid; its
+    /// output lands in [`RigOutcome::probe_lines`]. L1 waits for it after the VMM exits, so
+    /// it should end by itself (e.g. loop while `kill -0 $PVMM_PID`).
+    pub fn l1_probe(mut self, script: impl Into<String>) -> Rig {
+        self.probe = Some(script.into());
+        self
+    }
+
+    /// Print lines with `[L1] `, `[guest] `, ... prefixes on stdout as they arrive.
+    pub fn echo(mut self, echo: bool) -> Rig {
+        self.echo = echo;
+        self
+    }
+
+    /// Use `-accel tcg,thread=multi` (true) or `thread=single` for L1, on top of the tuning.
+    pub fn tcg_multi_thread(mut self, multi: bool) -> Rig {
+        self.tuning.tcg_multi_thread = multi;
+        self
+    }
+
+    /// QEMU's and L1's settings (default: [`crate::tuning::DEFAULT_VARIANT`]).
+    pub fn tuning(mut self, tuning: L1Tuning) -> Rig {
+        self.tuning = tuning;
+        self
+    }
+
+    /// The run labels, in VM order.
+    pub fn labels(&self) -> Vec<String> {
+        match self.vms.len() {
+            1 => vec![SINGLE_RUN_LABEL.to_string()],
+            n => (0..n).map(|i| i.to_string()).collect(),
+        }
+    }
+
+    /// The L1 job: one `rig_run` per VM, in the background when there are several.
+    fn job(&self) -> Result<L1Job, RigError> {
+        let labels = self.labels();
+        let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
+        for (vm, label) in self.vms.iter().zip(&labels) {
+            let cmdline = guest_cmdline(vm.vmm, vm.guest_command.as_deref(), false)?;
+            let mut args = vm.args.clone();
+            if vm.vmm == InnerVmm::Pvmm {
+                args.extend(self.tuning.pvmm_args.iter().cloned());
+            }
+            let command = shell_join(&inner_vmm_command(vm.vmm, &args, &cmdline)?);
+            memory += vm_shape(&vm.args)?.1;
+            if self.vms.len() == 1 {
+                script.push_str(&format!("rig_run {label} 0 {command}\n"));
+            } else {
+                script.push_str(&format!(
+                    "rig_run {label} 0 {command} &\nrig_vm_{label}=$!\n"
+                ));
+                waits.push_str(&format!(" $rig_vm_{label}"));
+            }
+        }
+        if !waits.is_empty() {
+            script.push_str(&format!("wait{waits}\n"));
+        }
+        Ok(L1Job {
+            script,
+            probe: self.probe.clone(),
+            guest_memory_mib: memory,
+        })
+    }
+
+    /// Runs the rig once; needs L1 images with the layers for this rig's VMMs.
+    pub fn run(&self, ws: &Workspace, images: &L1Images) -> Result<RigOutcome, RigError> {
+        if self.vms.is_empty() {
+            return Err(RigError::BadArgs("a rig run needs at least one VM".into()));
+        }
+        for vm in &self.vms {
+            if vm.vmm == InnerVmm::Pvmm && images.pvmm.is_none() {
+                return Err(RigError::BadArgs(
+                    "the L1 images were built without pvmm".into(),
+                ));
+            }
+            if vm.vmm == InnerVmm::Qemu && images.qemu.is_none() {
+                return Err(RigError::BadArgs(
+                    "the L1 images were built without qemu".into(),
+                ));
+            }
+        }
+        let labels = self.labels();
+        let several = self.vms.len() > 1;
+        let options = L1Options {
+            topology: self.topology,
+            timeout: self.timeout,
+            echo: self.echo,
+            tuning: self.tuning.clone(),
+            vmm_name: self.vms[0].vmm.name(),
+            vm_names: if several {
+                labels
+                    .iter()
+                    .zip(&self.vms)
+                    .map(|(label, vm)| (label.clone(), vm.vmm.name()))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        };
+        let mut outcome = run_l1(ws, images, &options, &self.job()?)?;
+        if several {
+            outcome.vmm_status = combined_status(&outcome, &labels);
+        }
+        Ok(outcome)
+    }
+}
+
+/// The first non-zero exit status of the runs `labels`, 0 when all exited 0, None when one did
+/// not report.
+pub fn combined_status(outcome: &RigOutcome, labels: &[String]) -> Option<i32> {
+    let statuses: Option<Vec<i32>> = labels
+        .iter()
+        .map(|l| outcome.run(l).and_then(|r| r.status))
+        .collect();
+    statuses.map(|s| s.into_iter().find(|&s| s != 0).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::images::inside;
+
+    #[test]
+    fn several_vms_start_together_with_their_own_labels_and_memory() {
+        let vm = |text: &str| text.parse::<VmSpec>().unwrap();
+        let rig = Rig::with_vms(vec![
+            vm("pvmm --vcpus 2 --memory 256 -- nproc"),
+            vm("qemu --vcpus 1 --memory 300 -- uname"),
+        ])
+        .tuning("policy-none".parse().unwrap());
+        assert_eq!(rig.labels(), ["0", "1"]);
+        let job = rig.job().unwrap();
+        assert_eq!(job.guest_memory_mib, 556);
+        let lines: Vec<&str> = job.script.lines().collect();
+        assert_eq!(lines.len(), 5, "{}", job.script);
+        assert!(lines[0].starts_with("rig_run 0 0 /bin/pvmm --vcpus 2 --memory 256 --policy none"));
+        assert!(lines[0].ends_with(" &"));
+        assert_eq!(lines[1], "rig_vm_0=$!");
+        assert!(lines[2].starts_with(&format!("rig_run 1 0 {} ", inside::QEMU)));
+        assert!(!lines[2].contains("--policy"));
+        assert_eq!(lines[4], "wait $rig_vm_0 $rig_vm_1");
+        let one = Rig::new(InnerVmm::Pvmm)
+            .guest_command("nproc")
+            .job()
+            .unwrap();
+        assert!(one.script.starts_with("rig_run main 0 /bin/pvmm --initrd"));
+        assert_eq!(one.script.lines().count(), 1);
+    }
+}

@@ -1,0 +1,359 @@
+//! What runs in L1: its CPU topology, the inner VMM, the guest's command line, and the VM specs
+//! (`VMM [ARGS...] [-- COMMAND]`) of a rig run.
+
+use std::str::FromStr;
+
+use super::RigError;
+use crate::images::inside;
+use crate::scripts::base64_encode;
+
+/// Added to the guest's command line unless it is `quiet`: the decompressor and the kernel
+/// print on the serial port from their first instructions instead of from the console's
+/// registration, so a guest that hangs early shows how far it got (the boot log is no
+/// longer: the real console does not repeat what the early one printed).
+pub const GUEST_EARLY_CONSOLE: &str = "earlyprintk=ttyS0";
+
+/// pvmm's default guest command line; the rig appends the command.
+pub const GUEST_BASE_CMDLINE: &str = pvmm::config::DEFAULT_CMDLINE;
+
+/// x86's COMMAND_LINE_SIZE including the terminating NUL: longer guest command lines are cut
+/// by the guest kernel, so the rig refuses them.
+pub const MAX_GUEST_CMDLINE: usize = 2047;
+
+/// pvmm's defaults for `--vcpus` and `--memory`, used to size `--vmm qemu` the same way.
+pub const PVMM_DEFAULT_VCPUS: u32 = pvmm::config::DEFAULT_VCPUS;
+/// See [`PVMM_DEFAULT_VCPUS`].
+pub const PVMM_DEFAULT_MEMORY_MIB: u64 = pvmm::config::DEFAULT_MEMORY_MIB;
+
+/// L1's CPU topology: sockets x cores per socket x threads per core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Topology {
+    /// Packages.
+    pub sockets: u32,
+    /// Cores per package.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+/// Most of any one topology dimension accepted: far above what TCG on two host CPUs can run.
+const MAX_TOPOLOGY_DIMENSION: u32 = 64;
+
+impl Topology {
+    /// Total logical CPUs.
+    pub fn cpus(&self) -> u32 {
+        self.sockets * self.cores * self.threads
+    }
+}
+
+impl Default for Topology {
+    /// 2 sockets x 2 cores x 1 thread: the smallest host with two packages and a choice of
+    /// cores within each.
+    fn default() -> Self {
+        Topology {
+            sockets: 2,
+            cores: 2,
+            threads: 1,
+        }
+    }
+}
+
+impl FromStr for Topology {
+    type Err = RigError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<u32> = text
+            .split('x')
+            .map(|p| p.parse::<u32>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| RigError::BadTopology(text.into()))?;
+        match parts[..] {
+            [sockets, cores, threads]
+                if [sockets, cores, threads]
+                    .iter()
+                    .all(|&n| (1..=MAX_TOPOLOGY_DIMENSION).contains(&n)) =>
+            {
+                Ok(Topology {
+                    sockets,
+                    cores,
+                    threads,
+                })
+            }
+            _ => Err(RigError::BadTopology(text.into())),
+        }
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{}", self.sockets, self.cores, self.threads)
+    }
+}
+
+/// Which VMM runs the guest inside L1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InnerVmm {
+    /// The static pvmm built from this workspace.
+    Pvmm,
+    /// `qemu-system-x86_64 -enable-kvm`, the baseline.
+    Qemu,
+}
+
+impl FromStr for InnerVmm {
+    type Err = RigError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "pvmm" => Ok(InnerVmm::Pvmm),
+            "qemu" => Ok(InnerVmm::Qemu),
+            _ => Err(RigError::BadArgs(format!(
+                "invalid --vmm '{text}': expected pvmm or qemu"
+            ))),
+        }
+    }
+}
+
+impl InnerVmm {
+    /// The name used in prefixes and reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            InnerVmm::Pvmm => "pvmm",
+            InnerVmm::Qemu => "qemu-kvm",
+        }
+    }
+}
+
+/// The guest's command line: pvmm's default plus the command, base64-encoded (see
+/// [`crate::scripts::GUEST_INIT`]).
+///
+/// For [`InnerVmm::Qemu`] `pci=off` is left out: QEMU's PC machine has a PCI bus, and with
+/// `pci=off` its ACPI PCI-link methods fail with a screenful of errors that slow the guest's
+/// serial console and would handicap QEMU in the boot benchmark. `quiet` (used by the
+/// benchmark) keeps the kernel's boot log off the emulated UART, whose per-byte exits
+/// otherwise dominate boot time in the nested rig.
+pub fn guest_cmdline(
+    vmm: InnerVmm,
+    command: Option<&str>,
+    quiet: bool,
+) -> Result<String, RigError> {
+    let mut cmdline = match vmm {
+        InnerVmm::Pvmm => GUEST_BASE_CMDLINE.to_string(),
+        InnerVmm::Qemu => GUEST_BASE_CMDLINE.replace(" pci=off", ""),
+    };
+    if quiet {
+        cmdline.push_str(" quiet");
+    } else {
+        cmdline.push(' ');
+        cmdline.push_str(GUEST_EARLY_CONSOLE);
+    }
+    if let Some(command) = command {
+        cmdline.push_str(" pvmm_cmd_b64=");
+        cmdline.push_str(&base64_encode(command.as_bytes()));
+    }
+    if cmdline.len() > MAX_GUEST_CMDLINE {
+        return Err(RigError::BadArgs(format!(
+            "the guest command is too long: the kernel command line would be {} bytes, the limit is {MAX_GUEST_CMDLINE}",
+            cmdline.len()
+        )));
+    }
+    Ok(cmdline)
+}
+
+/// vCPUs and memory (MiB) that pvmm arguments ask for, with pvmm's defaults.
+pub fn vm_shape(pvmm_args: &[String]) -> Result<(u32, u64), RigError> {
+    let mut vcpus = PVMM_DEFAULT_VCPUS;
+    let mut memory = PVMM_DEFAULT_MEMORY_MIB;
+    let mut args = pvmm_args.iter();
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        if name == "--vcpus" || name == "--memory" {
+            let value = inline
+                .or_else(|| args.next().cloned())
+                .ok_or_else(|| RigError::BadArgs(format!("pvmm argument {name} needs a value")))?;
+            let bad =
+                || RigError::BadArgs(format!("pvmm argument {name} has a bad value '{value}'"));
+            if name == "--vcpus" {
+                vcpus = value.parse().map_err(|_| bad())?;
+            } else {
+                memory = value.parse().map_err(|_| bad())?;
+            }
+        }
+    }
+    Ok((vcpus, memory))
+}
+
+/// The command line that runs `vmm` in L1 on the guest images.
+pub fn inner_vmm_command(
+    vmm: InnerVmm,
+    pvmm_args: &[String],
+    cmdline: &str,
+) -> Result<Vec<String>, RigError> {
+    for reserved in ["--initrd", "--cmdline"] {
+        if pvmm_args
+            .iter()
+            .any(|a| a == reserved || a.starts_with(&format!("{reserved}=")))
+        {
+            return Err(RigError::BadArgs(format!(
+                "pvmm argument {reserved} is set by the rig (use --guest-cmd for the guest's command)"
+            )));
+        }
+    }
+    let (vcpus, memory) = vm_shape(pvmm_args)?;
+    let words: Vec<String> = match vmm {
+        InnerVmm::Pvmm => {
+            let mut words = vec![inside::PVMM.to_string()];
+            words.extend(pvmm_args.iter().cloned());
+            words.extend(
+                [
+                    "--initrd",
+                    inside::GUEST_INITRD,
+                    "--cmdline",
+                    cmdline,
+                    inside::GUEST_KERNEL,
+                ]
+                .map(String::from),
+            );
+            words
+        }
+        InnerVmm::Qemu => {
+            let (vcpus, memory) = (vcpus.to_string(), memory.to_string());
+            [
+                inside::QEMU,
+                // Thread names ("CPU 0/KVM") let L1 probes find the vCPU threads.
+                "-name",
+                "pvmm-baseline,debug-threads=on",
+                "-enable-kvm",
+                "-cpu",
+                "host",
+                "-smp",
+                &vcpus,
+                "-m",
+                &memory,
+                "-nodefaults",
+                "-no-user-config",
+                "-display",
+                "none",
+                "-serial",
+                "stdio",
+                "-no-reboot",
+                "-kernel",
+                inside::GUEST_KERNEL,
+                "-initrd",
+                inside::GUEST_INITRD,
+                "-append",
+                cmdline,
+            ]
+            .map(String::from)
+            .to_vec()
+        }
+    };
+    Ok(words)
+}
+
+/// One VM of a rig run: its VMM, that VMM's arguments and the guest's command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmSpec {
+    /// The VMM that runs it in L1.
+    pub vmm: InnerVmm,
+    /// pvmm's arguments (with [`InnerVmm::Qemu`] only `--vcpus` and `--memory` are used).
+    pub args: Vec<String>,
+    /// Shell command (or script) the guest's init runs before powering off.
+    pub guest_command: Option<String>,
+}
+
+impl VmSpec {
+    /// A VM of `vmm` with pvmm's default shape and no command.
+    pub fn new(vmm: InnerVmm) -> VmSpec {
+        VmSpec {
+            vmm,
+            args: Vec::new(),
+            guest_command: None,
+        }
+    }
+}
+
+impl FromStr for VmSpec {
+    type Err = RigError;
+    /// `VMM [ARGS...] [-- COMMAND]`, e.g. `pvmm --vcpus 2 --memory 256 -- nproc`: the VMM
+    /// (`pvmm` or `qemu`), its arguments split at white space, and the guest's command (the
+    /// rest, verbatim).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (head, command) = match text.split_once(" -- ") {
+            Some((head, command)) => (head, Some(command.trim().to_string())),
+            None => (text.strip_suffix(" --").unwrap_or(text), None),
+        };
+        let mut words = head.split_whitespace();
+        let vmm: InnerVmm = words
+            .next()
+            .ok_or_else(|| RigError::BadArgs(format!("invalid VM '{text}': no VMM named")))?
+            .parse()?;
+        let args: Vec<String> = words.map(String::from).collect();
+        vm_shape(&args)?;
+        Ok(VmSpec {
+            vmm,
+            args,
+            guest_command: command.filter(|c| !c.is_empty()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_parses_and_rejects() {
+        let t: Topology = "2x2x2".parse().unwrap();
+        assert_eq!(t.cpus(), 8);
+        assert_eq!(t.to_string(), "2x2x2");
+        for bad in ["2x2", "0x1x1", "axbxc", "1x1x1x1", "", "65x1x1"] {
+            assert!(bad.parse::<Topology>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn vm_shape_reads_pvmm_flags() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(vm_shape(&[]).unwrap(), (1, 512));
+        assert_eq!(
+            vm_shape(&args(&["--vcpus", "4", "--memory=1024", "-v"])).unwrap(),
+            (4, 1024)
+        );
+        assert!(vm_shape(&args(&["--vcpus"])).is_err());
+        assert!(vm_shape(&args(&["--vcpus", "x"])).is_err());
+    }
+
+    #[test]
+    fn inner_commands_carry_images_and_cmdline() {
+        let cmdline = guest_cmdline(InnerVmm::Pvmm, Some("nproc"), false).unwrap();
+        assert!(cmdline.starts_with(GUEST_BASE_CMDLINE));
+        let qemu_cmdline = guest_cmdline(InnerVmm::Qemu, None, true).unwrap();
+        assert_eq!(qemu_cmdline, "console=ttyS0 reboot=k panic=-1 quiet");
+        assert!(cmdline.ends_with(" pvmm_cmd_b64=bnByb2M="));
+        let pvmm =
+            inner_vmm_command(InnerVmm::Pvmm, &["--vcpus".into(), "4".into()], &cmdline).unwrap();
+        assert_eq!(pvmm.first().map(String::as_str), Some(inside::PVMM));
+        assert_eq!(pvmm.last().map(String::as_str), Some(inside::GUEST_KERNEL));
+        let qemu = inner_vmm_command(InnerVmm::Qemu, &["--vcpus=4".into()], &cmdline).unwrap();
+        assert!(qemu.windows(2).any(|w| w[0] == "-smp" && w[1] == "4"));
+        assert!(qemu.windows(2).any(|w| w[0] == "-m" && w[1] == "512"));
+        assert!(inner_vmm_command(InnerVmm::Pvmm, &["--cmdline=x".into()], &cmdline).is_err());
+        assert!(guest_cmdline(InnerVmm::Pvmm, Some(&"x".repeat(2000)), false).is_err());
+    }
+
+    #[test]
+    fn vm_specs_parse_and_refuse() {
+        let vm: VmSpec = "pvmm --vcpus 2 --memory 256 -- echo a -- b"
+            .parse()
+            .unwrap();
+        assert_eq!(vm.vmm, InnerVmm::Pvmm);
+        assert_eq!(vm.args, ["--vcpus", "2", "--memory", "256"]);
+        assert_eq!(vm.guest_command.as_deref(), Some("echo a -- b"));
+        let bare: VmSpec = "qemu".parse().unwrap();
+        assert_eq!(bare, VmSpec::new(InnerVmm::Qemu));
+        for bad in ["", "kvmtool", "pvmm --vcpus", "pvmm --memory x -- nproc"] {
+            assert!(bad.parse::<VmSpec>().is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The placement engine: one decision, for all vCPUs of all VMs at once, of the
+//! host CPU each vCPU thread may run on.
+//!
+//! # How a decision is made
+//!
+//! Every vCPU has a *weight*: its utilization (0..=1024), at least
+//! [`MIN_VCPU_WEIGHT`]. The engine then works in one of two modes.
+//!
+//! **Spread** (policy `performance`, or any policy while the host is
+//! overutilized; module `spread`): each vCPU goes to the least loaded package,
+//! then the least loaded core in it, then the least loaded thread, loads being
+//! weights relative to capacity. A vCPU keeps its current CPU unless, with its
+//! own weight taken off, the least loaded CPU is clearly (about 5 %) less
+//! loaded at package (busy vCPUs only), core or CPU level (so two busy vCPUs
+//! never stay on one core while another core is idle, but small imbalances do
+//! not move anything). Spread mode has no fit test: it balances loads.
+//!
+//! **Pack** (`balance`, `powersaving`; module `pack`): every vCPU has a *fit
+//! demand* `min(weight x 1280, slot)`: its weight plus the 20 % headroom of
+//! the fit rule, but never more than one CPU slot (an always-busy vCPU fills
+//! one slot; it cannot use headroom). Slots are one thread per core for
+//! `balance`, every logical CPU for `powersaving` (an SMT thread's slot is its
+//! share of the core, 1178 / 2). A package fits a set of vCPUs while the sum
+//! of their fit demands is at most the sum of its slots, a CPU while their
+//! demands fit its slot. The engine computes how many packages the total
+//! needs, applies thrash control (module `ramp`: up at once, down along a
+//! quadratic ramp) and uses the `k` lowest numbered packages (so a
+//! consolidating host always empties its high packages, whatever a tick's
+//! noise says). Then:
+//!
+//! 1. *Stay*: a vCPU keeps its CPU while its package is in use and still has
+//!    room (vCPUs at their VM's home package, the lowest numbered package in
+//!    use that holds any of the VM's vCPUs, are counted first; one away from
+//!    home leaves when home has a CPU it fits on, except while the ramp holds
+//!    surplus packages). Busy vCPUs
+//!    claim room first: one away from home, or whose CPU is taken, moves to a
+//!    CPU of home / its package that fits it before lighter vCPUs stay there.
+//! 2. *Relieve*: on a CPU that is too full, the smallest vCPUs move to a CPU
+//!    of the same package where they fit (each such move lowers the total
+//!    overflow, so this cannot cycle).
+//! 3. *Place* the rest VM by VM, largest VM first: its home package if it
+//!    fits, else the first package that fits the whole VM, else the first that
+//!    fits the vCPU, else one more package at once; first fit over CPUs in
+//!    packing order, the least loaded slot when no slot has room.
+//! 4. `powersaving:2` only: the preferred package (package 0) pulls every
+//!    VM with a busy vCPU that it can take whole, at once.
+//!
+//! When whole vCPUs and VMs need more packages than the total suggested, that
+//! count is remembered until the demand is clearly lower, so the ramp does not
+//! retry an impossible consolidation every window.
+//!
+//! When the whole host's fit demand exceeds the sum of its slots, every
+//! policy spreads instead of packing.
+//!
+//! Migrations are bounded per vCPU by a token bucket (module `tokens`,
+//! [`EngineConfig::max_migrations_per_vcpu_per_s`]); a vCPU without a token
+//! stays where it is, whatever the policy wants.
+//!
+//! # Modules
+//!
+//! - `layout`: the topology as dense arrays, with the policy's slots;
+//! - `index`: dense CPU and package indices, distinct from CPU and package ids;
+//! - `vcpus`: the vCPUs known between decisions, matched to the input by id;
+//! - `tokens`: the migration token bucket;
+//! - `ramp`: thrash control for the number of packages in use;
+//! - `draft`: the decision being built, shared by both modes;
+//! - `spread` and `pack`: the two modes, each with its own scratch.
+
+use thiserror::Error;
+
+use crate::capacity::CpuOffer;
+use crate::cpuset::CpuSet;
+use crate::policy::Policy;
+use crate::topology::HostTopology;
+
+mod draft;
+mod index;
+mod layout;
+mod pack;
+mod ramp;
+mod spread;
+mod tokens;
+mod vcpus;
+
+use draft::{reset, Draft};
+use index::CpuIndex;
+use layout::Layout;
+use pack::PackScratch;
+use ramp::Ramp;
+use spread::SpreadScratch;
+use vcpus::VcpuState;
+
+/// Default consolidation ramp: 5 s, as powernv's global pstate ramp-down
+/// (5120 ms there). Long enough that a load dipping between bursts of a
+/// kernel build does not trigger a consolidate/spread cycle.
+pub const DEFAULT_RAMP_DOWN_WINDOW_MS: u64 = 5000;
+
+/// Default placement tick (ms), for pvmm and the simulator alike: fast enough to spread a vCPU
+/// that turns busy within a few hundred milliseconds, slow enough that reading stats and
+/// deciding costs well under 1 % of a CPU.
+pub const DEFAULT_TICK_MS: u64 = 100;
+
+/// Default migration bound: a bucket of 2 moves, refilled at 2 moves per
+/// second (module `tokens`: at most 3 moves within any one second). A
+/// migrated vCPU refills its L1/L2 (a few hundred microseconds to
+/// milliseconds of slower execution); 2 moves per second on average keeps
+/// that cost under about 1 % while still letting a vCPU leave a package
+/// within one 100 ms tick when it must.
+pub const DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S: u32 = 2;
+
+/// Smallest weight a vCPU counts for (about 1.6 % of a CPU). An idle guest
+/// vCPU still wakes for timers and interrupts; the floor also spreads idle
+/// vCPUs by count under `performance` and caps how many idle vCPUs
+/// `powersaving` stacks on one CPU (819 / 16 = 51).
+pub const MIN_VCPU_WEIGHT: u32 = 16;
+
+/// A CPU counts as busy, for its SMT siblings' capacity, when the vCPUs on it
+/// have this much utilization in total (half a CPU) or any of them is busy now.
+pub const BUSY_CPU_UTIL: u64 = 512;
+
+/// Identifies one vCPU of one VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VcpuId {
+    /// VM id, unique on the host.
+    pub vm: u32,
+    /// vCPU index within the VM.
+    pub vcpu: u32,
+}
+
+/// The engine's input for one vCPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VcpuLoad {
+    /// Which vCPU.
+    pub id: VcpuId,
+    /// Decayed utilization, 0..=1024 (larger values are clamped), e.g. from
+    /// [`crate::util::UtilTracker::util`].
+    pub util: u32,
+    /// Whether it is running now ([`crate::util::UtilTracker::is_busy`]).
+    pub busy: bool,
+}
+
+/// Engine tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Quadratic consolidation ramp length ([`DEFAULT_RAMP_DOWN_WINDOW_MS`]).
+    /// 0 consolidates as soon as the load allows.
+    pub ramp_down_window_ms: u64,
+    /// Migrations a vCPU may make per second on average, with bursts up to
+    /// this many: a token bucket of this many moves refilled at this many per
+    /// second, so up to one more than this many fall within one second
+    /// ([`DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S`]). 0 pins every vCPU to its
+    /// first placement.
+    pub max_migrations_per_vcpu_per_s: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            ramp_down_window_ms: DEFAULT_RAMP_DOWN_WINDOW_MS,
+            max_migrations_per_vcpu_per_s: DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S,
+        }
+    }
+}
+
+/// Where one vCPU may run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Assignment {
+    /// Which vCPU.
+    pub id: VcpuId,
+    /// Host CPUs its thread may run on (one CPU).
+    pub cpus: CpuSet,
+    /// Package id of those CPUs.
+    pub package: u32,
+    /// Capacity the vCPU can get there running flat out, 1..=1024: its CPU's
+    /// share of the core (less when an SMT sibling is busy) minus what the
+    /// other vCPUs on that CPU use, but at least an equal share of it
+    /// ([`crate::capacity::CpuOffer`]).
+    pub capacity: u32,
+}
+
+/// A change of a vCPU's allowed CPUs from the previous decision.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Migration {
+    /// Which vCPU.
+    pub id: VcpuId,
+    /// Its previous CPUs.
+    pub from: CpuSet,
+    /// Its new CPUs.
+    pub to: CpuSet,
+}
+
+/// One placement decision.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// One per input [`VcpuLoad`], in the same order.
+    pub assignments: Vec<Assignment>,
+    /// vCPUs whose CPUs changed since the previous decision, in input order.
+    /// A vCPU placed for the first time is not a migration: its CPUs are in
+    /// `assignments` (which a first decision of 10,000 vCPUs would otherwise
+    /// repeat in another half megabyte).
+    pub migrations: Vec<Migration>,
+    /// The host had no headroom for the policy (total fit demand above its
+    /// capacity), so the engine spread the load instead of packing it.
+    pub overutilized: bool,
+    /// Packages the policy allowed this time (all of them when spreading).
+    pub target_packages: u32,
+    /// `powersaving:2`'s preferred package id (where waking vCPUs go).
+    pub preferred_package: Option<u32>,
+}
+
+impl Decision {
+    /// Number of moves: `migrations.len()`.
+    pub fn moves(&self) -> usize {
+        self.migrations.len()
+    }
+
+    /// Package ids hosting at least one vCPU, ascending.
+    pub fn used_packages(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.assignments.iter().map(|a| a.package).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+}
+
+/// Errors from [`Engine::place`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PlaceError {
+    /// The same vCPU appeared twice in one input.
+    #[error("vCPU {vcpu} of VM {vm} appears more than once in the load list", vm = .0.vm, vcpu = .0.vcpu)]
+    DuplicateVcpu(VcpuId),
+}
+
+/// The placement engine. See the module documentation for the algorithm.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    topology: HostTopology,
+    policy: Policy,
+    config: EngineConfig,
+    layout: Layout,
+    vcpus: Vec<VcpuState>,
+    num_vms: usize,
+    /// Duplicate check of `sync_state`: bit `v` of VM `m`'s bits is vCPU `v`
+    /// of the VM with dense index `m`.
+    seen_bits: Vec<u64>,
+    ramp: Ramp,
+    /// (total fit demand, packages) of the last decision that had to open
+    /// more packages than the total needed.
+    fragmentation: Option<(u64, usize)>,
+    draft: Draft,
+    spread: SpreadScratch,
+    pack: PackScratch,
+    /// Where vCPUs the engine has not placed yet already run ([`Engine::assume`]): taken as
+    /// their previous CPU when they first appear.
+    assumed: std::collections::HashMap<VcpuId, CpuIndex>,
+}
+
+impl Engine {
+    /// An engine with no vCPU history.
+    pub fn new(topology: HostTopology, policy: Policy, config: EngineConfig) -> Self {
+        let layout = Layout::new(&topology, policy);
+        Engine {
+            topology,
+            policy,
+            config,
+            layout,
+            vcpus: Vec::new(),
+            num_vms: 0,
+            seen_bits: Vec::new(),
+            ramp: Ramp::default(),
+            fragmentation: None,
+            draft: Draft::default(),
+            spread: SpreadScratch::default(),
+            pack: PackScratch::default(),
+            assumed: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Takes note that vCPU `id`, which this engine has not placed, already runs on host CPU
+    /// `cpu` (another placer left it there: a restarted host daemon adopting VMs, or VMs that
+    /// placed themselves). When the vCPU first appears in a decision, that CPU counts as its
+    /// previous one, so a vCPU already where the engine would put it stays (no migration),
+    /// and one moved is counted as a migration. Ignored for a vCPU the engine knows; false
+    /// when `cpu` is not in the topology.
+    pub fn assume(&mut self, id: VcpuId, cpu: u32) -> bool {
+        match self.layout.cpu_index(cpu) {
+            Some(index) if !self.vcpus.iter().any(|v| v.id == id) => {
+                self.assumed.insert(id, index);
+                true
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// The host topology placements are made on.
+    pub fn topology(&self) -> &HostTopology {
+        &self.topology
+    }
+
+    /// The policy in use.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Switches policy; current placements are kept as the starting point.
+    pub fn set_policy(&mut self, policy: Policy) {
+        if policy != self.policy {
+            self.policy = policy;
+            self.layout = Layout::new(&self.topology, policy);
+        }
+    }
+
+    /// One decision for all vCPUs of all VMs, at time `now_ms` (any monotonic
+    /// clock; it only drives thrash control). Deterministic: the same sequence
+    /// of calls gives the same decisions. vCPUs missing from `loads` are
+    /// forgotten; new ones are placed for the first time.
+    pub fn place(&mut self, now_ms: u64, loads: &[VcpuLoad]) -> Result<Decision, PlaceError> {
+        let mut decision = Decision::default();
+        self.place_into(now_ms, loads, &mut decision)?;
+        Ok(decision)
+    }
+
+    /// [`Engine::place`] writing into `out`, whose vectors are reused: with the
+    /// same `out` every tick a decision allocates nothing once warm (unless the
+    /// vCPU list changes). On error `out` is left empty.
+    pub fn place_into(
+        &mut self,
+        now_ms: u64,
+        loads: &[VcpuLoad],
+        out: &mut Decision,
+    ) -> Result<(), PlaceError> {
+        out.assignments.clear();
+        out.migrations.clear();
+        out.overutilized = false;
+        out.target_packages = 0;
+        out.preferred_package = None;
+        self.sync_state(now_ms, loads)?;
+        self.draft.begin(&self.layout, loads);
+        self.refill_tokens(now_ms);
+        let total_fit: u64 = self
+            .draft
+            .weight
+            .iter()
+            .map(|w| layout::fit_demand(*w, self.layout.slots.host_max))
+            .sum();
+        let overutilized = total_fit > self.layout.slots.total;
+        let (target_packages, preferred) = if !self.policy.packs() || overutilized {
+            let num_pkgs = self.layout.num_pkgs();
+            self.ramp.up_at_once(num_pkgs);
+            self.place_spread(loads);
+            (num_pkgs, None)
+        } else {
+            self.place_pack(now_ms, loads, total_fit)
+        };
+        self.finish(loads, out);
+        out.overutilized = overutilized;
+        out.target_packages = target_packages as u32;
+        out.preferred_package = preferred;
+        Ok(())
+    }
+
+    /// Refills every vCPU's migration tokens and notes the placed ones that
+    /// have none left.
+    fn refill_tokens(&mut self, now_ms: u64) {
+        let limit = self.config.max_migrations_per_vcpu_per_s;
+        let out_of_tokens = &mut self.draft.out_of_tokens;
+        out_of_tokens.clear();
+        for v in &mut self.vcpus {
+            v.tokens.refill(now_ms, limit);
+            out_of_tokens.push(!v.cpu.is_none() && !v.tokens.has_token());
+        }
+    }
+
+    /// Builds the decision and moves the per-vCPU state forward.
+    fn finish(&mut self, loads: &[VcpuLoad], out: &mut Decision) {
+        self.count_busy_cpus(loads);
+        let l = &self.layout;
+        let d = &mut self.draft;
+        d.cpu_offer.clear();
+        d.cpu_offer.extend((0..l.num_cpus()).map(|c| {
+            let busy_threads = d.core_busy[l.cpu_core[c] as usize] + u32::from(!d.cpu_busy[c]);
+            CpuOffer::new(
+                l.cpu_capacity[c],
+                l.cpu_threads[c],
+                busy_threads,
+                d.cpu_count[c],
+            )
+        }));
+        let assignments = &mut out.assignments;
+        let migrations = &mut out.migrations;
+        assignments.reserve(loads.len());
+        let changed = (0..loads.len())
+            .filter(|i| {
+                let prev = self.vcpus[*i].cpu;
+                !prev.is_none() && prev != d.new_cpu[*i]
+            })
+            .count();
+        migrations.reserve(changed);
+        for (i, load) in loads.iter().enumerate() {
+            let c = d.new_cpu[i];
+            let cpus = CpuSet::single(l.cpu_id(c));
+            let state = &mut self.vcpus[i];
+            if state.cpu != c {
+                if !state.cpu.is_none() {
+                    state.tokens.spend();
+                    migrations.push(Migration {
+                        id: load.id,
+                        from: CpuSet::single(l.cpu_id(state.cpu)),
+                        to: cpus.clone(),
+                    });
+                }
+                state.cpu = c;
+            }
+            assignments.push(Assignment {
+                id: load.id,
+                cpus,
+                package: l.pkg_id(l.pkg_of(c)),
+                capacity: d.cpu_offer[c.get()].for_vcpu(d.cpu_load[c.get()] - d.weight[i]),
+            });
+        }
+    }
+
+    /// Marks the busy CPUs of the draft (a busy vCPU on them, or at least
+    /// [`BUSY_CPU_UTIL`] of load) and counts them per core, for SMT sharing.
+    fn count_busy_cpus(&mut self, loads: &[VcpuLoad]) {
+        let l = &self.layout;
+        let d = &mut self.draft;
+        reset(&mut d.cpu_busy, l.num_cpus(), false);
+        for (i, load) in loads.iter().enumerate() {
+            d.cpu_busy[d.new_cpu[i].get()] |= load.busy;
+        }
+        for c in 0..l.num_cpus() {
+            if d.cpu_load[c] >= BUSY_CPU_UTIL {
+                d.cpu_busy[c] = true;
+            }
+            if d.cpu_busy[c] {
+                d.core_busy[l.cpu_core[c] as usize] += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! A new engine taking over vCPUs another engine placed ([`Engine::assume`]): a restarted host
+//! daemon adopting VMs must not move a vCPU that is already where it would put it.
+
+use proptest::prelude::*;
+use pvmm_scheduler::{Engine, EngineConfig, HostTopology, Policy, VcpuId, VcpuLoad};
+
+/// Placement tick of the live VMM.
+const TICK_MS: u64 = 100;
+/// Ticks of varying load first.
+const VARYING_TICKS: u64 = 30;
+/// Ticks of steady load before the takeover: past the consolidation ramp-down (5 s).
+const SETTLE_TICKS: u64 = 80;
+
+fn loads(vms: &[u32], utils: &[u32]) -> Vec<VcpuLoad> {
+    let mut out = Vec::new();
+    for (vm, &count) in vms.iter().enumerate() {
+        for vcpu in 0..count {
+            let util = utils[(vm * 5 + vcpu as usize) % utils.len()];
+            out.push(VcpuLoad {
+                id: VcpuId {
+                    vm: vm as u32,
+                    vcpu,
+                },
+                util,
+                busy: util >= 512,
+            });
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// After a varying load and then a steady one, a fresh engine told where every vCPU runs
+    /// decides the same placement, with no migration. (From scratch it would often choose
+    /// other CPUs: the first engine's placement carries the history of the varying phase.)
+    #[test]
+    fn a_fresh_engine_keeps_a_settled_placement(
+        spec in prop::sample::select(vec!["1x2x1", "2x2x1", "2x2x2", "2x4x1", "4x2x1"]),
+        policy in prop::sample::select(Policy::ALL.to_vec()),
+        vms in prop::collection::vec(1u32..=4, 1..5),
+        utils in prop::collection::vec(prop::sample::select(vec![0u32, 20, 300, 700, 1024]), 8),
+        before in prop::collection::vec(prop::sample::select(vec![0u32, 20, 300, 700, 1024]), 8),
+    ) {
+        let topology = HostTopology::from_spec(spec).unwrap();
+        let mut first = Engine::new(topology.clone(), policy, EngineConfig::default());
+        for tick in 0..VARYING_TICKS {
+            let shifted: Vec<u32> = (0..8).map(|i| before[(i + tick as usize) % 8]).collect();
+            first.place(tick * TICK_MS, &loads(&vms, &shifted)).unwrap();
+        }
+        let loads = loads(&vms, &utils);
+        let mut settled = None;
+        for tick in VARYING_TICKS..VARYING_TICKS + SETTLE_TICKS {
+            settled = Some(first.place(tick * TICK_MS, &loads).unwrap());
+        }
+        let settled = settled.unwrap();
+        let mut second = Engine::new(topology, policy, EngineConfig::default());
+        for a in &settled.assignments {
+            prop_assert!(second.assume(a.id, a.cpus.first().unwrap()));
+        }
+        let taken = second.place((VARYING_TICKS + SETTLE_TICKS) * TICK_MS, &loads).unwrap();
+        prop_assert!(taken.migrations.is_empty(), "{:?}", taken.migrations);
+        prop_assert_eq!(taken.assignments, settled.assignments);
+    }
+}
+
+#[test]
+fn a_cpu_outside_the_topology_is_refused_and_a_known_vcpu_keeps_its_history() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    let mut engine = Engine::new(topology, Policy::Performance, EngineConfig::default());
+    let id = VcpuId { vm: 0, vcpu: 0 };
+    assert!(!engine.assume(id, 99));
+    let load = [VcpuLoad {
+        id,
+        util: 1024,
+        busy: true,
+    }];
+    let placed = engine.place(0, &load).unwrap().assignments[0].cpus.first();
+    let elsewhere = (0..4).find(|c| Some(*c) != placed).unwrap();
+    assert!(engine.assume(id, elsewhere));
+    let again = engine.place(TICK_MS, &load).unwrap();
+    assert!(again.migrations.is_empty());
+    assert_eq!(again.assignments[0].cpus.first(), placed);
+}
