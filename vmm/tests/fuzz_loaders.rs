@@ -399,14 +399,16 @@ fn load_and_check(
         rsdp_addr: ACPI_TABLES_START,
     };
     let loaded = load_kernel(&mem, &spec);
-    check_outcome(
+    let checked = check_outcome(
         &mem,
         loaded,
         (kernel_start, kernel_end),
         initrd_size,
         mem_size,
         &kernel_path,
-    )
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    checked
 }
 
 fn check_outcome(
@@ -545,7 +547,9 @@ fn named_hostile_kernels_are_refused() {
             mem_size: mem,
             rsdp_addr: ACPI_TABLES_START,
         };
-        match load_kernel(&memory, &spec) {
+        let loaded = load_kernel(&memory, &spec);
+        std::fs::remove_dir_all(&dir).ok();
+        match loaded {
             Ok(entry) => panic!("{what}: loaded, entry {entry:x?}"),
             Err(e) => {
                 let line = e.to_string();
