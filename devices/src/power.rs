@@ -51,7 +51,9 @@ pub type PowerEventSink = Box<dyn Fn(PowerEvent) + Send>;
 
 /// The ACPI hardware-reduced sleep control/status and reset registers. Writes that ask for
 /// nothing pvmm implements (other sleep states, a wrong reset value, other registers) are
-/// ignored and reported as [`GuestEvents::ignored_power_write`].
+/// ignored and reported as [`GuestEvents::ignored_power_write`]; clearing WAK_STS in the
+/// status register (write 1 to clear) is accepted silently. Reads never count: the status
+/// register reads awake, the others read 0.
 ///
 /// [`GuestEvents::ignored_power_write`]: crate::events::GuestEvents::ignored_power_write
 pub struct AcpiPowerDevice {
@@ -92,6 +94,9 @@ impl BusDevice for AcpiPowerDevice {
                 }
             }
             RESET_OFFSET if value == RESET_VALUE => (self.sink)(PowerEvent::Reset),
+            // WAK_STS is write-1-to-clear; ACPICA clears it before every sleep, S5 included,
+            // so this write is part of a normal power-off, not a mistake.
+            SLEEP_STATUS_OFFSET if value & !WAK_STS == 0 => {}
             _ => self.events.ignored_power_write(),
         }
     }
@@ -168,6 +173,22 @@ mod tests {
         assert_eq!(errors.total(), 4);
         dev.write(RESET_OFFSET, &[RESET_VALUE, 0]);
         assert_eq!(*log.lock().unwrap(), vec![PowerEvent::Reset]);
+    }
+
+    #[test]
+    fn clearing_wak_sts_before_power_off_is_no_mistake() {
+        let (sink, log) = recording();
+        let errors = Arc::new(GuestErrorCounter::default());
+        let mut dev = AcpiPowerDevice::new(sink, errors.clone());
+        dev.write(SLEEP_STATUS_OFFSET, &[WAK_STS]);
+        dev.write(
+            SLEEP_CONTROL_OFFSET,
+            &[(S5_SLEEP_TYPE << SLP_TYP_SHIFT) | SLP_EN],
+        );
+        assert_eq!(errors.total(), 0);
+        assert_eq!(*log.lock().unwrap(), vec![PowerEvent::PowerOff]);
+        dev.write(SLEEP_STATUS_OFFSET, &[WAK_STS | 1]);
+        assert_eq!(errors.total(), 1);
     }
 
     #[test]

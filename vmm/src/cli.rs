@@ -10,6 +10,7 @@ use crate::config::{
     DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_HOST_TOPOLOGY, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
     DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS,
 };
+use crate::seccomp::SeccompMode;
 
 /// Help text after the options: exit statuses and an example.
 const AFTER_HELP: &str = "\
@@ -22,6 +23,8 @@ Exit status:
   5  KVM could not run the guest (internal error, failed VM entry)
   6  stopped by pvmm (control socket, SIGTERM, SIGINT): the guest did not power
      off in time
+  159  a pvmm thread made a system call its seccomp filter forbids (--seccomp
+     kill); one line on stderr names the thread and the call
 
 SIGTERM and SIGINT press the guest's ACPI power button and stop the VM after
 --shutdown-timeout; a second SIGINT stops it at once. SIGHUP is ignored unless
@@ -131,6 +134,13 @@ pub struct Cli {
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS,
           value_parser = clap::value_parser!(u64).range(0..=600))]
     pub shutdown_timeout: u64,
+
+    /// Seccomp filters on every pvmm thread: kill (a forbidden system call ends pvmm with
+    /// status 159 and one line on stderr), log (it runs, and the kernel logs it: dmesg or
+    /// journalctl -k), or off.
+    #[arg(long, value_name = "off|log|kill", default_value_t = SeccompMode::default(),
+          value_parser = clap::value_parser!(SeccompMode))]
+    pub seccomp: SeccompMode,
 }
 
 impl Cli {
@@ -160,6 +170,7 @@ impl Cli {
             api_socket: self.api_socket,
             external_lease_ms: self.external_lease_ms,
             shutdown_timeout_secs: self.shutdown_timeout,
+            seccomp: self.seccomp,
         }
     }
 }
@@ -292,6 +303,25 @@ mod tests {
         }
         assert!(err(&["pvmm", "--vcpus", "0", "k"]).contains("--vcpus"));
         assert!(err(&["pvmm"]).contains("KERNEL"));
+    }
+
+    #[test]
+    fn seccomp_defaults_to_kill_and_help_documents_it() {
+        let ParseOutcome::Run(cli) = parse(["pvmm", "k"]) else {
+            panic!()
+        };
+        assert_eq!(cli.into_config().seccomp, SeccompMode::Kill);
+        let ParseOutcome::Run(cli) = parse(["pvmm", "--seccomp", "log", "k"]) else {
+            panic!()
+        };
+        assert_eq!(cli.seccomp, SeccompMode::Log);
+        let ParseOutcome::Print(help) = parse(["pvmm", "--help"]) else {
+            panic!()
+        };
+        assert!(help.contains("--seccomp <off|log|kill>"), "{help}");
+        assert!(help.contains("159"), "{help}");
+        assert!(!help.contains("SELFTEST"), "{help}");
+        assert!(err(&["pvmm", "--seccomp", "strict", "k"]).contains("--seccomp"));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use pvmm_scheduler::policy::PolicyParseError;
 use pvmm_scheduler::Policy;
 
 use crate::acpi::MAX_VCPUS;
+use crate::seccomp::SeccompMode;
 
 /// The kernel command line pvmm uses when `--cmdline` is not given: the serial console on
 /// COM1, reboot through the keyboard controller (pvmm also serves the ACPI reset register), a
@@ -126,6 +127,8 @@ pub struct VmConfig {
     pub external_lease_ms: u64,
     /// How long a shutdown (SIGTERM, SIGINT, the API) waits for the guest to power off.
     pub shutdown_timeout_secs: u64,
+    /// What a system call outside a thread's seccomp filter does.
+    pub seccomp: SeccompMode,
 }
 
 /// Where stats lines go.
@@ -202,6 +205,7 @@ mod tests {
             api_socket: None,
             external_lease_ms: DEFAULT_EXTERNAL_LEASE_MS,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+            seccomp: SeccompMode::default(),
         }
     }
 

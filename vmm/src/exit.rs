@@ -9,6 +9,7 @@
 //! | 4 | the guest triple-faulted (a crash before its exception handlers work) |
 //! | 5 | KVM could not run the guest (internal error, failed VM entry, crash event) |
 //! | 6 | stopped through the control socket: the guest did not power off in time |
+//! | 159 | a pvmm thread made a system call its seccomp filter forbids ([`crate::seccomp`]) |
 
 /// Exit status: the guest powered off.
 pub const EXIT_POWER_OFF: i32 = 0;
@@ -25,6 +26,25 @@ pub const EXIT_TRIPLE_FAULT: i32 = 4;
 pub const EXIT_KVM_ERROR: i32 = 5;
 /// Exit status: the VMM stopped the VM on request because the guest did not power off.
 pub const EXIT_STOPPED: i32 = 6;
+/// Exit status: a thread made a system call that its seccomp filter forbids (`--seccomp kill`).
+/// 128 + 31 (`SIGSYS`): what a shell reports for a process killed by `SIGSYS`, which is what
+/// happens where pvmm's handler cannot run.
+pub const EXIT_SECCOMP: i32 = 128 + libc::SIGSYS;
+
+/// `text` with its control characters escaped (a newline in a flag's value or a file name
+/// becomes `\n`), so that an error line pvmm prints stays one line.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
 
 /// Why the VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +108,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn printable_text_is_one_line() {
+        assert_eq!(printable("2-3"), "2-3");
+        assert_eq!(printable("a\nb\tc\u{7}"), "a\\nb\\tc\\u{7}");
+        assert_eq!(printable("größe"), "größe");
+    }
+
+    #[test]
     fn statuses_are_distinct() {
         let all = [
             VmExit::PowerOff,
@@ -102,6 +129,7 @@ mod tests {
         ];
         let mut s: Vec<i32> = all.iter().map(VmExit::status).collect();
         s.push(EXIT_BAD_INPUT);
+        s.push(EXIT_SECCOMP);
         let n = s.len();
         s.sort();
         s.dedup();

@@ -25,6 +25,7 @@ pub mod live;
 pub mod memory;
 pub mod procfs;
 pub mod running;
+pub mod seccomp;
 pub mod signals;
 pub mod vmm;
 pub mod vstate;

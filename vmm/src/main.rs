@@ -1,7 +1,7 @@
 //! The `pvmm` command. See `pvmm --help`.
 
 use pvmm::cli::{parse, ParseOutcome};
-use pvmm::exit::{VmExit, EXIT_BAD_INPUT};
+use pvmm::exit::{printable, VmExit, EXIT_BAD_INPUT};
 
 fn main() {
     // `pvmm ctl ...` is `pvmm-ctl ...` and `pvmm host ...` is `pvmm-host ...`: one static
@@ -54,7 +54,7 @@ fn main() {
     let mut vm = match pvmm::vmm::start(&config) {
         Ok(vm) => vm,
         Err(e) => {
-            eprintln!("pvmm: {e}");
+            eprintln!("pvmm: {}", printable(&e.to_string()));
             std::process::exit(e.status());
         }
     };

@@ -20,6 +20,7 @@ use signal_hook::iterator::{Handle, Signals};
 
 use crate::api::VmControl;
 use crate::running::VmCore;
+use crate::seccomp::{SeccompFilters, ThreadKind};
 
 /// The signal thread and the handle that ends it.
 pub struct SignalThread {
@@ -28,14 +29,16 @@ pub struct SignalThread {
 }
 
 impl SignalThread {
-    /// Starts answering SIGTERM, SIGINT and SIGHUP for `vm`.
-    pub fn spawn(vm: Arc<VmCore>) -> std::io::Result<SignalThread> {
+    /// Starts answering SIGTERM, SIGINT and SIGHUP for `vm`, on a thread confined by the
+    /// signals seccomp filter.
+    pub fn spawn(vm: Arc<VmCore>, seccomp: Arc<SeccompFilters>) -> std::io::Result<SignalThread> {
         let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
         let handle = signals.handle();
         let hup_is_term = std::io::stdin().is_terminal();
         let thread = std::thread::Builder::new()
             .name("pvmm-signals".into())
             .spawn(move || {
+                seccomp.confine(ThreadKind::Signals);
                 let mut interrupts = 0;
                 for signal in signals.forever() {
                     let name = match signal {

@@ -26,6 +26,7 @@ use self::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIM
 use self::routes::{parse_request, ApiRequest, VmShape};
 use crate::config::PlacementPolicy;
 use crate::live::control::ExternalAssignment;
+use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::vstate::handle::HandleError;
 
 /// Connections served at once; more are answered 503 at once. A few clients (an operator, a
@@ -166,9 +167,13 @@ impl ApiSocket {
         })
     }
 
-    /// Serves requests against `vm` on a thread named `pvmm-api` until the returned server is
-    /// stopped.
-    pub fn serve(mut self, vm: Arc<dyn VmControl>) -> std::io::Result<ApiServer> {
+    /// Serves requests against `vm` on a thread named `pvmm-api`, confined by the API seccomp
+    /// filter (which its connection threads inherit), until the returned server is stopped.
+    pub fn serve(
+        mut self,
+        vm: Arc<dyn VmControl>,
+        seccomp: Arc<SeccompFilters>,
+    ) -> std::io::Result<ApiServer> {
         let stop = Arc::new(AtomicBool::new(false));
         let accept_stop = stop.clone();
         let Some(listener) = self.listener.take() else {
@@ -176,7 +181,10 @@ impl ApiSocket {
         };
         let thread = std::thread::Builder::new()
             .name("pvmm-api".into())
-            .spawn(move || accept_loop(&listener, vm, &accept_stop))?;
+            .spawn(move || {
+                seccomp.confine(ThreadKind::Api);
+                accept_loop(&listener, vm, &accept_stop);
+            })?;
         Ok(ApiServer {
             path: std::mem::take(&mut self.path),
             stop,

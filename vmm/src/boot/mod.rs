@@ -88,6 +88,44 @@ pub enum BootError {
         /// The loader's reason.
         source: linux_loader::loader::Error,
     },
+    /// The kernel's segments end past guest RAM (below the 32-bit MMIO hole).
+    #[error("kernel {path} does not fit in guest memory: it ends at {end:#x}, above {limit:#x}; give the guest more --memory")]
+    KernelTooBig {
+        /// The file.
+        path: PathBuf,
+        /// Where its highest segment ends.
+        end: u64,
+        /// The end of low guest RAM.
+        limit: u64,
+    },
+    /// The entry point lies outside what the kernel loads.
+    #[error(
+        "{path}: entry point {entry:#x} lies outside the kernel it loads ({start:#x}..{end:#x})"
+    )]
+    EntryOutsideKernel {
+        /// The file.
+        path: PathBuf,
+        /// The entry point.
+        entry: u64,
+        /// The lowest address a kernel may load at (1 MiB).
+        start: u64,
+        /// Where the kernel ends.
+        end: u64,
+    },
+    /// An ELF segment loads below 1 MiB, over the boot data and ACPI tables pvmm writes there.
+    #[error(
+        "{path}: a segment loads at {start:#x}..{end:#x}, below guest RAM for kernels ({min:#x})"
+    )]
+    SegmentBelowKernelRam {
+        /// The file.
+        path: PathBuf,
+        /// Where the segment starts.
+        start: u64,
+        /// Where it ends.
+        end: u64,
+        /// The lowest address a kernel may load at (1 MiB).
+        min: u64,
+    },
     /// The initrd cannot be read.
     #[error("cannot read initrd {path}: {source}")]
     InitrdRead {
@@ -239,12 +277,14 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
             let header = read_setup_header(&mut file, spec.kernel)?;
             let loaded = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
                 .map_err(load_err)?;
+            let rip = loaded.kernel_load.0 + BZIMAGE_64BIT_ENTRY_OFFSET;
+            check_kernel_fits(spec, &loaded, rip)?;
             let initrd = load_initrd(mem, spec, &loaded, header.initrd_addr_max as u64)?;
             let zero_page =
                 build_zero_page(&loaded, spec, initrd, cmdline_len, header.cmdline_size)?;
             mem.write_obj(zero_page, GuestAddress(ZERO_PAGE_START))?;
             Ok(EntryPoint::Linux64 {
-                rip: loaded.kernel_load.0 + BZIMAGE_64BIT_ENTRY_OFFSET,
+                rip,
                 zero_page: ZERO_PAGE_START,
             })
         }
@@ -254,6 +294,8 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
             let PvhBootCapability::PvhEntryPresent(entry) = loaded.pvh_boot_cap else {
                 return Err(BootError::NoPvhEntry(spec.kernel.to_path_buf()));
             };
+            check_kernel_fits(spec, &loaded, entry.0)?;
+            check_elf_segments(&mut file, spec)?;
             // PVH kernels have no header limit; they accept an initrd anywhere in low RAM.
             let initrd = load_initrd(mem, spec, &loaded, u64::from(u32::MAX))?;
             write_pvh_start_info(mem, spec, initrd)?;
@@ -263,6 +305,70 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
             })
         }
     }
+}
+
+/// A loaded kernel must end within low guest RAM and be entered inside what it loaded: a
+/// hostile or damaged file (a PVH note pointing anywhere, a bzImage without a payload, a
+/// segment larger than memory) is refused here rather than run.
+fn check_kernel_fits(
+    spec: &BootSpec<'_>,
+    loaded: &KernelLoaderResult,
+    entry: u64,
+) -> Result<(), BootError> {
+    let limit = low_ram_end(spec.mem_size);
+    if loaded.kernel_end > limit {
+        return Err(BootError::KernelTooBig {
+            path: spec.kernel.to_path_buf(),
+            end: loaded.kernel_end,
+            limit,
+        });
+    }
+    if !(HIMEM_START..loaded.kernel_end).contains(&entry) {
+        return Err(BootError::EntryOutsideKernel {
+            path: spec.kernel.to_path_buf(),
+            entry,
+            start: HIMEM_START,
+            end: loaded.kernel_end,
+        });
+    }
+    Ok(())
+}
+
+/// Every loaded segment of an ELF kernel (linux-loader has already checked its headers) must
+/// lie at 1 MiB or above: below are the zero page, the boot page tables and the ACPI tables,
+/// which a segment there would overwrite.
+fn check_elf_segments(file: &mut File, spec: &BootSpec<'_>) -> Result<(), BootError> {
+    const PT_LOAD: u32 = 1;
+    const PHDR_SIZE: usize = 56;
+    let read_err = |source| BootError::KernelRead {
+        path: spec.kernel.to_path_buf(),
+        source,
+    };
+    let mut ehdr = [0u8; 64];
+    file.seek(SeekFrom::Start(0)).map_err(read_err)?;
+    file.read_exact(&mut ehdr).map_err(read_err)?;
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+    let u32_at =
+        |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4]));
+    let u64_at =
+        |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+    let phoff = u64_at(&ehdr, 32);
+    let phnum = u16_at(&ehdr, 56);
+    file.seek(SeekFrom::Start(phoff)).map_err(read_err)?;
+    let mut phdr = [0u8; PHDR_SIZE];
+    for _ in 0..phnum {
+        file.read_exact(&mut phdr).map_err(read_err)?;
+        let (start, filesz, memsz) = (u64_at(&phdr, 24), u64_at(&phdr, 32), u64_at(&phdr, 40));
+        if u32_at(&phdr, 0) == PT_LOAD && filesz != 0 && start < HIMEM_START {
+            return Err(BootError::SegmentBelowKernelRam {
+                path: spec.kernel.to_path_buf(),
+                start,
+                end: start.saturating_add(memsz),
+                min: HIMEM_START,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn build_cmdline(text: &str) -> Result<Cmdline, BootError> {

@@ -21,6 +21,7 @@ use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
 use crate::config::PlacementPolicy;
 use crate::procfs::last_cpu_of_thread;
+use crate::seccomp::{SeccompFilters, ThreadKind};
 
 /// The single VM a `pvmm` process runs is VM 0 in the engine's numbering.
 const THIS_VM: u32 = 0;
@@ -401,16 +402,18 @@ impl LiveScheduler {
         })
     }
 
-    /// Runs ticks every `tick` on a thread named `pvmm-sched` until `stop` receives or is
-    /// dropped.
+    /// Runs ticks every `tick` on a thread named `pvmm-sched`, confined by the scheduler
+    /// seccomp filter, until `stop` receives or is dropped.
     pub fn spawn(
         mut self,
         tick: Duration,
         stop: crossbeam::channel::Receiver<()>,
+        seccomp: Arc<SeccompFilters>,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         std::thread::Builder::new()
             .name("pvmm-sched".into())
             .spawn(move || {
+                seccomp.confine(ThreadKind::Scheduler);
                 let mut next = Instant::now() + tick;
                 loop {
                     let wait = next.saturating_duration_since(Instant::now());

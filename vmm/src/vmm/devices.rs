@@ -23,6 +23,7 @@ use crate::config::VmConfig;
 use crate::exit::VmExit;
 use crate::layout::{CPPC_MMIO_SIZE, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START};
 use crate::procfs::ProcSchedstat;
+use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::vstate::vcpu::VcpuBuses;
 use crate::vstate::vm::Vm;
 
@@ -142,11 +143,13 @@ fn port_io_bus(
     Ok(pio)
 }
 
-/// Feeds pvmm's stdin to the guest's serial console until stdin ends.
-pub(super) fn spawn_console_input(serial: Arc<Mutex<SerialConsole>>) {
+/// Feeds pvmm's stdin to the guest's serial console until stdin ends, on a thread confined by
+/// the console seccomp filter.
+pub(super) fn spawn_console_input(serial: Arc<Mutex<SerialConsole>>, seccomp: Arc<SeccompFilters>) {
     let spawned = std::thread::Builder::new()
         .name("console-in".into())
         .spawn(move || {
+            seccomp.confine(ThreadKind::ConsoleInput);
             let mut stdin = std::io::stdin();
             let mut buf = [0u8; SERIAL_INPUT_CHUNK];
             while let Ok(n) = stdin.read(&mut buf) {

@@ -10,9 +10,10 @@ use crate::acpi::AcpiError;
 use crate::api::ApiError;
 use crate::boot::BootError;
 use crate::config::ConfigError;
-use crate::exit::{EXIT_BAD_INPUT, EXIT_HOST_ERROR};
+use crate::exit::{printable, EXIT_BAD_INPUT, EXIT_HOST_ERROR};
 use crate::live::scheduler::LiveError;
 use crate::memory::MemoryError;
+use crate::seccomp::SeccompError;
 use crate::vstate::vcpu::VcpuError;
 use crate::vstate::vm::VmError;
 
@@ -49,6 +50,9 @@ pub enum VmmError {
     /// The control socket could not be set up.
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// The seccomp filters could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
 }
 
 impl From<BusError> for VmmError {
@@ -87,7 +91,7 @@ pub enum SetupError {
 #[derive(Debug, thiserror::Error)]
 pub enum PlacementInputError {
     /// `--host-topology` names no usable topology.
-    #[error("--host-topology {arg}: {source}")]
+    #[error("--host-topology {}: {}", printable(.arg), printable(&.source.to_string()))]
     Topology {
         /// The flag's value.
         arg: String,
@@ -95,7 +99,7 @@ pub enum PlacementInputError {
         source: TopologyError,
     },
     /// `--cpus` is not a CPU list.
-    #[error("--cpus {list}: {source}")]
+    #[error("--cpus {}: {}", printable(.list), printable(&.source.to_string()))]
     CpuList {
         /// The flag's value.
         list: String,
@@ -103,7 +107,7 @@ pub enum PlacementInputError {
         source: CpuSetError,
     },
     /// `--cpus` leaves no usable topology.
-    #[error("--cpus {list}: {source}")]
+    #[error("--cpus {}: {}", printable(.list), printable(&.source.to_string()))]
     Restrict {
         /// The flag's value.
         list: String,
@@ -152,6 +156,7 @@ impl VmmError {
             VmmError::Acpi(AcpiError::TooManyVcpus(_)) => EXIT_BAD_INPUT,
             VmmError::Placement(_) => EXIT_BAD_INPUT,
             VmmError::Api(_) => EXIT_BAD_INPUT,
+            VmmError::Seccomp(SeccompError::SelfTest(_)) => EXIT_BAD_INPUT,
             _ => EXIT_HOST_ERROR,
         }
     }

@@ -28,6 +28,7 @@ use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, LiveVcpu};
 use crate::memory::{create_guest_memory, low_ram_end};
 use crate::running::{PlacementReport, RunningVm, VmCore};
+use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::signals::SignalThread;
 use crate::vstate::handle::{register_kick_handler, RunControl, VcpuHandle};
 use crate::vstate::stats::VcpuHaltStats;
@@ -168,6 +169,7 @@ fn start_vcpus(
     entry: &crate::boot::EntryPoint,
     buses: &VcpuBuses,
     exit_tx: &Sender<VmExit>,
+    seccomp: &Arc<SeccompFilters>,
 ) -> Result<StartedVcpus, VmmError> {
     let supported = Vcpu::supported_cpuid(vm)?;
     let vcpus = (0..config.vcpus)
@@ -182,10 +184,10 @@ fn start_vcpus(
         let control = Arc::new(RunControl::default());
         let thread = vcpu.spawn(
             buses.clone(),
-            started_tx.clone(),
-            gate.clone(),
+            (started_tx.clone(), gate.clone()),
             exit_tx.clone(),
             control.clone(),
+            seccomp.clone(),
         )?;
         threads.push(Some((thread, control)));
     }
@@ -250,7 +252,7 @@ struct StartedPlacement {
 /// Places the vCPUs once while they wait at `gate`, releases them, and starts the scheduler
 /// thread.
 fn start_scheduler(
-    config: &VmConfig,
+    (config, seccomp): (&VmConfig, &Arc<SeccompFilters>),
     topology: &HostTopology,
     live: Vec<LiveVcpu>,
     stats_out: Option<Box<dyn Write + Send>>,
@@ -290,7 +292,11 @@ fn start_scheduler(
     };
     let (stop_tx, stop_rx) = bounded(0);
     let thread = scheduler
-        .spawn(Duration::from_millis(config.placement.tick_ms), stop_rx)
+        .spawn(
+            Duration::from_millis(config.placement.tick_ms),
+            stop_rx,
+            seccomp.clone(),
+        )
         .map_err(PlacementStartError::Thread)?;
     Ok(StartedPlacement {
         control,
@@ -369,30 +375,48 @@ fn vm_core(
 fn serve(
     core: &Arc<VmCore>,
     api_socket: Option<ApiSocket>,
+    seccomp: &Arc<SeccompFilters>,
 ) -> Result<(Option<ApiServer>, SignalThread), VmmError> {
+    // Signal handlers first: once the control socket answers, a client (a service manager, a
+    // test) may send SIGTERM or SIGHUP at once, and the default action would end pvmm.
+    let signals =
+        SignalThread::spawn(core.clone(), seccomp.clone()).map_err(SetupError::SignalThread)?;
     let api = match api_socket {
-        Some(socket) => Some(socket.serve(core.clone()).map_err(SetupError::ApiThread)?),
+        Some(socket) => Some(
+            socket
+                .serve(core.clone(), seccomp.clone())
+                .map_err(SetupError::ApiThread)?,
+        ),
         None => None,
     };
-    let signals = SignalThread::spawn(core.clone()).map_err(SetupError::SignalThread)?;
     Ok((api, signals))
 }
 
 /// Builds the VM described by `config` and starts its vCPUs, its scheduler and, with
-/// `--api-socket`, its control socket.
+/// `--api-socket`, its control socket. Every thread it starts installs its seccomp filter
+/// (`config.seccomp`) first; as its last step the calling thread installs the main thread's.
 pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     let prepared = prepare(config)?;
+    let seccomp = Arc::new(SeccompFilters::new(config.seccomp)?);
     let vm = Arc::new(Vm::new(&config.kvm_device, config.vcpus)?);
     let (mem, entry) = load_guest(config, &vm)?;
     let (exit_tx, exits) = unbounded::<VmExit>();
     let devices = build_devices(config, &vm, &exit_tx)?;
-    let started = start_vcpus(config, &vm, &mem, &entry, &devices.buses, &exit_tx)?;
+    let started = start_vcpus(
+        config,
+        &vm,
+        &mem,
+        &entry,
+        &devices.buses,
+        &exit_tx,
+        &seccomp,
+    )?;
     for h in &started.handles {
         devices.cppc.set_tid(h.index(), h.tid());
     }
     let listening = ged_listening(&vm);
     let placement = start_scheduler(
-        config,
+        (config, &seccomp),
         &prepared.topology,
         started.live,
         prepared.stats_out,
@@ -408,8 +432,9 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         devices.ged,
         Box::new(listening),
     );
-    let services = serve(&core, prepared.api_socket)?;
-    spawn_console_input(devices.serial);
+    let services = serve(&core, prepared.api_socket, &seccomp)?;
+    spawn_console_input(devices.serial, seccomp.clone());
+    seccomp.apply(ThreadKind::Main)?;
     Ok(RunningVm::new(
         core,
         exits,

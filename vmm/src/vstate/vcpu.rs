@@ -20,6 +20,7 @@ use crate::boot::EntryPoint;
 use crate::cpuid::{configure_cpuid, CpuidError};
 use crate::exit::VmExit;
 use crate::memory::GuestMemory;
+use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::vstate::handle::RunControl;
 use crate::vstate::stats::{StatsError, VcpuHaltStats};
 use crate::vstate::vm::Vm;
@@ -145,21 +146,23 @@ impl Vcpu {
         self.index
     }
 
-    /// Starts the vCPU on its own thread `vcpu<N>`; it reports its thread id on `started`,
-    /// waits at `gate` (so the VMM can place the thread before the guest runs), runs while
-    /// `control` lets it, and sends the reason the VM must end on `exits`.
+    /// Starts the vCPU on its own thread `vcpu<N>`; the thread installs the vCPU seccomp
+    /// filter, reports its thread id on `started`, waits at `gate` (so the VMM can place the
+    /// thread before the guest runs), runs while `control` lets it, and sends the reason the
+    /// VM must end on `exits`.
     pub fn spawn(
         self,
         buses: VcpuBuses,
-        started: Sender<VcpuStarted>,
-        gate: Arc<Barrier>,
+        (started, gate): (Sender<VcpuStarted>, Arc<Barrier>),
         exits: Sender<VmExit>,
         control: Arc<RunControl>,
+        seccomp: Arc<SeccompFilters>,
     ) -> Result<JoinHandle<()>, VcpuError> {
         let index = self.index;
         std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
+                seccomp.confine(ThreadKind::Vcpu);
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() };
                 // The VMM may already be gone when a late vCPU starts; nothing to do then.
