@@ -178,8 +178,17 @@ fn query_change_policy_pause_resume_and_shut_down() {
     vmm.ok("PUT", "/v1/vm/pause", None);
     assert_eq!(vmm.ok("GET", "/v1/vm", None)["state"], "paused");
     for tid in &tids {
-        // Paused vCPU threads sleep on a condition variable: state S, no CPU used.
-        assert_eq!(thread_state(*tid), "S", "vCPU thread {tid}");
+        // Paused vCPU threads sleep on a condition variable: state S, no CPU used (a thread
+        // that has just acknowledged the pause may still be on its way there).
+        let start = Instant::now();
+        while thread_state(*tid) != "S" {
+            assert!(
+                start.elapsed() < TICKS_WAIT,
+                "vCPU thread {tid} is {} while paused",
+                thread_state(*tid)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     let v = vmm.ok("GET", "/v1/vcpus", None);
     assert!(

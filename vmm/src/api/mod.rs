@@ -36,6 +36,12 @@ const MAX_CONNECTIONS: usize = 16;
 const LINGER_BYTES: usize = 1 << 20;
 /// How long pvmm waits for that.
 const LINGER_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long stopping the server waits for requests already read to be answered: dispatching
+/// and writing one takes well under a millisecond; the bound only keeps a wedged client from
+/// delaying pvmm's exit.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
+/// Poll interval of that wait.
+const ANSWER_POLL: Duration = Duration::from_millis(2);
 /// The socket file's mode: only its owner (pvmm runs as root) may connect.
 const SOCKET_MODE: u32 = 0o600;
 
@@ -176,6 +182,8 @@ impl ApiSocket {
     ) -> std::io::Result<ApiServer> {
         let stop = Arc::new(AtomicBool::new(false));
         let accept_stop = stop.clone();
+        let answering = Arc::new(AtomicUsize::new(0));
+        let accept_answering = answering.clone();
         let Some(listener) = self.listener.take() else {
             return Err(std::io::Error::other("control socket already served"));
         };
@@ -183,11 +191,12 @@ impl ApiSocket {
             .name("pvmm-api".into())
             .spawn(move || {
                 seccomp.confine(ThreadKind::Api);
-                accept_loop(&listener, vm, &accept_stop);
+                accept_loop(&listener, vm, &accept_stop, &accept_answering);
             })?;
         Ok(ApiServer {
             path: std::mem::take(&mut self.path),
             stop,
+            answering,
             thread: Some(thread),
         })
     }
@@ -197,17 +206,25 @@ impl ApiSocket {
 pub struct ApiServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
+    /// Requests read and not yet answered.
+    answering: Arc<AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ApiServer {
-    /// Stops accepting, joins the accept thread, and removes the socket file.
+    /// Stops accepting, joins the accept thread, lets requests already read get their
+    /// answers (for at most [`ANSWER_GRACE`]: the request that stopped the VM is one of them),
+    /// and removes the socket file. Connections waiting for a next request are not waited for.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
         // Wake the accept call with a connection of our own.
         let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        let start = std::time::Instant::now();
+        while self.answering.load(Ordering::Acquire) > 0 && start.elapsed() < ANSWER_GRACE {
+            std::thread::sleep(ANSWER_POLL);
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -219,7 +236,12 @@ impl Drop for ApiServer {
     }
 }
 
-fn accept_loop(listener: &UnixListener, vm: Arc<dyn VmControl>, stop: &AtomicBool) {
+fn accept_loop(
+    listener: &UnixListener,
+    vm: Arc<dyn VmControl>,
+    stop: &AtomicBool,
+    answering: &Arc<AtomicUsize>,
+) {
     let active = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -237,10 +259,11 @@ fn accept_loop(listener: &UnixListener, vm: Arc<dyn VmControl>, stop: &AtomicBoo
         }
         let vm = vm.clone();
         let done = active.clone();
+        let answering = answering.clone();
         let spawned = std::thread::Builder::new()
             .name("pvmm-api-conn".into())
             .spawn(move || {
-                serve_connection(stream, vm.as_ref());
+                serve_connection(stream, vm.as_ref(), &answering);
                 done.fetch_sub(1, Ordering::AcqRel);
             });
         if spawned.is_err() {
@@ -251,14 +274,20 @@ fn accept_loop(listener: &UnixListener, vm: Arc<dyn VmControl>, stop: &AtomicBoo
 
 /// Answers the connection's requests one after another until the client asks to close, sends
 /// something pvmm refuses to frame, goes away, or is silent for [`IO_TIMEOUT`].
-fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl) {
+fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl, answering: &AtomicUsize) {
     if stream.set_read_timeout(Some(IO_TIMEOUT)).is_err()
         || stream.set_write_timeout(Some(IO_TIMEOUT)).is_err()
     {
         return;
     }
     loop {
-        let (response, keep_alive) = match read_request(&mut stream) {
+        let request = match read_request(&mut stream) {
+            Ok(request) => Ok(request),
+            Err(ReadFailure::Bad(answer)) => Err(answer),
+            Err(ReadFailure::Gone) => return,
+        };
+        answering.fetch_add(1, Ordering::AcqRel);
+        let (response, keep_alive) = match request {
             Ok(request) => {
                 let response = match parse_request(&request, &vm.shape()) {
                     Ok(api) => dispatch(api, vm),
@@ -266,11 +295,12 @@ fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl) {
                 };
                 (response, request.keep_alive)
             }
-            Err(ReadFailure::Bad(answer)) => (answer, false),
-            Err(ReadFailure::Gone) => return,
+            Err(answer) => (answer, false),
         };
         // A client that went away before reading its answer costs nothing more.
-        if write_response(&mut stream, &response, keep_alive).is_err() {
+        let written = write_response(&mut stream, &response, keep_alive);
+        answering.fetch_sub(1, Ordering::AcqRel);
+        if written.is_err() {
             return;
         }
         if !keep_alive {
