@@ -4,7 +4,9 @@
 //! `Cpus_allowed_list` and CPU time, each L1 CPU's idle time), not from the daemon's output:
 //! the two busy vCPUs are on two different CPUs of one package and the other package stays
 //! idle. Each pvmm placing itself (no daemon) would put both busy vCPUs on the same CPU (the
-//! tiny-guest test `vmm/tests/host.rs` shows that case).
+//! tiny-guest test `vmm/tests/host.rs` shows that case). A third boot runs one 4-vCPU pvmm VM
+//! whose load rises to four busy threads and falls again: the daemon spreads and then
+//! consolidates it.
 
 use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
@@ -305,6 +307,123 @@ fn check(outcome: &RigOutcome) {
             "rig_host: VM {n}: busy vCPU {}, {}",
             busy[n],
             work.map_or("no work line", |w| w.as_str())
+        );
+    }
+}
+
+/// Seconds of four busy threads in the rise-and-fall scenario.
+const RISE_SECS: u32 = 20;
+/// Seconds of idleness after them: past the engine's 5 s consolidation ramp-down with room
+/// for the ticks it takes to see the load gone.
+const FALL_SECS: u32 = 25;
+/// Seconds after the load starts before the spread is judged: the daemon spreads within two
+/// ticks of seeing four busy vCPUs; the rest is the guest starting its four threads and the
+/// utilization (32 ms half-life) rising under nested TCG.
+const SPREAD_SETTLE_SECS: f64 = 3.0;
+/// Seconds after the load ends before consolidation is judged: the 5 s ramp-down
+/// (`DEFAULT_RAMP_DOWN_WINDOW_MS`), the utilization decaying, and a few ticks of slack.
+const CONSOLIDATE_SETTLE_SECS: f64 = 10.0;
+
+/// One pvmm VM of 4 vCPUs under the daemon whose guest runs four busy threads, then idles.
+fn rise_and_fall_vm() -> VmSpec {
+    let command = format!(
+        "sleep {LEAD_SECS}\necho pvmm-mark: rise\npvmm-load --threads 4 --duty 100 --seconds {RISE_SECS}\necho pvmm-mark: fall\nsleep {FALL_SECS}\necho pvmm-mark: done\n"
+    );
+    let socket = format!("{RUNTIME_DIR}/vm0.sock");
+    let args = [
+        "--vcpus",
+        "4",
+        "--memory",
+        "256",
+        "--policy",
+        "powersaving",
+        "--api-socket",
+        &socket,
+    ];
+    VmSpec {
+        vmm: InnerVmm::Pvmm,
+        args: args.map(String::from).to_vec(),
+        guest_command: Some(command),
+    }
+}
+
+/// Load rises to four busy vCPUs: the daemon spreads them over both packages, one CPU each;
+/// load falls: after the ramp-down it consolidates every vCPU onto package 0 and package 1
+/// goes idle. All from L1's `/proc`.
+#[test]
+fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
+    let Some(outcome) = boot("rig_host_rise_fall", vec![rise_and_fall_vm()]) else {
+        return;
+    };
+    let label = Rig::with_vms(vec![rise_and_fall_vm()]).labels().remove(0);
+    let run = outcome
+        .run(&label)
+        .unwrap_or_else(|| panic!("the VM never started: {}", outcome.summary("pvmm")));
+    assert_eq!(run.status, Some(0), "pvmm: {}", run.vmm.join("\n"));
+    let trace = PlacementTrace::parse(run.probe);
+    let mark = |text: &str| trace.mark(text).unwrap_or_else(|| panic!("no mark {text}"));
+    let (rise, fall, done) = (mark("rise"), mark("fall"), mark("done"));
+    // The load's end as /proc shows it: the mark reaches L1 late when L1 is loaded.
+    let stopped = (0..4)
+        .map(|v| load_stopped(&trace, v) - BUSY_SPAN_SECS)
+        .fold(f64::INFINITY, f64::min);
+    let busy_end = fall.min(stopped) - 1.0;
+    let busy_begin = rise + SPREAD_SETTLE_SECS;
+    assert!(
+        busy_end - busy_begin >= 5.0,
+        "the busy phase was only {:.1} s",
+        busy_end - busy_begin
+    );
+    let describe = |i: usize| {
+        let s = &trace.samples[i];
+        let vcpus: Vec<String> = s
+            .threads
+            .iter()
+            .map(|t| format!("{}:{:?}", t.vcpu, t.allowed))
+            .collect();
+        format!("{:.1} {}", s.t, vcpus.join(" "))
+    };
+    let (package0, package1) = (trace.package_cpus(0), trace.package_cpus(1));
+    for i in nearest(&trace, busy_begin)..=nearest(&trace, busy_end) {
+        let s = &trace.samples[i];
+        let mut cpus: Vec<u32> = s
+            .threads
+            .iter()
+            .filter(|t| t.allowed.len() == 1)
+            .map(|t| t.allowed[0])
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        assert!(
+            s.threads.len() == 4 && cpus.len() == 4,
+            "busy: every vCPU must have a CPU of its own at {}",
+            describe(i)
+        );
+    }
+    let idle_begin = fall + CONSOLIDATE_SETTLE_SECS;
+    let idle_end = done - 1.0;
+    assert!(
+        idle_end - idle_begin >= 5.0,
+        "the idle phase was only {:.1} s",
+        idle_end - idle_begin
+    );
+    let (a, b) = (nearest(&trace, idle_begin), nearest(&trace, idle_end));
+    for i in a..=b {
+        let s = &trace.samples[i];
+        assert!(
+            s.threads
+                .iter()
+                .all(|t| !t.allowed.is_empty() && t.allowed.iter().all(|c| package0.contains(c))),
+            "idle: every vCPU must be on package 0 ({package0:?}) at {}",
+            describe(i)
+        );
+    }
+    for cpu in package1 {
+        let idle = trace.cpu_idle_share(cpu, a, b);
+        assert!(
+            idle >= IDLE_PACKAGE_SHARE,
+            "L1 CPU {cpu} (package 1) idle only {:.1} % after the load fell",
+            idle * 100.0
         );
     }
 }
