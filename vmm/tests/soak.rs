@@ -14,7 +14,7 @@
 //! (`kvm-nx-lpage-recovery`, a task of this process where NX huge pages are on) ends when the
 //! VM's last descriptor closes. This file holds one test, so nothing else runs in the process.
 //!
-//! About 30 ms per VM (debug build, 2 shared CPUs): 1,000 VMs take about 31 s, which CI runs.
+//! 30-38 ms per VM (debug build, 2 shared CPUs): 1,000 VMs take 31-40 s, which CI runs.
 //! A longer run: `PVMM_REQUIRE_KVM=1 PVMM_SOAK_VMS=10000 cargo test -p pvmm --test soak --
 //! --nocapture` (the figures are printed on stderr).
 
