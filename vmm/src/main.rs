@@ -71,6 +71,5 @@ fn main() {
         eprintln!("pvmm: {}", exit.reason());
     }
     eprintln!("pvmm: {}", vm.placement_summary());
-    // The console-input thread may be blocked reading stdin; it ends with the process.
     std::process::exit(exit.status());
 }

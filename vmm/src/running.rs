@@ -18,6 +18,7 @@ use crate::live::hoststat::CpuTimes;
 use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, PlacementTotals};
 use crate::signals::SignalThread;
+use crate::vmm::ConsoleInput;
 use crate::vstate::handle::{HandleError, RunState, VcpuHandle};
 use pvmm_scheduler::HostTopology;
 
@@ -176,6 +177,7 @@ pub struct RunningVm {
     scheduler: Option<JoinHandle<()>>,
     api: Option<ApiServer>,
     signals: SignalThread,
+    console: Option<ConsoleInput>,
     // Guest memory outlives the vCPU threads, which are joined before it is dropped.
     _mem: crate::memory::GuestMemory,
 }
@@ -188,6 +190,7 @@ impl RunningVm {
         deadlines: Receiver<Instant>,
         scheduler: (Sender<()>, JoinHandle<()>),
         (api, signals): (Option<ApiServer>, SignalThread),
+        console: Option<ConsoleInput>,
         mem: crate::memory::GuestMemory,
     ) -> Self {
         Self {
@@ -198,6 +201,7 @@ impl RunningVm {
             scheduler: Some(scheduler.1),
             api,
             signals,
+            console,
             _mem: mem,
         }
     }
@@ -224,13 +228,17 @@ impl RunningVm {
         }
     }
 
-    /// Stops the control socket (removing its file) and the signal thread, then every vCPU,
-    /// joining its thread, then the scheduler. A vCPU that does not stop is reported, not waited on forever.
+    /// Stops the control socket (removing its file), the signal thread and the console-input
+    /// thread, then every vCPU, joining its thread, then the scheduler. A vCPU that does not
+    /// stop is reported, not waited on forever.
     pub fn stop(&mut self) {
         if let Some(api) = self.api.as_mut() {
             api.stop();
         }
         self.signals.stop();
+        if let Some(console) = self.console.as_mut() {
+            console.stop();
+        }
         for v in &self.core.vcpus {
             match v.set_state(RunState::Stopped, VCPU_STATE_TIMEOUT) {
                 Ok(()) => v.join(),

@@ -389,9 +389,9 @@ fn rules_for(kind: ThreadKind) -> Rules {
                 .open_read_only();
         }
         ThreadKind::ConsoleInput => {
-            // Reads stdin (a terminal, a pipe, /dev/null); writes the serial interrupt's
-            // eventfd.
-            r.allow(&[libc::SYS_read]);
+            // Waits for stdin (a terminal, a pipe, /dev/null) or the VM's stop eventfd, reads
+            // stdin; writes the serial interrupt's eventfd.
+            r.allow(&[libc::SYS_read, libc::SYS_poll, libc::SYS_ppoll]);
         }
         ThreadKind::Scheduler => {
             // Reads /proc, sysfs and the KVM statistics files; pins vCPU and pvmm threads;

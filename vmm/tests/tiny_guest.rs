@@ -178,3 +178,63 @@ fn stats_dash_goes_to_stderr_and_stdout_stays_the_console() {
     let line: serde_json::Value = serde_json::from_str(first).expect("a JSON stats line first");
     assert!(line["vcpus"].is_array(), "{first}");
 }
+
+#[test]
+fn console_input_reaches_the_guest_and_an_open_stdin_does_not_hold_pvmm() {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    if !kvm_available("console_input") {
+        return;
+    }
+    // Echo what COM1 receives until a newline, then power off:
+    //   0: mov dx, 0x3fd; 4: in al, dx; test al, 1; jz 4      (wait for Data Ready)
+    //   9: mov dx, 0x3f8; in al, dx; out dx, al; cmp al, 10; jne 0
+    let mut code = vec![
+        0x66, 0xba, 0xfd, 0x03, 0xec, 0xa8, 0x01, 0x74, 0xfb, 0x66, 0xba, 0xf8, 0x03, 0xec, 0xee,
+        0x3c, 0x0a, 0x75, 0xed,
+    ];
+    code.extend(out_code(0x600, POWER_OFF_VALUE));
+    code.extend(HALT_LOOP);
+    let dir = scratch("console-input");
+    let k = write_kernel(&dir, &code);
+    // Default seccomp (kill): the console thread's filter allows what it waits with.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+        .args(["--memory", "64", k.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pvmm");
+    // stdin stays open after the line: pvmm must end when the guest powers off all the same.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"typed\n").unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("pvmm did not exit with its stdin open");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    drop(stdin);
+    let (mut out, mut err) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(out, "typed\n");
+    std::fs::remove_dir_all(&dir).ok();
+}

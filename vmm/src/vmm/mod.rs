@@ -38,6 +38,7 @@ use crate::vstate::vm::Vm;
 mod devices;
 mod error;
 
+pub use devices::ConsoleInput;
 use devices::{build_devices, spawn_console_input, Devices};
 pub use error::{PlacementInputError, PlacementStartError, SetupError, VmmError};
 
@@ -433,7 +434,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         Box::new(listening),
     );
     let services = serve(&core, prepared.api_socket, &seccomp)?;
-    spawn_console_input(devices.serial, seccomp.clone());
+    let console = spawn_console_input(devices.serial, seccomp.clone());
     seccomp.apply(ThreadKind::Main)?;
     Ok(RunningVm::new(
         core,
@@ -441,6 +442,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         deadlines,
         placement.thread,
         services,
+        console,
         mem,
     ))
 }
