@@ -16,7 +16,6 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 use pvmm::boot::{load_kernel, BootError, BootSpec, EntryPoint};
 use pvmm::layout::{ACPI_TABLES_START, HIMEM_START, PVH_MODLIST_START, ZERO_PAGE_START};
 use pvmm::memory::{create_guest_memory, low_ram_end};
@@ -28,17 +27,8 @@ const CI_CASES: u32 = 256;
 /// The fixed seed of CI runs.
 const CI_SEED: u64 = 0x7076_6d6d_6675_7a7a;
 
-/// CI's bounded, seeded configuration; `PROPTEST_CASES` and `PROPTEST_RNG_SEED` override it.
 fn fuzz_config() -> ProptestConfig {
-    let mut config = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        config.cases = CI_CASES;
-    }
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        config.rng_seed = RngSeed::Fixed(CI_SEED);
-    }
-    config.failure_persistence = None;
-    config
+    common::fuzz_config(CI_CASES, CI_SEED)
 }
 
 const PAGE: u64 = 0x1000;

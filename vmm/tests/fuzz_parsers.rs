@@ -16,7 +16,6 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 use pvmm::cli::{parse, ParseOutcome};
 use pvmm::vmm::{resolve_topology, VmmError};
 use pvmm_scheduler::{CpuSet, HostTopology};
@@ -26,17 +25,8 @@ const CI_CASES: u32 = 256;
 /// The fixed seed of CI runs.
 const CI_SEED: u64 = 0x7061_7273_6572_7321;
 
-/// CI's bounded, seeded configuration; `PROPTEST_CASES` and `PROPTEST_RNG_SEED` override it.
 fn fuzz_config() -> ProptestConfig {
-    let mut config = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        config.cases = CI_CASES;
-    }
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        config.rng_seed = RngSeed::Fixed(CI_SEED);
-    }
-    config.failure_persistence = None;
-    config
+    common::fuzz_config(CI_CASES, CI_SEED)
 }
 
 /// A scratch file per test thread.

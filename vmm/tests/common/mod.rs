@@ -162,3 +162,17 @@ pub fn kvm_available(test: &str) -> bool {
     }
     ok
 }
+
+/// The bounded, seeded proptest configuration of the fuzz tests in CI: `cases` cases from
+/// `seed`; `PROPTEST_CASES` and `PROPTEST_RNG_SEED` override them for longer runs.
+pub fn fuzz_config(cases: u32, seed: u64) -> proptest::test_runner::Config {
+    let mut config = proptest::test_runner::Config::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = cases;
+    }
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        config.rng_seed = proptest::test_runner::RngSeed::Fixed(seed);
+    }
+    config.failure_persistence = None;
+    config
+}
