@@ -109,14 +109,7 @@ impl ElfKernel {
         f[56..58].copy_from_slice(&phnum.to_le_bytes());
         let filesz = self.filesz.unwrap_or(self.code_len as u64);
         let mut phdr = |at: usize, kind: u32, off: u64, addr: u64, filesz: u64, memsz: u64| {
-            f[at..at + 4].copy_from_slice(&kind.to_le_bytes());
-            f[at + 4..at + 8].copy_from_slice(&5u32.to_le_bytes());
-            f[at + 8..at + 16].copy_from_slice(&off.to_le_bytes());
-            f[at + 16..at + 24].copy_from_slice(&addr.to_le_bytes());
-            f[at + 24..at + 32].copy_from_slice(&addr.to_le_bytes());
-            f[at + 32..at + 40].copy_from_slice(&filesz.to_le_bytes());
-            f[at + 40..at + 48].copy_from_slice(&memsz.to_le_bytes());
-            f[at + 48..at + 56].copy_from_slice(&4u64.to_le_bytes());
+            common::write_program_header(&mut f, at, kind, off, addr, filesz, memsz)
         };
         phdr(
             ELF_HEADER,

@@ -7,51 +7,21 @@
 mod common;
 use common::*;
 
-use std::io::Read;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
 use pvmm::exit::EXIT_SECCOMP;
 use pvmm::layout::CPPC_MMIO_START;
 use pvmm::seccomp::{ThreadKind, SELFTEST_ENV, SELFTEST_SYSCALL};
 use pvmm_devices::cppc::CppcRegister;
 
-/// A run that has not ended by then is a hang.
-const RUN_LIMIT: Duration = Duration::from_secs(60);
-
 /// Runs pvmm with `args` and the test hook naming `selftest`, stdin closed.
 fn run(args: &[&str], selftest: Option<ThreadKind>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pvmm"));
-    cmd.args(args)
-        .env_remove(SELFTEST_ENV)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(kind) = selftest {
-        cmd.env(SELFTEST_ENV, kind.name());
-    }
-    let mut child = cmd.spawn().expect("run pvmm");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for pvmm") {
-            break status;
+    pvmm_with(args, |command| {
+        command.env_remove(SELFTEST_ENV);
+        if let Some(kind) = selftest {
+            command.env(SELFTEST_ENV, kind.name());
         }
-        if start.elapsed() > RUN_LIMIT {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("pvmm {args:?} (self-test {selftest:?}) did not exit within {RUN_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut stdout).ok();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).ok();
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
+    })
 }
 
 /// A guest that prints `text` and powers off.

@@ -8,6 +8,27 @@ use std::process::{Command, Output};
 /// Where the tiny kernel's code is loaded (and entered, through PVH).
 pub const TINY_LOAD_ADDR: u64 = 0x10_0000;
 
+/// Writes an ELF64 program header at `at` of `f`: type `kind`, R+X, file offset `off`,
+/// virtual and physical address `addr`, sizes in the file and in memory, 4-byte alignment.
+pub fn write_program_header(
+    f: &mut [u8],
+    at: usize,
+    kind: u32,
+    off: u64,
+    addr: u64,
+    filesz: u64,
+    memsz: u64,
+) {
+    f[at..at + 4].copy_from_slice(&kind.to_le_bytes());
+    f[at + 4..at + 8].copy_from_slice(&5u32.to_le_bytes()); // R+X
+    f[at + 8..at + 16].copy_from_slice(&off.to_le_bytes());
+    f[at + 16..at + 24].copy_from_slice(&addr.to_le_bytes());
+    f[at + 24..at + 32].copy_from_slice(&addr.to_le_bytes());
+    f[at + 32..at + 40].copy_from_slice(&filesz.to_le_bytes());
+    f[at + 40..at + 48].copy_from_slice(&memsz.to_le_bytes());
+    f[at + 48..at + 56].copy_from_slice(&4u64.to_le_bytes());
+}
+
 /// A minimal ELF64 "kernel" with a PVH entry note whose 32-bit code is `code`.
 pub fn tiny_pvh_kernel(code: &[u8]) -> Vec<u8> {
     const EHDR: usize = 64;
@@ -35,14 +56,7 @@ pub fn tiny_pvh_kernel(code: &[u8]) -> Vec<u8> {
     f[54..56].copy_from_slice(&(PHDR as u16).to_le_bytes()); // e_phentsize
     f[56..58].copy_from_slice(&2u16.to_le_bytes()); // e_phnum
     let phdr = |f: &mut Vec<u8>, at: usize, kind: u32, off: u64, addr: u64, size: u64| {
-        f[at..at + 4].copy_from_slice(&kind.to_le_bytes());
-        f[at + 4..at + 8].copy_from_slice(&5u32.to_le_bytes()); // R+X
-        f[at + 8..at + 16].copy_from_slice(&off.to_le_bytes());
-        f[at + 16..at + 24].copy_from_slice(&addr.to_le_bytes());
-        f[at + 24..at + 32].copy_from_slice(&addr.to_le_bytes());
-        f[at + 32..at + 40].copy_from_slice(&size.to_le_bytes());
-        f[at + 40..at + 48].copy_from_slice(&size.to_le_bytes());
-        f[at + 48..at + 56].copy_from_slice(&4u64.to_le_bytes());
+        write_program_header(f, at, kind, off, addr, size, size)
     };
     phdr(
         &mut f,
@@ -105,14 +119,20 @@ const RUN_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs pvmm with `args`, stdin closed; kills it and fails the test if it hangs.
 pub fn pvmm(args: &[&str]) -> Output {
+    pvmm_with(args, |_| {})
+}
+
+/// [`pvmm`], with `configure` adjusting the command first (its environment, say).
+pub fn pvmm_with(args: &[&str], configure: impl FnOnce(&mut Command)) -> Output {
     use std::io::Read;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pvmm"));
+    command
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run pvmm");
+        .stderr(std::process::Stdio::piped());
+    configure(&mut command);
+    let mut child = command.spawn().expect("run pvmm");
     let start = std::time::Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for pvmm") {
