@@ -28,6 +28,7 @@ use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
 use crate::images::{L1Images, Workspace};
+use crate::probe::L1_USER_HZ;
 use crate::rig::{InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
 
 /// How the VMs of a case are placed.
@@ -98,8 +99,6 @@ const MIGRATION_EVERY: u32 = 5;
 /// L1 time per case besides the load: L1's boot, the guests' boots (slower when several
 /// boot at once under TCG) and power-off, on a shared machine.
 const CASE_OVERHEAD_SECS: u64 = 300;
-/// L1's clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`, 100 on x86-64 Linux).
-const L1_USER_HZ: f64 = 100.0;
 /// Where the VMs' sockets and the daemon's lock live in L1.
 const RUNTIME_DIR: &str = "/tmp";
 

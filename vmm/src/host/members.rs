@@ -323,7 +323,13 @@ impl ForeignMember {
                 deferred.push(vcpu);
             }
         }
-        let process = process_ran_ns(proc, pid).map(|ran| (ran, now_ns));
+        // With every vCPU read already, the process's CPU time has nothing to decide (and the
+        // next tick that defers one reads everything once, for want of a baseline).
+        let process = if deferred.is_empty() {
+            None
+        } else {
+            process_ran_ns(proc, pid).map(|ran| (ran, now_ns))
+        };
         let woke = match (self.process_ran, process) {
             (Some((ran0, t0)), Some((ran1, t1))) => {
                 let unexplained = ran1.saturating_sub(ran0).saturating_sub(explained);

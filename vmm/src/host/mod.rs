@@ -95,13 +95,12 @@ struct Managed {
     member: Member,
     /// vCPUs read at this tick.
     vcpus: Vec<MemberVcpu>,
-    /// Not yet placed by this daemon: where its vCPUs run now is told to the engine first.
-    fresh: bool,
     /// A foreign VM's affinity (its main thread's) when it was adopted: what a thread it
     /// creates while placed gets back at release, since such a thread inherits the affinity
     /// the daemon gave its creator.
     inherited: Option<CpuSet>,
-    /// Placed at least once.
+    /// Its vCPUs have been placed by this daemon. Until then, where they run now is told to
+    /// the engine first.
     placed: bool,
 }
 
@@ -330,7 +329,6 @@ impl HostDaemon {
                 id,
                 member,
                 vcpus: Vec::new(),
-                fresh: true,
                 inherited,
                 placed: false,
             },
@@ -407,12 +405,7 @@ impl HostDaemon {
     /// one CPU (where pvmm placed it, or a foreign thread's affinity): a restarted daemon then
     /// moves only the vCPUs it would put elsewhere.
     fn assume_current(&mut self) {
-        for m in self
-            .vms
-            .values_mut()
-            .filter(|m| m.fresh && !m.vcpus.is_empty())
-        {
-            m.fresh = false;
+        for m in self.vms.values().filter(|m| !m.placed) {
             for v in &m.vcpus {
                 let cpus = match &m.member {
                     Member::Pvmm(_) => v.cpus.clone(),
@@ -502,7 +495,7 @@ impl HostDaemon {
                     }
                 }
             }
-            m.placed = true;
+            m.placed |= !mine.is_empty();
         }
         for (tid, cpus, inherited) in foreign_pins {
             self.pin_foreign(tid, &cpus, inherited);
