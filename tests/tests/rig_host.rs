@@ -295,6 +295,10 @@ fn check(outcome: &RigOutcome) {
     }
     for cpu in traces[0].package_cpus(1) {
         let idle = traces[0].cpu_idle_share(cpu, a0, b0);
+        eprintln!(
+            "rig_host: L1 CPU {cpu} (package 1) idle {:.1} %",
+            idle * 100.0
+        );
         assert!(
             idle >= IDLE_PACKAGE_SHARE,
             "L1 CPU {cpu} (package 1) idle only {:.1} %",
@@ -403,6 +407,30 @@ fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
             describe(i)
         );
     }
+    // What the README quotes: how long after the guest's marks the spread and the
+    // consolidation showed in /proc.
+    let spread_at = trace.samples.iter().find(|s| {
+        let mut cpus: Vec<u32> = s
+            .threads
+            .iter()
+            .filter(|t| t.allowed.len() == 1)
+            .map(|t| t.allowed[0])
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        s.t >= rise && s.threads.len() == 4 && cpus.len() == 4
+    });
+    let packed = |s: &pvmm_tests::ProbeSample| {
+        s.threads
+            .iter()
+            .all(|t| !t.allowed.is_empty() && t.allowed.iter().all(|c| package0.contains(c)))
+    };
+    let packed_at = trace.samples.iter().position(|s| s.t >= fall && packed(s));
+    eprintln!(
+        "rig_host_rise_fall: spread {} s after the rise mark; every vCPU on package 0 {} s after the fall mark",
+        spread_at.map_or("-".into(), |s| format!("{:.1}", s.t - rise)),
+        packed_at.map_or("-".into(), |i| format!("{:.1}", trace.samples[i].t - fall))
+    );
     let idle_begin = fall + CONSOLIDATE_SETTLE_SECS;
     let idle_end = done - 1.0;
     assert!(
