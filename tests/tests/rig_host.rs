@@ -174,10 +174,10 @@ fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
 
 /// A pvmm VM and a QEMU VM of one busy vCPU each: the daemon adopts QEMU's vCPU thread (found
 /// by its KVM file descriptor, mapped through debugfs or QEMU's thread names) and places it
-/// with pvmm's under one engine. One vCPU each: an idle QEMU vCPU reads busier than an idle
-/// pvmm one (its thread's run time includes KVM's halt polling, which pvmm subtracts for its
-/// own vCPUs), enough at times for the engine to open package 1 and give each VM a package of
-/// its own; the two-vCPU case is the pvmm pair above.
+/// with pvmm's under one engine. One vCPU each, so that no idle vCPU decides how many
+/// packages are needed: with two vCPUs each the engine gave each VM a package of its own in a
+/// loaded run (idle vCPUs' utilization under nested TCG varies); the two-vCPU case is the
+/// pvmm pair above.
 #[test]
 fn a_qemu_vm_is_adopted_and_placed_with_a_pvmm_vm() {
     let vms = vec![vm(0, InnerVmm::Pvmm, "1"), vm(1, InnerVmm::Qemu, "1")];
