@@ -8,8 +8,9 @@ use pvmm_scheduler::{Engine, EngineConfig, HostTopology, Policy, VcpuId, VcpuLoa
 const TICK_MS: u64 = 100;
 /// Ticks of varying load first.
 const VARYING_TICKS: u64 = 30;
-/// Ticks of steady load before the takeover: past the consolidation ramp-down (5 s).
-const SETTLE_TICKS: u64 = 80;
+/// Ticks of steady load before the takeover: past the engine's demand average settling (a
+/// whole CPU falls to idle in under 3 s) and then the consolidation ramp-down (5 s).
+const SETTLE_TICKS: u64 = 120;
 
 fn loads(vms: &[u32], utils: &[u32]) -> Vec<VcpuLoad> {
     let mut out = Vec::new();

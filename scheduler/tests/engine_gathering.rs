@@ -55,6 +55,7 @@ fn level_two_pulls_waking_vcpus_into_preferred_package() {
         let config = EngineConfig {
             ramp_down_window_ms: 60_000,
             max_migrations_per_vcpu_per_s: 10,
+            ..EngineConfig::default()
         };
         let mut engine = Engine::new(topology.clone(), Policy::Powersaving { level }, config);
         // Phase 1: eight busy single-vCPU VMs need both packages.

@@ -72,6 +72,7 @@ fn extreme_times_and_utils_do_not_panic() {
         let config = EngineConfig {
             ramp_down_window_ms: u64::MAX,
             max_migrations_per_vcpu_per_s: u32::MAX,
+            demand_half_life_ms: u32::MAX,
         };
         let mut engine = Engine::new(topology.clone(), policy, config);
         let mut loads = busy_vcpus(5);

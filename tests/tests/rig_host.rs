@@ -328,7 +328,8 @@ const FALL_SECS: u32 = 25;
 /// utilization (32 ms half-life) rising under nested TCG.
 const SPREAD_SETTLE_SECS: f64 = 3.0;
 /// Seconds after the load ends before consolidation is judged: the 5 s ramp-down
-/// (`DEFAULT_RAMP_DOWN_WINDOW_MS`), the utilization decaying, and a few ticks of slack.
+/// (`DEFAULT_RAMP_DOWN_WINDOW_MS`), the demand decaying (utilization and the engine's demand
+/// average, about 1 s), and a few ticks of slack.
 const CONSOLIDATE_SETTLE_SECS: f64 = 10.0;
 
 /// One pvmm VM of 4 vCPUs under the daemon whose guest runs four busy threads, then idles.

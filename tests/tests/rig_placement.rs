@@ -9,9 +9,9 @@
 //! ticks. All four policies run in one L1 boot; the tests share it.
 //!
 //! Bounds are the engine's own: the 5 s ramp-down window
-//! (`DEFAULT_RAMP_DOWN_WINDOW_MS`) and two placement ticks. Slack, stated where used: pvmm's
-//! utilization is PELT-decayed (32 ms half-life), so a vCPU's demand falls below the fit
-//! threshold up to [`PELT_DECAY_S`] after the guest goes idle; the probe only sees a change at
+//! (`DEFAULT_RAMP_DOWN_WINDOW_MS`) and two placement ticks. Slack, stated where used: the
+//! engine packs on a demand average of pvmm's utilization, so a vCPU's demand falls below the
+//! fit threshold up to [`DEMAND_DECAY_S`] after the guest goes idle; the probe only sees a change at
 //! its next sample, and the L1-uptime-to-`t_ms` conversion is exact only to a tick, so one
 //! tick of slack ([`TICK_SLACK`]) is allowed on "two ticks".
 
@@ -23,9 +23,11 @@ use pvmm_tests::{run_placement_sequence, run_trace, PlacementTrace, GUEST_HELPER
 /// pvmm's consolidation ramp-down window (s): scheduler's `DEFAULT_RAMP_DOWN_WINDOW_MS`.
 const RAMP_DOWN_S: f64 = 5.0;
 
-/// How long after the guest goes idle a vCPU's PELT-decayed utilization (32 ms half-life)
-/// needs to fall from 1.0 below the packing threshold: about 6 half-lives, 0.2 s.
-const PELT_DECAY_S: f64 = 0.2;
+/// How long after the guest goes idle a vCPU's demand needs to fall from a whole CPU below the
+/// 0.4 of a CPU at which four vCPUs fit one package of two CPUs: pvmm's utilization (PELT,
+/// 32 ms half-life) falls in about 0.2 s, the engine's demand average of it
+/// (`DEFAULT_DEMAND_HALF_LIFE_MS`, 0.5 s) in 1.3 half-lives more, about 0.7 s.
+const DEMAND_DECAY_S: f64 = 1.0;
 
 /// Ticks of slack on "within two ticks": the probe samples once per tick and L1 uptime maps
 /// onto pvmm's `t_ms` only to within a tick (pvmm's clock starts when its scheduler does).
@@ -190,7 +192,7 @@ fn two_busy_vcpus_packed_by_powersaving_spread_by_performance() {
 
 /// When the guest falls from 4 busy vCPUs to idle, powersaving consolidates
 /// every vCPU thread onto package 0 not before the 5 s ramp-down and within it plus two ticks
-/// (plus PELT decay and a tick of slack), and package 1's CPUs are then at least 95 % idle.
+/// (plus the demand's decay and a tick of slack), and package 1's CPUs are then at least 95 % idle.
 #[test]
 fn idle_guest_consolidates_after_the_ramp_down_and_package_1_sleeps() {
     let Some(outcome) = outcome() else { return };
@@ -235,11 +237,12 @@ fn idle_guest_consolidates_after_the_ramp_down_and_package_1_sleeps() {
         seen_at - went_idle_after,
         trace.describe(busy4.1, consolidated)
     );
-    // a: within the ramp-down plus two ticks (+ PELT decay, + slack).
-    let ticks_late = trace.ticks_between(went_idle_before + RAMP_DOWN_S + PELT_DECAY_S, not_yet_at);
+    // a: within the ramp-down plus two ticks (+ the demand's decay, + slack).
+    let ticks_late =
+        trace.ticks_between(went_idle_before + RAMP_DOWN_S + DEMAND_DECAY_S, not_yet_at);
     assert!(
         ticks_late <= 2 + TICK_SLACK,
-        "still spread {ticks_late} pvmm ticks after the ramp-down (+{PELT_DECAY_S} s PELT decay) ended; allowed 2 + {TICK_SLACK}:\n{}",
+        "still spread {ticks_late} pvmm ticks after the ramp-down (+{DEMAND_DECAY_S} s demand decay) ended; allowed 2 + {TICK_SLACK}:\n{}",
         trace.describe(busy4.1, consolidated)
     );
     // Stays consolidated, and the other package sleeps, for the rest of the idle phase but its

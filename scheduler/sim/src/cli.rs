@@ -168,6 +168,11 @@ struct Args {
     #[arg(long, value_name = "N")]
     max_migrations: Option<u32>,
 
+    /// Engine: half-life in ms of the demand average it packs on (default 500; 0 packs on
+    /// each tick's utilization).
+    #[arg(long, value_name = "MS")]
+    demand_half_life_ms: Option<u32>,
+
     /// Write an SVG timeline (which package each vCPU ran on) to FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
@@ -398,6 +403,9 @@ fn sim_config(args: &Args) -> Result<SimConfig, Failure> {
     }
     if let Some(n) = args.max_migrations {
         engine.max_migrations_per_vcpu_per_s = n;
+    }
+    if let Some(ms) = args.demand_half_life_ms {
+        engine.demand_half_life_ms = ms;
     }
     Ok(SimConfig {
         tick_ms: args.tick_ms,

@@ -6,12 +6,12 @@ use crate::capacity::{CpuOffer, CAPACITY_SCALE};
 
 use super::index::CpuIndex;
 use super::layout::Layout;
-use super::{VcpuLoad, MIN_VCPU_WEIGHT};
 
 /// Buffers reused across decisions so that a decision allocates little.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Draft {
-    /// Each vCPU's weight: its utilization, at least [`MIN_VCPU_WEIGHT`].
+    /// Each vCPU's weight: its demand, at least [`super::MIN_VCPU_WEIGHT`] (set by
+    /// [`super::Engine`] before [`Draft::begin`]).
     pub(super) weight: Vec<u64>,
     /// vCPU indices by descending weight, ties in input order.
     pub(super) order: Vec<u32>,
@@ -37,9 +37,9 @@ pub(super) struct Draft {
 }
 
 impl Draft {
-    /// Empties the draft for `loads` on `layout`: nothing placed, weights
-    /// from the utilizations and the weight order.
-    pub(super) fn begin(&mut self, layout: &Layout, loads: &[VcpuLoad]) {
+    /// Empties the draft on `layout`: nothing placed, and the vCPUs ordered
+    /// by the weights already set.
+    pub(super) fn begin(&mut self, layout: &Layout) {
         let (num_cpus, num_cores) = (layout.num_cpus(), layout.num_cores());
         reset(&mut self.cpu_load, num_cpus, 0);
         reset(&mut self.cpu_count, num_cpus, 0);
@@ -47,13 +47,7 @@ impl Draft {
         reset(&mut self.core_load, num_cores, 0);
         reset(&mut self.core_busy, num_cores, 0);
         reset(&mut self.pkg_load, layout.num_pkgs(), 0);
-        reset(&mut self.new_cpu, loads.len(), CpuIndex::NONE);
-        self.weight.clear();
-        self.weight.extend(
-            loads
-                .iter()
-                .map(|l| u64::from(l.util.clamp(MIN_VCPU_WEIGHT, CAPACITY_SCALE))),
-        );
+        reset(&mut self.new_cpu, self.weight.len(), CpuIndex::NONE);
         counting_sort_desc(&self.weight, &mut self.order, &mut self.buckets);
     }
 

@@ -3,7 +3,8 @@
 //!
 //! # How a decision is made
 //!
-//! Every vCPU has a *weight*: its utilization (0..=1024), at least
+//! Every vCPU has a *weight*: its demand (module `demand`: a slower average
+//! of its utilization, 0..=1024, that a lasting rise lifts at once), at least
 //! [`MIN_VCPU_WEIGHT`]. The engine then works in one of two modes.
 //!
 //! **Spread** (policy `performance`, or any policy while the host is
@@ -35,9 +36,11 @@
 //!    surplus packages). Busy vCPUs
 //!    claim room first: one away from home, or whose CPU is taken, moves to a
 //!    CPU of home / its package that fits it before lighter vCPUs stay there.
-//! 2. *Relieve*: on a CPU that is too full, the smallest vCPUs move to a CPU
-//!    of the same package where they fit (each such move lowers the total
-//!    overflow, so this cannot cycle).
+//! 2. *Relieve*: on a CPU that is clearly too full (its vCPUs use more than
+//!    90 % of it: a CPU is filled with the fit rule's headroom but emptied
+//!    only past this, so demands drifting around a slot's edge move nothing),
+//!    the smallest vCPUs move to a CPU of the same package where they fit
+//!    (each such move lowers the total overflow, so this cannot cycle).
 //! 3. *Place* the rest VM by VM, largest VM first: its home package if it
 //!    fits, else the first package that fits the whole VM, else the first that
 //!    fits the vCPU, else one more package at once; first fit over CPUs in
@@ -61,6 +64,7 @@
 //! - `layout`: the topology as dense arrays, with the policy's slots;
 //! - `index`: dense CPU and package indices, distinct from CPU and package ids;
 //! - `vcpus`: the vCPUs known between decisions, matched to the input by id;
+//! - `demand`: each vCPU's demand, the weight of the decisions;
 //! - `tokens`: the migration token bucket;
 //! - `ramp`: thrash control for the number of packages in use;
 //! - `draft`: the decision being built, shared by both modes;
@@ -73,6 +77,7 @@ use crate::cpuset::CpuSet;
 use crate::policy::Policy;
 use crate::topology::HostTopology;
 
+mod demand;
 mod draft;
 mod index;
 mod layout;
@@ -82,6 +87,7 @@ mod spread;
 mod tokens;
 mod vcpus;
 
+pub use demand::{DEFAULT_DEMAND_HALF_LIFE_MS, DEMAND_FLAT_OUT_UTIL};
 use draft::{reset, Draft};
 use index::CpuIndex;
 use layout::Layout;
@@ -151,6 +157,10 @@ pub struct EngineConfig {
     /// ([`DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S`]). 0 pins every vCPU to its
     /// first placement.
     pub max_migrations_per_vcpu_per_s: u32,
+    /// Half-life in ms of the demand average the engine packs on
+    /// ([`DEFAULT_DEMAND_HALF_LIFE_MS`]); 0 packs on each decision's
+    /// utilization as given.
+    pub demand_half_life_ms: u32,
 }
 
 impl Default for EngineConfig {
@@ -158,6 +168,7 @@ impl Default for EngineConfig {
         EngineConfig {
             ramp_down_window_ms: DEFAULT_RAMP_DOWN_WINDOW_MS,
             max_migrations_per_vcpu_per_s: DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S,
+            demand_half_life_ms: DEFAULT_DEMAND_HALF_LIFE_MS,
         }
     }
 }
@@ -244,6 +255,8 @@ pub struct Engine {
     /// of the VM with dense index `m`.
     seen_bits: Vec<u64>,
     ramp: Ramp,
+    /// Time of the previous decision, for the demand average.
+    last_ms: Option<u64>,
     /// (total fit demand, packages) of the last decision that had to open
     /// more packages than the total needed.
     fragmentation: Option<(u64, usize)>,
@@ -253,6 +266,9 @@ pub struct Engine {
     /// Where vCPUs the engine has not placed yet already run ([`Engine::assume`]): taken as
     /// their previous CPU when they first appear.
     assumed: std::collections::HashMap<VcpuId, CpuIndex>,
+    /// Packages (the lowest ones) holding the vCPUs adopted where they ran
+    /// since the previous decision; 0 when none were.
+    adopted_packages: usize,
 }
 
 impl Engine {
@@ -268,11 +284,13 @@ impl Engine {
             num_vms: 0,
             seen_bits: Vec::new(),
             ramp: Ramp::default(),
+            last_ms: None,
             fragmentation: None,
             draft: Draft::default(),
             spread: SpreadScratch::default(),
             pack: PackScratch::default(),
             assumed: std::collections::HashMap::new(),
+            adopted_packages: 0,
         }
     }
 
@@ -341,7 +359,8 @@ impl Engine {
         out.target_packages = 0;
         out.preferred_package = None;
         self.sync_state(now_ms, loads)?;
-        self.draft.begin(&self.layout, loads);
+        self.update_demand(now_ms, loads);
+        self.draft.begin(&self.layout);
         self.refill_tokens(now_ms);
         let total_fit: u64 = self
             .draft
@@ -356,13 +375,37 @@ impl Engine {
             self.place_spread(loads);
             (num_pkgs, None)
         } else {
+            if self.adopted_packages > 0 {
+                // vCPUs adopted where they run keep the packages they are on until the
+                // consolidation ramp has passed, as if this engine had opened them: the
+                // placer before it knew why they were open (a ramp still holding, whole
+                // VMs that did not fit fewer packages), this engine does not yet.
+                self.ramp.raise_to(self.adopted_packages);
+            }
             self.place_pack(now_ms, loads, total_fit)
         };
+        self.adopted_packages = 0;
         self.finish(loads, out);
         out.overutilized = overutilized;
         out.target_packages = target_packages as u32;
         out.preferred_package = preferred;
         Ok(())
+    }
+
+    /// Each vCPU's weight for this decision: its demand average updated with
+    /// `loads`, at least [`MIN_VCPU_WEIGHT`].
+    fn update_demand(&mut self, now_ms: u64, loads: &[VcpuLoad]) {
+        let dt = self.last_ms.map(|last| now_ms.saturating_sub(last));
+        self.last_ms = Some(now_ms);
+        let keep = demand::keep_fraction(dt, self.config.demand_half_life_ms);
+        let weight = &mut self.draft.weight;
+        weight.clear();
+        weight.extend(self.vcpus.iter_mut().zip(loads).map(|(v, l)| {
+            v.demand.update(l, keep).clamp(
+                u64::from(MIN_VCPU_WEIGHT),
+                u64::from(crate::capacity::CAPACITY_SCALE),
+            )
+        }));
     }
 
     /// Refills every vCPU's migration tokens and notes the placed ones that

@@ -14,6 +14,23 @@ use super::index::{CpuIndex, PkgIndex};
 use super::layout::{fit_demand, ratio_less, slot_fits};
 use super::{Engine, VcpuLoad, BUSY_CPU_UTIL, MIN_VCPU_WEIGHT};
 
+/// How far (of 1024) a CPU's fit demand may exceed its slot before the
+/// relieve step moves vCPUs off it: 1/8 more. A vCPU is placed on a CPU only
+/// where it fits with the fit rule's headroom, but the vCPUs already on a CPU
+/// are moved off only when they use more than 90 % of it (1152 / 1280), so
+/// demands that drift around a slot's edge do not move a vCPU back and forth
+/// every few ticks. The same hysteresis as the kernel's `imbalance_pct`
+/// (117-125 %): an imbalance must be clear before it moves a task.
+const RELIEVE_MARGIN: u64 = 1152;
+
+/// Whether fit demand `fit` on a CPU of slot `slot` calls for the relieve
+/// step ([`RELIEVE_MARGIN`]; a slot of 0 is never relieved).
+fn overfull(fit: u64, slot: u64) -> bool {
+    slot > 0
+        && u128::from(fit) * u128::from(CAPACITY_SCALE)
+            > u128::from(slot) * u128::from(RELIEVE_MARGIN)
+}
+
 /// Pack mode's buffers, reused across decisions.
 #[derive(Debug, Clone, Default)]
 pub(super) struct PackScratch {
@@ -284,14 +301,14 @@ impl Engine {
         }
     }
 
-    /// Step 2, relieve CPUs that are too full (loads grew, or a fallback
-    /// placement overfilled them): their smallest vCPUs move to a CPU of the
-    /// same package where they fit. Every such move lowers the total overflow
+    /// Step 2, relieve CPUs that are clearly too full ([`RELIEVE_MARGIN`]:
+    /// loads grew, or a fallback placement overfilled them): their smallest
+    /// vCPUs move to a CPU of the same package where they fit. Every such move lowers the total overflow
     /// and creates none, so repeated decisions converge.
     fn relieve_overfull_cpus(&mut self, loads: &[VcpuLoad]) {
         let l = &self.layout;
         let any_overfull =
-            (0..l.num_cpus()).any(|c| self.pack.cpu_fit[c] > l.slots.cpu[c] && l.slots.cpu[c] > 0);
+            (0..l.num_cpus()).any(|c| overfull(self.pack.cpu_fit[c], l.slots.cpu[c]));
         if !any_overfull {
             return;
         }
@@ -301,7 +318,7 @@ impl Engine {
             if c.is_none() || self.draft.out_of_tokens[i] {
                 continue;
             }
-            if self.pack.cpu_fit[c.get()] <= self.layout.slots.cpu[c.get()] {
+            if !overfull(self.pack.cpu_fit[c.get()], self.layout.slots.cpu[c.get()]) {
                 continue;
             }
             let p = self.layout.pkg_of(c);

@@ -62,4 +62,12 @@ impl Ramp {
         self.start_ms = None;
         self.last_needed = packages;
     }
+
+    /// Uses at least `packages` from now on (as [`Ramp::up_at_once`] when that is more than
+    /// in use now).
+    pub(super) fn raise_to(&mut self, packages: usize) {
+        if packages > self.active {
+            self.up_at_once(packages);
+        }
+    }
 }

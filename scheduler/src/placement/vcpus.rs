@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::demand::Demand;
 use super::index::CpuIndex;
 use super::tokens::TokenBucket;
 use super::{Engine, PlaceError, VcpuId, VcpuLoad};
@@ -54,6 +55,7 @@ pub(super) struct VcpuState {
     /// The CPU of the previous decision, or [`CpuIndex::NONE`].
     pub(super) cpu: CpuIndex,
     pub(super) tokens: TokenBucket,
+    pub(super) demand: Demand,
 }
 
 impl Engine {
@@ -118,8 +120,18 @@ impl Engine {
                 None => VcpuState {
                     id: l.id,
                     vm,
-                    cpu: assumed.remove(&l.id).unwrap_or(CpuIndex::NONE),
+                    cpu: match assumed.remove(&l.id) {
+                        Some(c) => {
+                            // Packages are used lowest first: adopting a vCPU on package
+                            // p takes the p + 1 lowest.
+                            let packages = self.layout.pkg_of(c).get() + 1;
+                            self.adopted_packages = self.adopted_packages.max(packages);
+                            c
+                        }
+                        None => CpuIndex::NONE,
+                    },
                     tokens: TokenBucket::full(limit, now_ms),
+                    demand: Demand::default(),
                 },
             };
             state.vm = vm;

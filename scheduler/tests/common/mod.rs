@@ -96,6 +96,7 @@ pub fn provoke_moves(policy: Policy, limit: u32, ticks: u64) -> Vec<Vec<u64>> {
     let config = EngineConfig {
         ramp_down_window_ms: 0,
         max_migrations_per_vcpu_per_s: limit,
+        ..EngineConfig::default()
     };
     let mut engine = Engine::new(topology, policy, config);
     let mut move_ms = vec![Vec::new(); 12];
