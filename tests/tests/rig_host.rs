@@ -6,12 +6,14 @@
 //! idle. Each pvmm placing itself (no daemon) would put both busy vCPUs on the same CPU (the
 //! tiny-guest test `vmm/tests/host.rs` shows that case). A third boot runs one 4-vCPU pvmm VM
 //! whose load rises to four busy threads and falls again: the daemon spreads and then
-//! consolidates it.
+//! consolidates it; then the daemon is killed (SIGKILL), pvmm places itself once its lease
+//! lapses, and a restarted daemon takes the VM over again without moving a vCPU.
 
 use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
 use pvmm_tests::{
-    placement_probe, prepare_rig, retry_rig_crash, rig_lock, PlacementTrace, PROBE_INTERVAL,
+    placement_probe, prepare_rig, retry_rig_crash, rig_lock, PlacementTrace, L1_STATS_PATH,
+    PROBE_INTERVAL,
 };
 
 /// The runtime directory in L1: pvmm VMs' sockets and the daemon's lock.
@@ -47,11 +49,19 @@ fn guest(n: usize) -> String {
     )
 }
 
-/// The probe of each VM: the first to start launches the daemon (`pvmm host`, the static
-/// pvmm's daemon); each samples its own VM with the placement probe (its own sample file; the
+/// Starts the daemon (`pvmm host`, the static pvmm's daemon) in L1 and records its pid.
+fn start_daemon() -> String {
+    format!(
+        "/bin/pvmm host --runtime-dir {RUNTIME_DIR} --adopt auto --tick-ms 100 -v >> /tmp/pvmm-host.log 2>&1 &\necho $! > /tmp/pvmm-host.pid"
+    )
+}
+
+/// The probe of each VM: the first to start launches the daemon and runs `l1_job` in the
+/// background (its output discarded: the rig reads the probe's output until every writer has
+/// closed it); each samples its own VM with the placement probe (its own sample file; the
 /// shared marks file kept for the other probe); the last to end stops the daemon and prints
 /// its log.
-fn probe() -> String {
+fn probe(l1_job: &str) -> String {
     let placement = placement_probe(PROBE_INTERVAL);
     for shared in ["out=/tmp/pvmm-samples", "rm -f /tmp/rig-marks"] {
         assert!(
@@ -62,11 +72,12 @@ fn probe() -> String {
     let placement = placement
         .replace("out=/tmp/pvmm-samples", "out=/tmp/pvmm-samples-$PVMM_PID")
         .replace("rm -f /tmp/rig-marks", ":");
+    let daemon = start_daemon();
     format!(
         r#"taskset -p 1 $$ >/dev/null 2>&1
 if mkdir /tmp/pvmm-host-started 2>/dev/null; then
-  /bin/pvmm host --runtime-dir {RUNTIME_DIR} --adopt auto --tick-ms 100 -v > /tmp/pvmm-host.log 2>&1 &
-  echo $! > /tmp/pvmm-host.pid
+{daemon}
+( {l1_job} ) > /dev/null 2>&1 &
 fi
 {placement}
 if ! ls {RUNTIME_DIR}/*.sock >/dev/null 2>&1 && [ -f /tmp/pvmm-host.pid ]; then
@@ -91,7 +102,8 @@ fn vm(n: usize, vmm: InnerVmm, vcpus: &str) -> VmSpec {
     }
 }
 
-fn boot(test: &str, vms: Vec<VmSpec>) -> Option<RigOutcome> {
+/// Boots `vms` in one L1 with the daemon (and `l1_job` beside it, see [`probe`]).
+fn boot(test: &str, vms: Vec<VmSpec>, l1_job: &str) -> Option<RigOutcome> {
     let _lock = rig_lock();
     let needs = pvmm_rig::images::L1Needs {
         pvmm: true,
@@ -100,7 +112,7 @@ fn boot(test: &str, vms: Vec<VmSpec>) -> Option<RigOutcome> {
     let (ws, images) = prepare_rig(test, needs)?;
     let rig = Rig::with_vms(vms.clone())
         .timeout(RIG_TIMEOUT)
-        .l1_probe(probe())
+        .l1_probe(probe(l1_job))
         .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
     let labels = rig.labels();
     let outcome = retry_rig_crash(
@@ -167,7 +179,7 @@ fn busiest(trace: &PlacementTrace, a: usize, b: usize) -> u32 {
 #[test]
 fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
     let vms = vec![vm(0, InnerVmm::Pvmm, "2"), vm(1, InnerVmm::Pvmm, "2")];
-    if let Some(outcome) = boot("rig_host", vms) {
+    if let Some(outcome) = boot("rig_host", vms, ":") {
         check(&outcome);
     }
 }
@@ -181,7 +193,7 @@ fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
 #[test]
 fn a_qemu_vm_is_adopted_and_placed_with_a_pvmm_vm() {
     let vms = vec![vm(0, InnerVmm::Pvmm, "1"), vm(1, InnerVmm::Qemu, "1")];
-    if let Some(outcome) = boot("rig_host_qemu", vms) {
+    if let Some(outcome) = boot("rig_host_qemu", vms, ":") {
         check(&outcome);
     }
 }
@@ -321,8 +333,8 @@ fn check(outcome: &RigOutcome) {
 /// Seconds of four busy threads in the rise-and-fall scenario.
 const RISE_SECS: u32 = 20;
 /// Seconds of idleness after them: past the engine's 5 s consolidation ramp-down with room
-/// for the ticks it takes to see the load gone.
-const FALL_SECS: u32 = 25;
+/// for the ticks it takes to see the load gone, then the daemon's kill and restart.
+const FALL_SECS: u32 = 30;
 /// Seconds after the load starts before the spread is judged: the daemon spreads within two
 /// ticks of seeing four busy vCPUs; the rest is the guest starting its four threads and the
 /// utilization (32 ms half-life) rising under nested TCG.
@@ -332,12 +344,47 @@ const SPREAD_SETTLE_SECS: f64 = 3.0;
 /// average, about 1 s), and a few ticks of slack.
 const CONSOLIDATE_SETTLE_SECS: f64 = 10.0;
 
+/// pvmm's external-placement lease in the rise-and-fall VM (ms), passed explicitly.
+const LEASE_MS: u64 = 3000;
+/// Seconds after the guest's fall mark reaches L1 before the daemon is killed (SIGKILL): it
+/// has consolidated the idle guest by then (the demand's decay and the 5 s ramp-down).
+const KILL_AFTER_FALL_SECS: u32 = 9;
+/// Seconds the daemon stays dead: past the lease and a few ticks.
+const RESTART_AFTER_KILL_SECS: u32 = 5;
+/// Ticks of slack on "within two ticks" (as in `rig_placement`): L1 uptime maps onto pvmm's
+/// `t_ms` only to within a tick.
+const TICK_SLACK: usize = 1;
+/// Seconds a restarted daemon may take to place the VM again (its start and first discovery
+/// under nested TCG).
+const READOPT_SECS: f64 = 5.0;
+
+/// L1 side of the rise-and-fall scenario: once the guest's fall mark is in (the mark keeps
+/// the console's carriage return, so it is matched without an end anchor), wait, kill the
+/// daemon with SIGKILL, wait past pvmm's lease, start it again; each step leaves a mark.
+/// Gives up after 10 minutes without the mark.
+fn kill_and_restart_job() -> String {
+    let daemon = start_daemon();
+    format!(
+        r#"n=0
+until grep -q ' fall' /tmp/rig-marks 2>/dev/null; do
+  n=$((n+1)); [ $n -gt 3000 ] && exit 0; sleep 0.2
+done
+sleep {KILL_AFTER_FALL_SECS}
+kill -9 $(cat /tmp/pvmm-host.pid)
+read -r up rest < /proc/uptime; echo "$up host-killed" >> /tmp/rig-marks
+sleep {RESTART_AFTER_KILL_SECS}
+{daemon}
+read -r up rest < /proc/uptime; echo "$up host-restarted" >> /tmp/rig-marks"#
+    )
+}
+
 /// One pvmm VM of 4 vCPUs under the daemon whose guest runs four busy threads, then idles.
 fn rise_and_fall_vm() -> VmSpec {
     let command = format!(
         "sleep {LEAD_SECS}\necho pvmm-mark: rise\npvmm-load --threads 4 --duty 100 --seconds {RISE_SECS}\necho pvmm-mark: fall\nsleep {FALL_SECS}\necho pvmm-mark: done\n"
     );
     let socket = format!("{RUNTIME_DIR}/vm0.sock");
+    let lease = LEASE_MS.to_string();
     let args = [
         "--vcpus",
         "4",
@@ -347,6 +394,10 @@ fn rise_and_fall_vm() -> VmSpec {
         "powersaving",
         "--api-socket",
         &socket,
+        "--external-lease-ms",
+        &lease,
+        "--stats",
+        L1_STATS_PATH,
     ];
     VmSpec {
         vmm: InnerVmm::Pvmm,
@@ -357,10 +408,12 @@ fn rise_and_fall_vm() -> VmSpec {
 
 /// Load rises to four busy vCPUs: the daemon spreads them over both packages, one CPU each;
 /// load falls: after the ramp-down it consolidates every vCPU onto package 0 and package 1
-/// goes idle. All from L1's `/proc`.
+/// goes idle. All from L1's `/proc`. Then the daemon is killed and restarted
+/// ([`check_kill_and_restart`]); package 0 keeps every vCPU throughout.
 #[test]
 fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
-    let Some(outcome) = boot("rig_host_rise_fall", vec![rise_and_fall_vm()]) else {
+    let job = kill_and_restart_job();
+    let Some(outcome) = boot("rig_host_rise_fall", vec![rise_and_fall_vm()], &job) else {
         return;
     };
     let label = Rig::with_vms(vec![rise_and_fall_vm()]).labels().remove(0);
@@ -456,6 +509,71 @@ fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
             idle >= IDLE_PACKAGE_SHARE,
             "L1 CPU {cpu} (package 1) idle only {:.1} % after the load fell",
             idle * 100.0
+        );
+    }
+    check_kill_and_restart(&trace, done);
+}
+
+/// The daemon killed with SIGKILL (the `host-killed` mark): pvmm, whose placement the daemon
+/// held until then, places its vCPUs itself within two ticks (plus slack) of its lease's end
+/// (its `--stats` lines' `external` turns false). Restarted (`host-restarted`), the daemon
+/// takes the VM over again (`external` true again) and no vCPU thread's `Cpus_allowed_list`
+/// in L1 changes from the sample before the restart to a second after the takeover.
+fn check_kill_and_restart(trace: &PlacementTrace, done: f64) {
+    let mark = |text: &str| trace.mark(text).unwrap_or_else(|| panic!("no mark {text}"));
+    let (killed, restarted) = (mark("host-killed"), mark("host-restarted"));
+    let when = |from: f64, external: bool| {
+        trace
+            .ticks
+            .iter()
+            .map(|k| (trace.to_l1_time(k.t_ms), k.external))
+            .find(|&(t, e)| t > from && e == external)
+            .map(|(t, _)| t)
+    };
+    let held = trace
+        .ticks
+        .iter()
+        .rev()
+        .find(|k| trace.to_l1_time(k.t_ms) <= killed)
+        .is_some_and(|k| k.external);
+    assert!(held, "the daemon did not hold placement when it was killed");
+    let own = when(killed, false).expect("pvmm never placed itself after the daemon was killed");
+    let lease_end = killed + LEASE_MS as f64 / 1000.0;
+    let late = trace.ticks_between(lease_end, own);
+    eprintln!(
+        "rig_host_rise_fall: pvmm placed itself {:.2} s after the kill (lease {LEASE_MS} ms); the restarted daemon took over {} s after its start",
+        own - killed,
+        when(restarted, true).map_or("-".into(), |t| format!("{:.1}", t - restarted))
+    );
+    assert!(
+        late <= 2 + TICK_SLACK,
+        "pvmm placed itself {late} ticks after its lease ended (allowed 2 + {TICK_SLACK})"
+    );
+    let taken = when(restarted, true).expect("the restarted daemon never placed the VM");
+    assert!(
+        taken - restarted <= READOPT_SECS,
+        "the restarted daemon placed the VM only {:.1} s after its start",
+        taken - restarted
+    );
+    let (from, to) = (
+        nearest(trace, restarted - 0.2),
+        nearest(trace, (taken + 1.0).min(done)),
+    );
+    let allowed = |i: usize| -> Vec<(u32, Vec<u32>)> {
+        let mut v: Vec<(u32, Vec<u32>)> = trace.samples[i]
+            .threads
+            .iter()
+            .map(|t| (t.vcpu, t.allowed.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    for i in from..=to {
+        assert_eq!(
+            allowed(i),
+            allowed(from),
+            "a vCPU moved when the restarted daemon took over (L1 {:.1} s; restart at {restarted:.1} s)",
+            trace.samples[i].t
         );
     }
 }

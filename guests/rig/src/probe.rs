@@ -161,6 +161,8 @@ pub struct StatsTick {
     pub vcpus: Vec<StatsVcpu>,
     /// GED notifications sent so far.
     pub capacity_notifications: u64,
+    /// An outside balancer (`pvmm host`) placed the vCPUs at this tick.
+    pub external: bool,
 }
 
 /// Everything a placement probe reported.
@@ -323,6 +325,10 @@ fn parse_stats_line(line: &str) -> Option<StatsTick> {
             .get("capacity_notifications")
             .and_then(|n| n.as_u64())
             .unwrap_or(0),
+        external: value
+            .get("external")
+            .and_then(|e| e.as_bool())
+            .unwrap_or(false),
     })
 }
 
@@ -486,6 +492,11 @@ impl PlacementTrace {
             .collect()
     }
 
+    /// pvmm's stats clock `t_ms` as L1 uptime.
+    pub fn to_l1_time(&self, t_ms: u64) -> f64 {
+        self.start + t_ms as f64 / 1000.0
+    }
+
     /// pvmm ticks with `t_ms` in `(from, to]` (L1 uptimes).
     pub fn ticks_between(&self, from: f64, to: f64) -> usize {
         let (a, b) = (self.to_pvmm_ms(from), self.to_pvmm_ms(to));
@@ -634,13 +645,18 @@ mod tests {
             })
         );
         let Some(ProbeLine::Stats(tick)) = parse(
-            r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2}"#,
+            r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":true}"#,
         ) else {
             panic!("a stats line");
         };
         assert_eq!(
-            (tick.t_ms, tick.vcpus.len(), tick.capacity_notifications),
-            (200, 1, 2)
+            (
+                tick.t_ms,
+                tick.vcpus.len(),
+                tick.capacity_notifications,
+                tick.external
+            ),
+            (200, 1, 2, true)
         );
     }
 

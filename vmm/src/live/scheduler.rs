@@ -196,8 +196,23 @@ impl LiveScheduler {
                     );
                 }
                 if std::mem::take(&mut self.external) {
-                    // The engine's view of where vCPUs are is stale: start it afresh.
+                    // The engine's view of where vCPUs are is stale: start it afresh, from
+                    // where the outside balancer left them, so that a vCPU already where the
+                    // policy would put it does not move.
                     self.engine = make_engine(self.policy, &self.topology, &self.engine_config);
+                    if let Some(engine) = self.engine.as_mut() {
+                        for v in &self.vcpus {
+                            if let Some(cpu) = v.last_cpus.as_ref().and_then(single_cpu) {
+                                engine.assume(
+                                    VcpuId {
+                                        vm: THIS_VM,
+                                        vcpu: v.index,
+                                    },
+                                    cpu,
+                                );
+                            }
+                        }
+                    }
                 }
                 let decision = self.decide(now_ns)?;
                 let counts = match &decision {
@@ -494,6 +509,11 @@ fn pin_vcpu(v: &mut LiveVcpu, cpus: &CpuSet, executor: &mut dyn Executor, counts
     }
 }
 
+/// The one CPU of `cpus`, if it holds exactly one.
+fn single_cpu(cpus: &CpuSet) -> Option<u32> {
+    (cpus.len() == 1).then(|| cpus.first()).flatten()
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -566,6 +586,56 @@ mod tests {
         }
         assert_eq!(last["packages"][1]["active"], false);
         assert_eq!(last["packages"][0]["active"], true);
+    }
+
+    /// When an outside balancer's lease lapses, pvmm's own engine starts from where the
+    /// balancer left the vCPUs: idle vCPUs it left together on CPU 1 (package 0, where
+    /// powersaving would keep them) stay; an engine starting from nothing would move them all
+    /// to CPU 0, its first fit.
+    #[test]
+    fn taking_over_from_a_lapsed_balancer_moves_nothing_needlessly() {
+        let topo = HostTopology::from_spec("2x2x1").unwrap();
+        let vcpus = (0..4)
+            .map(|i| {
+                LiveVcpu::new(
+                    i,
+                    3000 + i as i32,
+                    Box::new(Scripted { busy_fraction: 0.0 }),
+                )
+            })
+            .collect();
+        let control = Arc::new(PlacementControl::new(Duration::from_millis(20)));
+        let mut s = LiveScheduler::new(
+            PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
+            topo,
+            EngineConfig::default(),
+            Box::new(RecordingExecutor::new()),
+            vcpus,
+            None,
+        )
+        .with_control(control.clone());
+        let one = CpuSet::single(1);
+        control.set_external(
+            (0..4)
+                .map(|vcpu| ExternalAssignment {
+                    vcpu,
+                    cpus: one.clone(),
+                    capacity: 256,
+                })
+                .collect(),
+        );
+        s.tick().unwrap();
+        assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(!control.external_active());
+        let before = s.totals.lock().unwrap().migrations;
+        for _ in 0..3 {
+            let decision = s.tick().unwrap().expect("pvmm places again");
+            assert!(decision.migrations.is_empty(), "{:?}", decision.migrations);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(s.totals.lock().unwrap().migrations, before);
+        assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
     }
 
     /// A package's util is its vCPUs' demand over its capacity, SMT counted as the engine
