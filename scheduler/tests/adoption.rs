@@ -84,3 +84,25 @@ fn a_cpu_outside_the_topology_is_refused_and_a_known_vcpu_keeps_its_history() {
     assert!(again.migrations.is_empty());
     assert_eq!(again.assignments[0].cpus.first(), placed);
 }
+
+#[test]
+fn a_refused_input_keeps_the_adoptions_for_the_next_decision() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    let mut engine = Engine::new(
+        topology,
+        Policy::Powersaving { level: 1 },
+        EngineConfig::default(),
+    );
+    let idle = |vcpu| VcpuLoad {
+        id: VcpuId { vm: 0, vcpu },
+        util: 0,
+        busy: false,
+    };
+    // Both idle vCPUs run on CPU 1 (package 0), where powersaving would keep them.
+    assert!(engine.assume(idle(0).id, 1));
+    assert!(engine.assume(idle(1).id, 1));
+    assert!(engine.place(0, &[idle(0), idle(1), idle(0)]).is_err());
+    let d = engine.place(TICK_MS, &[idle(0), idle(1)]).unwrap();
+    assert!(d.migrations.is_empty(), "{:?}", d.migrations);
+    assert!(d.assignments.iter().all(|a| a.cpus.first() == Some(1)));
+}

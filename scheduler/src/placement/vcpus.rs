@@ -82,7 +82,11 @@ impl Engine {
         let mut vm_index: IdMap<u32> = IdMap::default();
         let limit = self.config.max_migrations_per_vcpu_per_s;
         let mut vcpus = Vec::with_capacity(loads.len());
-        let mut assumed = std::mem::take(&mut self.assumed);
+        // Read, not taken, until the input is known good: an input refused below leaves the
+        // adoptions for the next decision. Once used they are all dropped (a vCPU assumed but
+        // absent from the input is forgotten).
+        let assumed = std::mem::take(&mut self.assumed);
+        let mut adopted_packages = self.adopted_packages;
         // (VM id, dense index) of the previous load: vCPUs of a VM usually come
         // together, so most lookups are skipped.
         let mut last_vm: Option<(u32, u32)> = None;
@@ -108,6 +112,8 @@ impl Engine {
                 seen_large.insert(id_key(l.id), ()).is_some()
             };
             if duplicate {
+                // The state stays as before this input, adoptions included.
+                self.assumed = assumed;
                 return Err(PlaceError::DuplicateVcpu(l.id));
             }
             let previous = if old.is_empty() {
@@ -120,12 +126,12 @@ impl Engine {
                 None => VcpuState {
                     id: l.id,
                     vm,
-                    cpu: match assumed.remove(&l.id) {
+                    cpu: match assumed.get(&l.id).copied() {
                         Some(c) => {
                             // Packages are used lowest first: adopting a vCPU on package
                             // p takes the p + 1 lowest.
                             let packages = self.layout.pkg_of(c).get() + 1;
-                            self.adopted_packages = self.adopted_packages.max(packages);
+                            adopted_packages = adopted_packages.max(packages);
                             c
                         }
                         None => CpuIndex::NONE,
@@ -138,6 +144,7 @@ impl Engine {
             vcpus.push(state);
         }
         self.vcpus = vcpus;
+        self.adopted_packages = adopted_packages;
         self.num_vms = vm_index.len();
         Ok(())
     }
