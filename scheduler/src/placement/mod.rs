@@ -37,7 +37,8 @@
 //!    claim room first: one away from home, or whose CPU is taken, moves to a
 //!    CPU of home / its package that fits it before lighter vCPUs stay there.
 //! 2. *Relieve*: on a CPU that is clearly too full (its vCPUs use more than
-//!    90 % of it: a CPU is filled with the fit rule's headroom but emptied
+//!    90 % of it, or it holds a busy vCPU and others: a CPU is filled with
+//!    the fit rule's headroom but emptied
 //!    only past this, so demands drifting around a slot's edge move nothing),
 //!    the smallest vCPUs move to a CPU of the same package where they fit
 //!    (each such move lowers the total overflow, so this cannot cycle).

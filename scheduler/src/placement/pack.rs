@@ -24,11 +24,16 @@ use super::{Engine, VcpuLoad, BUSY_CPU_UTIL, MIN_VCPU_WEIGHT};
 const RELIEVE_MARGIN: u64 = 1152;
 
 /// Whether fit demand `fit` on a CPU of slot `slot` calls for the relieve
-/// step ([`RELIEVE_MARGIN`]; a slot of 0 is never relieved).
-fn overfull(fit: u64, slot: u64) -> bool {
-    slot > 0
-        && u128::from(fit) * u128::from(CAPACITY_SCALE)
-            > u128::from(slot) * u128::from(RELIEVE_MARGIN)
+/// step ([`RELIEVE_MARGIN`]; a slot of 0 is never relieved). A CPU holding a
+/// busy vCPU gets no margin: a busy vCPU keeps its CPU to itself, and idle
+/// vCPUs make room.
+fn overfull(fit: u64, slot: u64, busy: bool) -> bool {
+    let margin = if busy {
+        u64::from(CAPACITY_SCALE)
+    } else {
+        RELIEVE_MARGIN
+    };
+    slot > 0 && u128::from(fit) * u128::from(CAPACITY_SCALE) > u128::from(slot) * u128::from(margin)
 }
 
 /// Pack mode's buffers, reused across decisions.
@@ -307,8 +312,8 @@ impl Engine {
     /// and creates none, so repeated decisions converge.
     fn relieve_overfull_cpus(&mut self, loads: &[VcpuLoad]) {
         let l = &self.layout;
-        let any_overfull =
-            (0..l.num_cpus()).any(|c| overfull(self.pack.cpu_fit[c], l.slots.cpu[c]));
+        let any_overfull = (0..l.num_cpus())
+            .any(|c| overfull(self.pack.cpu_fit[c], l.slots.cpu[c], self.draft.cpu_busy[c]));
         if !any_overfull {
             return;
         }
@@ -318,7 +323,12 @@ impl Engine {
             if c.is_none() || self.draft.out_of_tokens[i] {
                 continue;
             }
-            if !overfull(self.pack.cpu_fit[c.get()], self.layout.slots.cpu[c.get()]) {
+            let cu = c.get();
+            if !overfull(
+                self.pack.cpu_fit[cu],
+                self.layout.slots.cpu[cu],
+                self.draft.cpu_busy[cu],
+            ) {
                 continue;
             }
             let p = self.layout.pkg_of(c);
