@@ -446,34 +446,18 @@ fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
     };
     let (package0, package1) = (trace.package_cpus(0), trace.package_cpus(1));
     for i in nearest(&trace, busy_begin)..=nearest(&trace, busy_end) {
-        let s = &trace.samples[i];
-        let mut cpus: Vec<u32> = s
-            .threads
-            .iter()
-            .filter(|t| t.allowed.len() == 1)
-            .map(|t| t.allowed[0])
-            .collect();
-        cpus.sort_unstable();
-        cpus.dedup();
         assert!(
-            s.threads.len() == 4 && cpus.len() == 4,
+            each_on_own_cpu(&trace.samples[i], 4),
             "busy: every vCPU must have a CPU of its own at {}",
             describe(i)
         );
     }
     // What the README quotes: how long after the guest's marks the spread and the
     // consolidation showed in /proc.
-    let spread_at = trace.samples.iter().find(|s| {
-        let mut cpus: Vec<u32> = s
-            .threads
-            .iter()
-            .filter(|t| t.allowed.len() == 1)
-            .map(|t| t.allowed[0])
-            .collect();
-        cpus.sort_unstable();
-        cpus.dedup();
-        s.t >= rise && s.threads.len() == 4 && cpus.len() == 4
-    });
+    let spread_at = trace
+        .samples
+        .iter()
+        .find(|s| s.t >= rise && each_on_own_cpu(s, 4));
     let packed = |s: &pvmm_tests::ProbeSample| {
         s.threads
             .iter()
@@ -494,11 +478,8 @@ fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
     );
     let (a, b) = (nearest(&trace, idle_begin), nearest(&trace, idle_end));
     for i in a..=b {
-        let s = &trace.samples[i];
         assert!(
-            s.threads
-                .iter()
-                .all(|t| !t.allowed.is_empty() && t.allowed.iter().all(|c| package0.contains(c))),
+            packed(&trace.samples[i]),
             "idle: every vCPU must be on package 0 ({package0:?}) at {}",
             describe(i)
         );
@@ -512,6 +493,19 @@ fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
         );
     }
     check_kill_and_restart(&trace, done);
+}
+
+/// Whether sample `s` shows `n` vCPU threads, each allowed on one CPU no other one has.
+fn each_on_own_cpu(s: &pvmm_tests::ProbeSample, n: usize) -> bool {
+    let mut cpus: Vec<u32> = s
+        .threads
+        .iter()
+        .filter(|t| t.allowed.len() == 1)
+        .map(|t| t.allowed[0])
+        .collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    s.threads.len() == n && cpus.len() == n
 }
 
 /// The daemon killed with SIGKILL (the `host-killed` mark): pvmm, whose placement the daemon
