@@ -224,17 +224,14 @@ pub fn pvmm_sockets(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// A thread's demand so far, from `/proc/<pid>/task/<tid>/schedstat`: (nanoseconds it wanted
-/// a CPU, on one or waiting for one; nanoseconds it ran). Works for any thread on the host, not
-/// only this process's.
-pub fn thread_demand_ns(proc: &Path, pid: i32, tid: i32) -> Option<(u64, u64)> {
-    let path = proc
-        .join(pid.to_string())
+/// A thread's `schedstat` (nanoseconds it ran, waited for a CPU, and its timeslices; parsed by
+/// [`crate::procfs::parse_schedstat`]). Works for any thread on the host, not only this
+/// process's.
+pub fn schedstat_path(proc: &Path, pid: i32, tid: i32) -> PathBuf {
+    proc.join(pid.to_string())
         .join("task")
         .join(tid.to_string())
-        .join("schedstat");
-    let text = std::fs::read_to_string(path).ok()?;
-    crate::procfs::parse_schedstat(&text)
+        .join("schedstat")
 }
 
 /// The kernel's clock tick for `/proc` CPU times (`USER_HZ`, from `sysconf(_SC_CLK_TCK)`).
@@ -247,13 +244,17 @@ fn clock_ticks_per_s() -> u64 {
     })
 }
 
-/// The CPU time every thread of `pid` has run so far (nanoseconds, at the kernel's clock-tick
-/// granularity), from `/proc/<pid>/stat` (`utime` + `stime`): one read for the whole process,
-/// where its threads' schedstat files cost one read each.
-pub fn process_ran_ns(proc: &Path, pid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+/// `/proc/<pid>/stat`: one file for the whole process, where its threads' schedstat files
+/// cost one read each.
+pub fn process_stat_path(proc: &Path, pid: i32) -> PathBuf {
+    proc.join(pid.to_string()).join("stat")
+}
+
+/// The CPU time every thread of a process has run so far (nanoseconds, at the kernel's
+/// clock-tick granularity), from its `stat` text (`utime` + `stime`).
+pub fn parse_process_ran_ns(stat: &str) -> Option<u64> {
     // The command name (field 2) may hold spaces and parentheses: fields count from the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
+    let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
@@ -406,9 +407,15 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let pid = std::process::id() as i32;
-        assert!(thread_demand_ns(Path::new("/proc"), pid, tid).is_some());
-        assert_eq!(thread_demand_ns(Path::new("/proc"), pid, -5), None);
-        assert!(process_ran_ns(Path::new("/proc"), pid).is_some());
-        assert_eq!(process_ran_ns(Path::new("/proc"), -5), None);
+        let read = |path: PathBuf| std::fs::read_to_string(path).ok();
+        let proc = Path::new("/proc");
+        assert!(read(schedstat_path(proc, pid, tid))
+            .and_then(|t| crate::procfs::parse_schedstat(&t))
+            .is_some());
+        assert_eq!(read(schedstat_path(proc, pid, -5)), None);
+        assert!(read(process_stat_path(proc, pid))
+            .and_then(|t| parse_process_ran_ns(&t))
+            .is_some());
+        assert_eq!(parse_process_ran_ns("12 (x) garbage"), None);
     }
 }

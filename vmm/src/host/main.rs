@@ -53,6 +53,7 @@ where
             return EXIT_BAD_INPUT;
         }
     };
+    raise_open_file_limit();
     match daemon.run() {
         Ok(()) => 0,
         Err(e) => {
@@ -60,6 +61,28 @@ where
             daemon.release();
             EXIT_FAILURE
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one. The daemon keeps one `/proc` file open
+/// per adopted vCPU and one per adopted VM ([`crate::procfs::ProcFile`]), which at thousands of
+/// vCPUs is more than the usual soft limit of 1,024; the hard limit is what the operator
+/// allows. Where it stays too low, the files that cannot be opened are tried again at their
+/// next reading.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the limit into the struct we pass, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads the struct we pass; raising the soft limit up to the hard
+        // one needs no privilege and changes nothing else.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     }
 }
 

@@ -15,8 +15,11 @@ use std::path::{Path, PathBuf};
 use pvmm_scheduler::{CpuSet, IdleSample, UtilConfig, UtilTracker};
 use serde_json::{json, Value};
 
-use super::discover::{process_ran_ns, thread_demand_ns, thread_ids, ForeignVm};
+use super::discover::{
+    parse_process_ran_ns, process_stat_path, schedstat_path, thread_ids, ForeignVm,
+};
 use crate::api::client::Connection;
+use crate::procfs::{parse_schedstat, ProcFile};
 
 /// One vCPU of a managed VM, as read at this tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -191,6 +194,8 @@ const WAKE_SHARE_DIVISOR: u64 = 4;
 #[derive(Debug)]
 struct ForeignVcpu {
     tid: i32,
+    /// Its thread's `schedstat`, kept open.
+    schedstat: ProcFile,
     tracker: UtilTracker,
     /// Demand and time at adoption: the counters' origin.
     origin: Option<(u64, u64)>,
@@ -219,8 +224,8 @@ impl ForeignVcpu {
     /// tell, so the demand it shows now is placed at the end of the interval: idle first, then
     /// busy. Spread over the whole interval, a vCPU that just woke would read as a fraction of
     /// what it now runs.
-    fn read(&mut self, proc: &Path, pid: i32, now_ns: u64, read: u64) -> Option<u64> {
-        let (wanted, ran_ns) = thread_demand_ns(proc, pid, self.tid)?;
+    fn read(&mut self, now_ns: u64, read: u64) -> Option<u64> {
+        let (wanted, ran_ns) = parse_schedstat(self.schedstat.read()?)?;
         let (w0, t0) = *self.origin.get_or_insert((wanted, now_ns));
         let elapsed = now_ns.saturating_sub(t0);
         let busy_ns = wanted.saturating_sub(w0).min(elapsed);
@@ -266,6 +271,8 @@ pub struct ForeignMember {
     reads: u64,
     /// The process's CPU time at the last read, and when.
     process_ran: Option<(u64, u64)>,
+    /// Its `stat`, kept open.
+    stat: ProcFile,
 }
 
 impl ForeignMember {
@@ -280,6 +287,7 @@ impl ForeignMember {
             threads: Vec::new(),
             reads: 0,
             process_ran: None,
+            stat: ProcFile::new(process_stat_path(proc, found.pid)),
         };
         m.update(found, proc);
         m
@@ -292,6 +300,7 @@ impl ForeignMember {
         for (&n, &tid) in &found.vcpu_tids {
             self.vcpus.entry(n).or_insert_with(|| ForeignVcpu {
                 tid,
+                schedstat: ProcFile::new(schedstat_path(proc, found.pid, tid)),
                 tracker: UtilTracker::new(UtilConfig::default()),
                 origin: None,
                 last: None,
@@ -310,15 +319,14 @@ impl ForeignMember {
     /// Samples the vCPU threads' demand at `now_ns` and returns the vCPUs. Watched vCPUs are
     /// read every time; idle ones when the process's CPU time shows unexplained running, or
     /// in their turn every [`IDLE_REREAD_TICKS`].
-    pub fn read(&mut self, proc: &Path, now_ns: u64) -> Vec<MemberVcpu> {
-        let pid = self.found.pid;
+    pub fn read(&mut self, now_ns: u64) -> Vec<MemberVcpu> {
         self.reads += 1;
         let read = self.reads;
         let mut explained = 0u64;
         let mut deferred = Vec::new();
         for (&vcpu, v) in &mut self.vcpus {
             if v.watched() || (read + u64::from(vcpu)).is_multiple_of(IDLE_REREAD_TICKS) {
-                explained += v.read(proc, pid, now_ns, read).unwrap_or(0);
+                explained += v.read(now_ns, read).unwrap_or(0);
             } else {
                 deferred.push(vcpu);
             }
@@ -328,7 +336,10 @@ impl ForeignMember {
         let process = if deferred.is_empty() {
             None
         } else {
-            process_ran_ns(proc, pid).map(|ran| (ran, now_ns))
+            self.stat
+                .read()
+                .and_then(parse_process_ran_ns)
+                .map(|ran| (ran, now_ns))
         };
         let woke = match (self.process_ran, process) {
             (Some((ran0, t0)), Some((ran1, t1))) => {
@@ -342,7 +353,7 @@ impl ForeignMember {
         if woke {
             for vcpu in deferred {
                 if let Some(v) = self.vcpus.get_mut(&vcpu) {
-                    v.read(proc, pid, now_ns, read);
+                    v.read(now_ns, read);
                 }
             }
         }
@@ -405,17 +416,17 @@ mod tests {
         for i in 0..20u64 {
             schedstat(51, i * tick);
             schedstat(52, 0);
-            m.read(&host.roots.proc, i * tick);
+            m.read(i * tick);
         }
         schedstat(51, 20 * tick);
-        let v = m.read(&host.roots.proc, 20 * tick);
+        let v = m.read(20 * tick);
         assert!(v[0].util > 900 && v[0].busy, "{v:?}");
         assert!(v[1].util < 50 && !v[1].busy, "{v:?}");
         // vCPU 1's thread went away: it is dropped.
         let mut again = m.found.clone();
         again.vcpu_tids.remove(&1);
         m.update(again, &host.roots.proc);
-        assert_eq!(m.read(&host.roots.proc, 21 * tick).len(), 1);
+        assert_eq!(m.read(21 * tick).len(), 1);
     }
 
     #[test]
@@ -448,29 +459,29 @@ mod tests {
         let found = super::super::discover::foreign_vms(&host.roots, &[]);
         let mut m = ForeignMember::adopt(found[0].clone(), &proc);
         for i in 0..5 {
-            m.read(&proc, i * tick);
+            m.read(i * tick);
         }
         // vCPU 1 runs, but the process's CPU time does not show it yet, and it is not vCPU 1's
         // turn: it is not read, and still idle.
         schedstat(62, tick);
-        let v = m.read(&proc, 5 * tick);
+        let v = m.read(5 * tick);
         assert!(v[1].util < WATCH_UTIL, "{v:?}");
         // The process ran a whole tick that vCPU 0 (watched or not) does not explain: every
         // vCPU is read, and vCPU 1's two ticks of running show.
         schedstat(62, 2 * tick);
         stat(2 * tick);
-        let v = m.read(&proc, 6 * tick);
+        let v = m.read(6 * tick);
         assert!(v[1].util > 900 && v[1].busy, "{v:?}");
         assert!(v[0].util < WATCH_UTIL && !v[0].busy, "{v:?}");
         // It stops: watched, it is read every tick and its utilization falls at once.
         let busy = v[1].util;
-        let v = m.read(&proc, 7 * tick);
+        let v = m.read(7 * tick);
         assert!(v[1].util < busy / 2 && !v[1].busy, "{v:?}");
         // vCPU 0 runs a little, too little for the process's CPU time to tell: read in its
         // turn only, at the member's read 10 (reads count from 1; vCPU 0's turn is every 10th).
         schedstat(61, tick / 50);
-        assert_eq!(m.read(&proc, 8 * tick)[0].util, 0, "read 9");
+        assert_eq!(m.read(8 * tick)[0].util, 0, "read 9");
         schedstat(61, 2 * tick / 50);
-        assert!(m.read(&proc, 9 * tick)[0].util > 0, "read 10");
+        assert!(m.read(9 * tick)[0].util > 0, "read 10");
     }
 }

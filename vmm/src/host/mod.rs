@@ -337,7 +337,6 @@ impl HostDaemon {
 
     /// Reads every VM's vCPUs; a pvmm that does not answer is dropped until it does.
     fn read(&mut self, now_ns: u64) {
-        let proc = self.config.roots.proc.clone();
         let mut lost = Vec::new();
         for (pid, m) in &mut self.vms {
             m.vcpus = match &mut m.member {
@@ -348,7 +347,7 @@ impl HostDaemon {
                         Vec::new()
                     }
                 },
-                Member::Foreign(f) => f.read(&proc, now_ns),
+                Member::Foreign(f) => f.read(now_ns),
             };
         }
         for pid in lost {
