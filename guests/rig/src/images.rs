@@ -80,6 +80,12 @@ pub enum ImageError {
     NoKernelPackage(String),
     #[error("{0} is not a static executable (install the Debian package busybox-static)")]
     BusyboxNotStatic(String),
+    #[error("{binary} is {version}; the rig's L1 needs QEMU {needed} or newer")]
+    QemuTooOld {
+        binary: PathBuf,
+        version: String,
+        needed: u32,
+    },
     #[error("expected file missing: {0}")]
     Missing(PathBuf),
     #[error("I/O error on {path}: {source}")]
@@ -93,7 +99,7 @@ pub enum ImageError {
     Packages(#[from] PackageError),
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
     move |source| ImageError::Io {
         path: path.to_path_buf(),
         source,
@@ -163,7 +169,7 @@ pub struct GuestImages {
     pub kvm_modules: Vec<PathBuf>,
 }
 
-fn run_tool(command: &mut Command, package: &'static str) -> Result<String, ImageError> {
+pub(crate) fn run_tool(command: &mut Command, package: &'static str) -> Result<String, ImageError> {
     let rendered = format!("{command:?}").replace('"', "");
     let output = command.output().map_err(|source| ImageError::ToolMissing {
         program: command.get_program().to_string_lossy().into_owned(),
@@ -241,7 +247,7 @@ fn kernel_dependency(listing: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
+pub(crate) fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
     let prefix = format!("{package}_");
     let mut debs: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?

@@ -23,6 +23,7 @@ pub mod bench;
 pub mod cpio;
 pub mod host_bench;
 pub mod images;
+pub mod l1_qemu;
 pub mod packages;
 pub mod placement_bench;
 pub mod probe;

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::l1_qemu::{L1Qemu, NEWER_MAJOR};
 use crate::rig::RigError;
 
 /// QEMU's `-cpu` for L1 before any preset changes it: an EPYC with SVM and nested paging.
@@ -37,6 +38,7 @@ enum Change {
     Kvm(&'static [&'static str]),
     KvmAmd(&'static [&'static str]),
     Pvmm(&'static [&'static str]),
+    Qemu(L1Qemu),
 }
 
 /// The presets, in the order `rig-soak --help` lists them.
@@ -45,6 +47,11 @@ pub const PRESETS: &[Preset] = &[
         name: "base",
         about: "the rig's settings before any tuning (EPYC,+svm,+npt, tcg thread=multi)",
         change: Change::Nothing,
+    },
+    Preset {
+        name: "qemu10",
+        about: "QEMU 10 runs L1: the host's when it is that new, else fetched from Debian bookworm-backports",
+        change: Change::Qemu(L1Qemu::Newer),
     },
     Preset {
         name: "single",
@@ -108,6 +115,8 @@ pub const PRESETS: &[Preset] = &[
 pub struct L1Tuning {
     /// The name it was parsed from (`base`, `single+nothp`).
     pub name: String,
+    /// The QEMU that runs L1.
+    pub qemu: L1Qemu,
     /// QEMU's `-cpu`.
     pub cpu: String,
     /// `-accel tcg,thread=multi` (true) or `thread=single`.
@@ -130,6 +139,7 @@ impl L1Tuning {
     pub fn base() -> L1Tuning {
         L1Tuning {
             name: "base".into(),
+            qemu: L1Qemu::System,
             cpu: BASE_CPU.into(),
             tcg_multi_thread: true,
             tb_size_mib: None,
@@ -175,6 +185,7 @@ impl L1Tuning {
             Change::Kvm(params) => extend(&mut self.kvm_params, params),
             Change::KvmAmd(params) => extend(&mut self.kvm_amd_params, params),
             Change::Pvmm(args) => extend(&mut self.pvmm_args, args),
+            Change::Qemu(qemu) => self.qemu = qemu,
         }
     }
 }
@@ -227,6 +238,9 @@ impl fmt::Display for L1Tuning {
                 write!(f, "; {what} {}", words.join(" "))?;
             }
         }
+        if self.qemu == L1Qemu::Newer {
+            write!(f, "; QEMU {NEWER_MAJOR} or newer")?;
+        }
         write!(f, ")")
     }
 }
@@ -234,6 +248,21 @@ impl fmt::Display for L1Tuning {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qemu10_changes_only_the_qemu() {
+        let t: L1Tuning = "qemu10".parse().unwrap();
+        assert_eq!(t.qemu, L1Qemu::Newer);
+        assert_eq!(
+            L1Tuning {
+                name: "base".into(),
+                qemu: L1Qemu::System,
+                ..t.clone()
+            },
+            L1Tuning::base()
+        );
+        assert!(t.to_string().ends_with("; QEMU 10 or newer)"));
+    }
 
     #[test]
     fn presets_combine_in_order() {

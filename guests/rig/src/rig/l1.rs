@@ -13,7 +13,8 @@ use super::console::{spawn_reader, Collector, Stream};
 use super::stall::sample_threads;
 use super::{RigEnd, RigError, RigOutcome, Topology, QEMU_SIGNAL_MARK};
 use crate::cpio::CpioArchive;
-use crate::images::{progress, L1Images, Workspace, QEMU};
+use crate::images::{progress, L1Images, Workspace};
+use crate::l1_qemu::{self, QemuBinary};
 use crate::tuning::L1Tuning;
 
 /// L1's kernel command line. `loglevel=4` keeps L1's boot chatter off the console while still
@@ -131,9 +132,11 @@ pub fn run_l1(
 ) -> Result<RigOutcome, RigError> {
     let files = RunFiles::write(ws, images, job, &options.tuning)?;
     let memory = l1_memory_mib(files.initrd_bytes, job.guest_memory_mib);
-    let mut command = l1_command(images, options, &files.initrd, memory);
+    let qemu = l1_qemu::resolve(ws, options.tuning.qemu)?;
+    let mut command = l1_command(&qemu, images, options, &files.initrd, memory);
     progress(&format!(
-        "booting L1: {QEMU} TCG, topology {} ({} CPUs), {memory} MiB, initramfs {} MiB, timeout {} s, variant {}",
+        "booting L1: {} TCG, topology {} ({} CPUs), {memory} MiB, initramfs {} MiB, timeout {} s, variant {}",
+        qemu.version,
         options.topology,
         options.topology.cpus(),
         files.initrd_bytes >> 20,
@@ -231,7 +234,13 @@ fn settle_end(child: &mut KillOnDrop, outcome: &mut RigOutcome) {
 }
 
 /// QEMU's command line for L1.
-fn l1_command(images: &L1Images, options: &L1Options, initrd: &Path, memory: u64) -> Command {
+fn l1_command(
+    qemu: &QemuBinary,
+    images: &L1Images,
+    options: &L1Options,
+    initrd: &Path,
+    memory: u64,
+) -> Command {
     let topology = options.topology;
     let tuning = &options.tuning;
     let mut cmdline = L1_CMDLINE.to_string();
@@ -239,7 +248,7 @@ fn l1_command(images: &L1Images, options: &L1Options, initrd: &Path, memory: u64
         cmdline.push(' ');
         cmdline.push_str(word);
     }
-    let mut command = Command::new(QEMU);
+    let mut command = qemu.command();
     command
         .args(["-accel", &tuning.accel(), "-cpu", &tuning.cpu])
         // Thread names ("CPU 0/TCG") for the stall report.

@@ -1,0 +1,199 @@
+//! Which QEMU runs L1.
+//!
+//! The rig's L1 needs QEMU's TCG emulation of AMD SVM, nested paging included. Measured side by
+//! side (README, "Rig reliability"), QEMU 10.0 boots L1 and its guests several times faster
+//! than Debian 12's QEMU 7.2 and lost no guest where 7.2 with nested paging did. Debian 12
+//! ships QEMU 10.0 in `bookworm-backports`, built against its own libraries, so the rig fetches
+//! it there when the host's QEMU is older: `apt-get download` with a private sources list and
+//! lists folder under `guests/out/qemu-backports/` (the machine's apt setup is not touched),
+//! then `dpkg -x`: nothing is installed. A host whose own QEMU is 10 or newer (Debian 13) uses
+//! its own.
+//!
+//! Only L1 runs on the fetched QEMU. The inner QEMU of `--vmm qemu` stays the host's: its
+//! libraries are what L1's image carries.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::images::{find_deb, io_err, progress, run_tool, which, ImageError, Workspace, QEMU};
+
+/// The oldest QEMU major version [`L1Qemu::Newer`] accepts from the host.
+pub const NEWER_MAJOR: u32 = 10;
+
+/// The Debian suite the newer QEMU is fetched from, and its apt source line.
+pub const BACKPORTS_SUITE: &str = "bookworm-backports";
+const BACKPORTS_SOURCE: &str = "deb http://deb.debian.org/debian bookworm-backports main\n";
+
+/// The packages that make a working `qemu-system-x86_64`: the binary, its shared
+/// helpers, and its firmware and option ROMs (`linuxboot_dma.bin` loads L1's kernel).
+const BACKPORTS_PACKAGES: [&str; 3] = ["qemu-system-x86", "qemu-system-common", "qemu-system-data"];
+
+/// SeaBIOS, from the host's `seabios` package (a dependency of its QEMU): the backported
+/// `qemu-system-data` links its BIOS images there.
+const SEABIOS_DIR: &str = "/usr/share/seabios";
+
+/// Which QEMU an L1 variant runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L1Qemu {
+    /// The host's `qemu-system-x86_64`, whatever its version.
+    System,
+    /// QEMU [`NEWER_MAJOR`] or newer: the host's when it is, else fetched from
+    /// [`BACKPORTS_SUITE`].
+    Newer,
+}
+
+/// A QEMU ready to run L1.
+#[derive(Debug, Clone)]
+pub struct QemuBinary {
+    /// The executable.
+    pub binary: PathBuf,
+    /// Its `--version` first line.
+    pub version: String,
+    /// Firmware folders passed with `-L`, in search order (empty: QEMU's own).
+    data_dirs: Vec<PathBuf>,
+    /// Where its loadable modules are (`QEMU_MODULE_DIR`), when not the host's.
+    module_dir: Option<PathBuf>,
+}
+
+impl QemuBinary {
+    /// A command running this QEMU with its firmware and module folders set.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(&self.binary);
+        for dir in &self.data_dirs {
+            command.arg("-L").arg(dir);
+        }
+        if let Some(dir) = &self.module_dir {
+            command.env("QEMU_MODULE_DIR", dir);
+        }
+        command
+    }
+}
+
+/// The major version in a `qemu-system-x86_64 --version` first line.
+pub fn major_version(version_line: &str) -> Option<u32> {
+    let rest = version_line.split("version ").nth(1)?;
+    rest.split('.').next()?.trim().parse().ok()
+}
+
+fn version_of(binary: &Path) -> Result<String, ImageError> {
+    let text = run_tool(Command::new(binary).arg("--version"), "qemu-system-x86")?;
+    Ok(text.lines().next().unwrap_or_default().trim().to_string())
+}
+
+/// The QEMU `choice` names, fetched first when it must be.
+pub fn resolve(ws: &Workspace, choice: L1Qemu) -> Result<QemuBinary, ImageError> {
+    let host = which(QEMU).ok_or_else(|| ImageError::ToolMissing {
+        program: QEMU.into(),
+        package: "qemu-system-x86",
+        source: std::io::ErrorKind::NotFound.into(),
+    })?;
+    let host_version = version_of(&host)?;
+    let host_is_newer = major_version(&host_version).is_some_and(|m| m >= NEWER_MAJOR);
+    if choice == L1Qemu::System || host_is_newer {
+        return Ok(QemuBinary {
+            binary: host,
+            version: host_version,
+            data_dirs: Vec::new(),
+            module_dir: None,
+        });
+    }
+    let root = fetch_backports(ws)?;
+    let binary = root.join("usr/bin").join(QEMU);
+    let version = version_of(&binary)?;
+    if major_version(&version).is_none_or(|m| m < NEWER_MAJOR) {
+        return Err(ImageError::QemuTooOld {
+            binary,
+            version,
+            needed: NEWER_MAJOR,
+        });
+    }
+    Ok(QemuBinary {
+        binary,
+        version,
+        data_dirs: vec![root.join("usr/share/qemu"), PathBuf::from(SEABIOS_DIR)],
+        module_dir: Some(root.join("usr/lib/x86_64-linux-gnu/qemu")),
+    })
+}
+
+/// Downloads and unpacks [`BACKPORTS_PACKAGES`] once; returns the folder they are unpacked in.
+/// A lock file keeps two rigs starting at once from fetching over each other.
+fn fetch_backports(ws: &Workspace) -> Result<PathBuf, ImageError> {
+    let base = ws.out.join("qemu-backports");
+    let root = base.join("root");
+    let stamp = root.join(".unpacked");
+    if stamp.is_file() {
+        return Ok(root);
+    }
+    let lists = base.join("lists");
+    let debs = base.join("debs");
+    let parts = base.join("sources.list.d");
+    let cache = base.join("cache");
+    for dir in [&lists.join("partial"), &debs, &parts, &cache] {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let lock_path = base.join(".lock");
+    let lock = File::create(&lock_path).map_err(io_err(&lock_path))?;
+    lock.lock().map_err(io_err(&lock_path))?;
+    if stamp.is_file() {
+        return Ok(root);
+    }
+    let sources = base.join("sources.list");
+    std::fs::write(&sources, BACKPORTS_SOURCE).map_err(io_err(&sources))?;
+    let apt = || {
+        let mut command = Command::new("apt-get");
+        for option in [
+            format!("Dir::Etc::sourcelist={}", sources.display()),
+            format!("Dir::Etc::sourceparts={}", parts.display()),
+            format!("Dir::State::Lists={}", lists.display()),
+            format!("Dir::Cache={}", cache.display()),
+            "Debug::NoLocking=1".to_string(),
+            // The files land in folders the unprivileged _apt user may not write.
+            "APT::Sandbox::User=root".to_string(),
+        ] {
+            command.arg("-o").arg(option);
+        }
+        command.arg("-q").current_dir(&debs);
+        command
+    };
+    progress(&format!(
+        "QEMU {NEWER_MAJOR} for L1: fetching {} from {BACKPORTS_SUITE} into {} (once; nothing is installed)",
+        BACKPORTS_PACKAGES.join(", "),
+        base.display()
+    ));
+    run_tool(apt().arg("update"), "apt")?;
+    run_tool(
+        apt()
+            .arg("download")
+            .args(BACKPORTS_PACKAGES.map(|p| format!("{p}/{BACKPORTS_SUITE}"))),
+        "apt",
+    )?;
+    if root.exists() {
+        std::fs::remove_dir_all(&root).map_err(io_err(&root))?;
+    }
+    for package in BACKPORTS_PACKAGES {
+        let deb = find_deb(&debs, package)
+            .ok_or_else(|| ImageError::Missing(debs.join(format!("{package}_*.deb"))))?;
+        run_tool(Command::new("dpkg").arg("-x").arg(&deb).arg(&root), "dpkg")?;
+    }
+    std::fs::write(&stamp, b"").map_err(io_err(&stamp))?;
+    Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_qemu_major_versions() {
+        assert_eq!(
+            major_version("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)"),
+            Some(7)
+        );
+        assert_eq!(
+            major_version("QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)"),
+            Some(10)
+        );
+        assert_eq!(major_version("something else"), None);
+    }
+}
