@@ -29,4 +29,4 @@ pub use placement::{
 };
 pub use policy::Policy;
 pub use topology::{parse_host_topology_arg, HostCpu, HostTopology, TopologyError};
-pub use util::{IdleSample, UtilConfig, UtilTracker};
+pub use util::{IdleSample, LoadTracker, UtilConfig, UtilTracker};

@@ -196,9 +196,96 @@ impl Default for UtilTracker {
     }
 }
 
+/// A vCPU's utilization and the part of it spent waiting for a host CPU
+/// ([`crate::VcpuLoad::waited`]): two trackers fed the same intervals, the
+/// second with the wait as its busy time, so both decay alike.
+#[derive(Debug, Clone, Default)]
+pub struct LoadTracker {
+    util: UtilTracker,
+    wait: UtilTracker,
+}
+
+impl LoadTracker {
+    /// Trackers with no history.
+    pub fn new(config: UtilConfig) -> Self {
+        LoadTracker {
+            util: UtilTracker::new(config),
+            wait: UtilTracker::new(config),
+        }
+    }
+
+    /// Feeds one sample and `waited_ns`, the cumulative time the vCPU was
+    /// runnable but not running, on the same origin as the sample's counters
+    /// and counted in its busy time.
+    pub fn update(&mut self, sample: IdleSample, waited_ns: u64) -> SampleOutcome {
+        let counted = sample.busy_ns.saturating_add(sample.idle_ns);
+        let waited = waited_ns.min(counted);
+        self.wait.update(IdleSample {
+            t_ns: sample.t_ns,
+            busy_ns: waited,
+            idle_ns: counted - waited,
+        });
+        self.util.update(sample)
+    }
+
+    /// The utilization tracker.
+    pub fn util(&self) -> &UtilTracker {
+        &self.util
+    }
+
+    /// The decayed share of time spent waiting, 0..=1024, at most the utilization.
+    pub fn waited(&self) -> u32 {
+        self.wait.util().min(self.util.util())
+    }
+
+    /// Forgets all history.
+    pub fn reset(&mut self) {
+        self.util.reset();
+        self.wait.reset();
+    }
+
+    /// The engine's input for vCPU `id`.
+    pub fn load(&self, id: crate::VcpuId) -> crate::VcpuLoad {
+        crate::VcpuLoad {
+            id,
+            util: self.util.util(),
+            busy: self.util.is_busy(),
+            waited: self.waited(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wait_is_tracked_as_a_share_of_the_same_intervals() {
+        let mut t = LoadTracker::new(UtilConfig::default());
+        let (mut busy, mut idle, mut waited) = (0, 0, 0);
+        for k in 1..=20u64 {
+            // Each 100 ms: 60 ms wanted a CPU, 20 ms of it waiting for one.
+            busy += 60 * MS;
+            idle += 40 * MS;
+            waited += 20 * MS;
+            t.update(
+                IdleSample {
+                    t_ns: k * 100 * MS,
+                    busy_ns: busy,
+                    idle_ns: idle,
+                },
+                waited,
+            );
+        }
+        let id = crate::VcpuId { vm: 1, vcpu: 2 };
+        let load = t.load(id);
+        assert!((load.util as i64 - 614).abs() <= 2, "{load:?}");
+        assert!((load.waited as i64 - 205).abs() <= 2, "{load:?}");
+        assert!(load.busy);
+        assert_eq!(load.id, id);
+        t.reset();
+        assert_eq!((t.util().util(), t.waited()), (0, 0));
+    }
 
     const MS: u64 = 1_000_000;
 

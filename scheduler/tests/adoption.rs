@@ -24,6 +24,7 @@ fn loads(vms: &[u32], utils: &[u32]) -> Vec<VcpuLoad> {
                 },
                 util,
                 busy: util >= 512,
+                waited: 0,
             });
         }
     }
@@ -76,6 +77,7 @@ fn a_cpu_outside_the_topology_is_refused_and_a_known_vcpu_keeps_its_history() {
         id,
         util: 1024,
         busy: true,
+        waited: 0,
     }];
     let placed = engine.place(0, &load).unwrap().assignments[0].cpus.first();
     let elsewhere = (0..4).find(|c| Some(*c) != placed).unwrap();
@@ -97,6 +99,7 @@ fn a_refused_input_keeps_the_adoptions_for_the_next_decision() {
         id: VcpuId { vm: 0, vcpu },
         util: 0,
         busy: false,
+        waited: 0,
     };
     // Both idle vCPUs run on CPU 1 (package 0), where powersaving would keep them.
     assert!(engine.assume(idle(0).id, 1));

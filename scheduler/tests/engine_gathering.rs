@@ -26,6 +26,7 @@ fn vm_vcpus_stay_together() {
                 },
                 util: 600,
                 busy: true,
+                waited: 0,
             })
             .collect();
         let d = run_steady(&mut engine, 0, 20, &loads);
@@ -64,6 +65,7 @@ fn level_two_pulls_waking_vcpus_into_preferred_package() {
                 id: VcpuId { vm: i, vcpu: 0 },
                 util: 1024,
                 busy: true,
+                waited: 0,
             })
             .collect();
         engine.place(0, &loads).unwrap();
@@ -218,6 +220,7 @@ fn spread_on_many_core_packages_gives_busy_vcpus_a_core_each() {
                         (x % 60) as u32
                     },
                     busy,
+                    waited: 0,
                 }
             })
             .collect();

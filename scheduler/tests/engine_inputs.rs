@@ -34,6 +34,7 @@ fn duplicates_are_found_for_any_vcpu_number_and_vm_order() {
         id: VcpuId { vm, vcpu },
         util: 100,
         busy: false,
+        waited: 0,
     };
     let distinct = [
         load(7, 0),

@@ -79,6 +79,7 @@ fn hard_load_sets_settle_with_no_moves() {
                     },
                     util: *util,
                     busy: *util >= 512,
+                    waited: 0,
                 });
             }
         }
@@ -107,6 +108,7 @@ fn fragmented_loads_do_not_retry_consolidation() {
             id: VcpuId { vm: i, vcpu: 0 },
             util: 480,
             busy: false,
+            waited: 0,
         })
         .collect();
     let mut engine = Engine::new(
@@ -133,6 +135,7 @@ fn performance_does_not_swap_when_utils_reorder() {
         id: VcpuId { vm: 0, vcpu },
         util,
         busy: false,
+        waited: 0,
     };
     let first = engine.place(0, &[load(0, 300), load(1, 280)]).unwrap();
     assert_ne!(first.assignments[0].package, first.assignments[1].package);
@@ -161,6 +164,7 @@ proptest! {
                 id: VcpuId { vm: i as u32 % 3, vcpu: i as u32 },
                 util,
                 busy: util >= 512,
+                waited: 0,
             }).collect()
         };
         let mut now = 0;
@@ -200,6 +204,7 @@ fn busy_vcpus_with_a_cpu_each_stay_put_under_noisy_utils() {
                     id: VcpuId { vm: 0, vcpu: v },
                     util: 600 + (lcg_next(&mut x) % 425) as u32,
                     busy: true,
+                    waited: 0,
                 })
                 .collect();
             let d = engine.place(tick * TICK_MS, &loads).unwrap();
@@ -239,6 +244,7 @@ fn performance_moves_no_idle_vcpu_for_a_bursty_package_imbalance() {
                     id: VcpuId { vm: 0, vcpu: v },
                     util: if busy { 900 } else { 40 },
                     busy,
+                    waited: 0,
                 }
             })
             .collect();

@@ -81,6 +81,7 @@ fn growing_load_spreads_within_two_ticks() {
                 id: VcpuId { vm: i, vcpu: 0 },
                 util: 300,
                 busy: false,
+                waited: 0,
             })
             .collect();
         let d = run_steady(&mut engine, 0, 10, &light);
@@ -275,6 +276,7 @@ fn bursty_vcpus_stay_put_on_one_package() {
                     id: VcpuId { vm, vcpu },
                     util,
                     busy: false,
+                    waited: 0,
                 })
             })
             .collect()
@@ -321,6 +323,7 @@ fn a_cpu_a_little_over_its_slot_keeps_its_vcpus() {
                 id: VcpuId { vm: 0, vcpu },
                 util,
                 busy: false,
+                waited: 0,
             })
             .collect()
     };

@@ -43,6 +43,7 @@ pub fn loads(n: u32, seed: u64, capacity: u64) -> Vec<VcpuLoad> {
                 },
                 util: util.min(1024) as u32,
                 busy,
+                waited: 0,
             }
         })
         .collect()

@@ -25,6 +25,17 @@
 //!
 //! A single busy tick short of flat out, which a bursty vCPU has whenever two
 //! bursts fall into one tick, only moves the average like any other reading.
+//!
+//! What is averaged is the time the vCPU ran: its utilization less the time
+//! it waited for a host CPU ([`VcpuLoad::waited`]). Bursty vCPUs sharing a
+//! CPU wait for each other whenever their bursts collide, and counted as
+//! demand that wait would make the packed CPU look fuller than its work, and
+//! open a package for load that fits one. Waiting still counts where it tells
+//! of more demand than the CPU can serve: the two rules above are triggered by
+//! the utilization with the wait (two vCPUs spinning on one CPU each ran half
+//! of it but wanted all of it), and a flat-out vCPU is lifted to all it
+//! wanted; the second rule lifts to what it ran, which, for vCPUs that really
+//! overfill their CPU, is already more than the CPU has room for.
 
 use crate::capacity::CAPACITY_SCALE;
 
@@ -75,13 +86,14 @@ impl Demand {
     /// returns the demand, 0..=1024.
     pub(super) fn update(&mut self, load: &VcpuLoad, keep: u64) -> u64 {
         let util = u64::from(load.util.min(CAPACITY_SCALE));
-        let now = util * DEMAND_FRAC;
+        let ran = util - u64::from(load.waited).min(util);
+        let now = ran * DEMAND_FRAC;
         let mut scaled = match self.scaled {
             Some(old) => (old * keep + now * (DEMAND_FRAC - keep)) / DEMAND_FRAC,
             None => now,
         };
         if util >= u64::from(DEMAND_FLAT_OUT_UTIL) {
-            scaled = scaled.max(now);
+            scaled = scaled.max(util * DEMAND_FRAC);
         } else if let (true, Some(before)) = (load.busy, self.busy_before) {
             scaled = scaled.max(now.min(before));
         }
@@ -96,11 +108,19 @@ mod tests {
     use super::*;
     use crate::placement::VcpuId;
 
+    fn waiting(util: u32, waited: u32, busy: bool) -> VcpuLoad {
+        VcpuLoad {
+            waited,
+            ..load(util, busy)
+        }
+    }
+
     fn load(util: u32, busy: bool) -> VcpuLoad {
         VcpuLoad {
             id: VcpuId { vm: 0, vcpu: 0 },
             util,
             busy,
+            waited: 0,
         }
     }
 
@@ -156,6 +176,42 @@ mod tests {
             v = d.update(&load(0, false), keep);
         }
         assert!(v < 90, "{v}");
+    }
+
+    #[test]
+    fn waiting_for_a_cpu_is_not_averaged_as_demand() {
+        let keep = keep_fraction(Some(100), DEFAULT_DEMAND_HALF_LIFE_MS);
+        let mut d = Demand::default();
+        let mut v = 0;
+        // A 30 % load whose bursts collide with a neighbour's: it reads 45 % with the wait,
+        // half of the time busy (two bursts in one tick).
+        for k in 0..50 {
+            v = d.update(&waiting(450, 150, k % 2 == 0), keep);
+        }
+        assert_eq!(v, 300);
+        // Counted with the wait, the same readings average to what the vCPU wanted.
+        let mut with_wait = Demand::default();
+        for k in 0..50 {
+            v = with_wait.update(&load(450, k % 2 == 0), keep);
+        }
+        assert_eq!(v, 450);
+    }
+
+    #[test]
+    fn vcpus_overfilling_a_cpu_still_count_for_what_they_want() {
+        let keep = keep_fraction(Some(100), DEFAULT_DEMAND_HALF_LIFE_MS);
+        // Spinning beside another spinner: it ran half the CPU, waited the other half.
+        let mut d = Demand::default();
+        d.update(&load(16, false), keep);
+        assert_eq!(d.update(&waiting(1024, 512, true), keep), 1024);
+        // Two vCPUs of 70 % each on one CPU: each ran about half of it and waited a fifth;
+        // the second busy tick lifts each to what it ran, together a full CPU.
+        let mut d = Demand::default();
+        d.update(&load(16, false), keep);
+        d.update(&waiting(700, 200, true), keep);
+        assert_eq!(d.update(&waiting(700, 200, true), keep), 500);
+        // A wait larger than the utilization (two sources out of step) counts as no run.
+        assert_eq!(Demand::default().update(&waiting(100, 300, false), keep), 0);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub fn loads_for(vms: &[(u32, u32)], util: impl Fn(u32, u32) -> u32) -> Vec<Vcpu
                 id: VcpuId { vm: *vm, vcpu },
                 util: u,
                 busy: u >= 512,
+                waited: 0,
             });
         }
     }
@@ -30,6 +31,7 @@ pub fn busy_vcpus(n: u32) -> Vec<VcpuLoad> {
             id: VcpuId { vm: 0, vcpu: i },
             util: 1024,
             busy: true,
+            waited: 0,
         })
         .collect()
 }
@@ -44,6 +46,7 @@ pub fn one_vm_with_busy(n: u32, busy: &[u32]) -> Vec<VcpuLoad> {
                 id: VcpuId { vm: 0, vcpu: v },
                 util: if b { 1024 } else { 20 },
                 busy: b,
+                waited: 0,
             }
         })
         .collect()
@@ -108,6 +111,7 @@ pub fn provoke_moves(policy: Policy, limit: u32, ticks: u64) -> Vec<Vec<u64>> {
                     id: VcpuId { vm: i % 3, vcpu: i },
                     util: if hot { 1000 } else { 20 },
                     busy: hot,
+                    waited: 0,
                 }
             })
             .collect();

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use pvmm_scheduler::{CpuSet, IdleSample, UtilConfig, UtilTracker};
+use pvmm_scheduler::{CpuSet, IdleSample, LoadTracker, UtilConfig};
 use serde_json::{json, Value};
 
 use super::discover::{
@@ -32,6 +32,8 @@ pub struct MemberVcpu {
     pub util: u32,
     /// Ran at least half of the last tick.
     pub busy: bool,
+    /// The part of `util` spent waiting for a host CPU, 0..=1024.
+    pub waited: u32,
     /// The CPUs its VMM reports it placed on (pvmm VMs; None for others, whose threads'
     /// affinity is read from `/proc`).
     pub cpus: Option<CpuSet>,
@@ -48,6 +50,13 @@ pub enum MemberError {
         /// What failed.
         why: String,
     },
+}
+
+/// A share of a CPU in pvmm's JSON (0.0-1.0) on the 1024 scale; 0 when absent.
+fn share_of_1024(value: &Value) -> u32 {
+    (value.as_f64().unwrap_or(0.0) * 1024.0)
+        .round()
+        .clamp(0.0, 1024.0) as u32
 }
 
 /// A pvmm VM joined through its control socket.
@@ -132,10 +141,9 @@ impl PvmmMember {
                 Some(MemberVcpu {
                     vcpu: u32::try_from(v["vcpu"].as_u64()?).ok()?,
                     tid: i32::try_from(v["tid"].as_i64()?).ok()?,
-                    util: (v["util"].as_f64().unwrap_or(0.0) * 1024.0)
-                        .round()
-                        .clamp(0.0, 1024.0) as u32,
+                    util: share_of_1024(&v["util"]),
                     busy: v["busy"].as_bool().unwrap_or(false),
+                    waited: share_of_1024(&v["waited"]),
                     cpus: v["cpus"].as_str().and_then(|c| c.parse().ok()),
                 })
             })
@@ -196,11 +204,22 @@ struct ForeignVcpu {
     tid: i32,
     /// Its thread's `schedstat`, kept open.
     schedstat: ProcFile,
-    tracker: UtilTracker,
-    /// Demand and time at adoption: the counters' origin.
-    origin: Option<(u64, u64)>,
+    tracker: LoadTracker,
+    /// The counters at adoption.
+    origin: Option<Origin>,
     /// Its last reading.
     last: Option<LastRead>,
+}
+
+/// A foreign vCPU's counters at adoption: its readings count from them.
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    /// Time wanted on a CPU (running or waiting).
+    wanted: u64,
+    /// Time waiting for one.
+    waited: u64,
+    /// When.
+    t_ns: u64,
 }
 
 /// What a vCPU's last reading found.
@@ -212,6 +231,8 @@ struct LastRead {
     t_ns: u64,
     /// Demand since the origin, as fed to the tracker.
     busy_ns: u64,
+    /// The part of it spent waiting for a CPU.
+    waited_ns: u64,
     /// Run time (schedstat's first field).
     ran_ns: u64,
 }
@@ -226,27 +247,42 @@ impl ForeignVcpu {
     /// what it now runs.
     fn read(&mut self, now_ns: u64, read: u64) -> Option<u64> {
         let (wanted, ran_ns) = parse_schedstat(self.schedstat.read()?)?;
-        let (w0, t0) = *self.origin.get_or_insert((wanted, now_ns));
-        let elapsed = now_ns.saturating_sub(t0);
-        let busy_ns = wanted.saturating_sub(w0).min(elapsed);
+        let waiting = wanted.saturating_sub(ran_ns);
+        let origin = *self.origin.get_or_insert(Origin {
+            wanted,
+            waited: waiting,
+            t_ns: now_ns,
+        });
+        let elapsed = now_ns.saturating_sub(origin.t_ns);
+        let busy_ns = wanted.saturating_sub(origin.wanted).min(elapsed);
+        let waited_ns = waiting.saturating_sub(origin.waited).min(busy_ns);
         if let Some(last) = self.last.filter(|l| l.read + 1 < read && l.t_ns < now_ns) {
             let recent = busy_ns.saturating_sub(last.busy_ns).min(now_ns - last.t_ns);
             let idle_until = now_ns - recent;
-            self.tracker.update(IdleSample {
-                t_ns: idle_until,
-                busy_ns: last.busy_ns,
-                idle_ns: idle_until.saturating_sub(t0).saturating_sub(last.busy_ns),
-            });
+            self.tracker.update(
+                IdleSample {
+                    t_ns: idle_until,
+                    busy_ns: last.busy_ns,
+                    idle_ns: idle_until
+                        .saturating_sub(origin.t_ns)
+                        .saturating_sub(last.busy_ns),
+                },
+                last.waited_ns,
+            );
         }
-        self.tracker.update(IdleSample {
-            t_ns: now_ns,
-            busy_ns,
-            idle_ns: elapsed - busy_ns,
-        });
+        self.tracker.update(
+            IdleSample {
+                t_ns: now_ns,
+                busy_ns,
+                idle_ns: elapsed - busy_ns,
+            },
+            waited_ns,
+        );
         let previous = self.last.replace(LastRead {
             read,
             t_ns: now_ns,
             busy_ns,
+            waited_ns,
             ran_ns,
         });
         previous
@@ -255,7 +291,9 @@ impl ForeignVcpu {
     }
 
     fn watched(&self) -> bool {
-        self.origin.is_none() || self.tracker.util() >= WATCH_UTIL || self.tracker.is_busy()
+        self.origin.is_none()
+            || self.tracker.util().util() >= WATCH_UTIL
+            || self.tracker.util().is_busy()
     }
 }
 
@@ -301,7 +339,7 @@ impl ForeignMember {
             self.vcpus.entry(n).or_insert_with(|| ForeignVcpu {
                 tid,
                 schedstat: ProcFile::new(schedstat_path(proc, found.pid, tid)),
-                tracker: UtilTracker::new(UtilConfig::default()),
+                tracker: LoadTracker::new(UtilConfig::default()),
                 origin: None,
                 last: None,
             });
@@ -362,8 +400,9 @@ impl ForeignMember {
             .map(|(&vcpu, v)| MemberVcpu {
                 vcpu,
                 tid: v.tid,
-                util: v.tracker.util(),
-                busy: v.tracker.is_busy(),
+                util: v.tracker.util().util(),
+                busy: v.tracker.util().is_busy(),
+                waited: v.tracker.waited(),
                 cpus: None,
             })
             .collect()
@@ -427,6 +466,32 @@ mod tests {
         again.vcpu_tids.remove(&1);
         m.update(again, &host.roots.proc);
         assert_eq!(m.read(21 * tick).len(), 1);
+    }
+
+    #[test]
+    fn a_foreign_vcpu_waiting_for_a_cpu_reports_the_wait_apart() {
+        let host = FakeHost::new("members-wait");
+        host.process(
+            70,
+            &[(70, "qemu"), (71, "CPU 0/KVM")],
+            &[(3, "anon_inode:kvm-vm"), (4, "anon_inode:kvm-vcpu:0")],
+        );
+        let found = super::super::discover::foreign_vms(&host.roots, &[]);
+        let mut m = ForeignMember::adopt(found[0].clone(), &host.roots.proc);
+        let stat = host.roots.proc.join("70/task/71/schedstat");
+        // Each 100 ms tick it ran 30 ms and waited 30 ms for a CPU.
+        let tick = 100_000_000u64;
+        let mut v = Vec::new();
+        for i in 0..20u64 {
+            std::fs::write(
+                &stat,
+                format!("{} {} 1\n", i * 3 * tick / 10, i * 3 * tick / 10),
+            )
+            .unwrap();
+            v = m.read(i * tick);
+        }
+        assert!((v[0].util as i64 - 614).abs() < 10, "{v:?}");
+        assert!((v[0].waited as i64 - 307).abs() < 10, "{v:?}");
     }
 
     #[test]

@@ -378,6 +378,7 @@ impl HostDaemon {
                     },
                     util: v.util,
                     busy: v.busy,
+                    waited: v.waited,
                 })
             })
             .collect();

@@ -58,6 +58,13 @@ pub trait IdleSource: Send {
     /// Reads the counters at `now_ns` on the caller's monotonic clock, which starts at 0 when
     /// the vCPU's placement starts.
     fn sample(&mut self, now_ns: u64) -> Result<IdleSample, IdleError>;
+
+    /// The cumulative time the vCPU was runnable but waiting for a host CPU, as of the last
+    /// [`sample`](Self::sample), counted from the same origin (part of its busy time); 0 where
+    /// the source cannot tell.
+    fn waited_ns(&self) -> u64 {
+        0
+    }
 }
 
 /// The guest's idle time: when the vCPU thread sleeps in a halt, from the thread's scheduler
@@ -110,6 +117,10 @@ impl IdleSource for KvmHaltIdle {
         };
         Ok(self.acc.update(now_ns, idle))
     }
+
+    fn waited_ns(&self) -> u64 {
+        self.blocked.waited_ns
+    }
 }
 
 /// The vCPU thread's demand from `/proc/self/task/<tid>/schedstat`: time on a CPU plus time
@@ -138,17 +149,22 @@ impl ThreadRunTime {
 /// subtracted from its first interval's idle time.
 #[derive(Debug, Default, Clone, Copy)]
 struct ThreadBlocked {
-    wanted_at_origin: Option<u64>,
+    /// Time wanted (on a CPU or waiting for one) and time waiting, at the first reading.
+    origin: Option<(u64, u64)>,
+    /// Time waiting for a CPU since the first reading, as of the last.
+    waited_ns: u64,
 }
 
 impl ThreadBlocked {
     /// Blocked time of thread `tid` out of the `elapsed_ns` since the first reading.
     fn read(&mut self, tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
-        let (wanted, _ran) = thread_demand(tid).ok_or_else(|| IdleError::Proc {
+        let (wanted, ran) = thread_demand(tid).ok_or_else(|| IdleError::Proc {
             path: schedstat_path(tid),
         })?;
-        let origin = *self.wanted_at_origin.get_or_insert(wanted);
-        Ok(elapsed_ns.saturating_sub(wanted.saturating_sub(origin)))
+        let waited = wanted.saturating_sub(ran);
+        let (wanted0, waited0) = *self.origin.get_or_insert((wanted, waited));
+        self.waited_ns = waited.saturating_sub(waited0);
+        Ok(elapsed_ns.saturating_sub(wanted.saturating_sub(wanted0)))
     }
 }
 
@@ -156,6 +172,10 @@ impl IdleSource for ThreadRunTime {
     fn sample(&mut self, now_ns: u64) -> Result<IdleSample, IdleError> {
         let blocked = self.blocked.read(self.tid, now_ns)?;
         Ok(self.acc.update(now_ns, blocked))
+    }
+
+    fn waited_ns(&self) -> u64 {
+        self.blocked.waited_ns
     }
 }
 
@@ -171,6 +191,41 @@ mod tests {
         src.sample(10_000_000_000).unwrap();
         let s = src.sample(20_000_000_000).unwrap();
         assert_eq!(s.busy_ns + s.idle_ns, 10_000_000_000);
+    }
+
+    /// A thread spinning beside another on one CPU runs about half the time and waits the
+    /// other half: the wait is reported apart, and within its busy time.
+    #[test]
+    fn a_thread_sharing_its_cpu_reports_its_wait() {
+        use pvmm_scheduler::{CpuSet, Executor, LinuxExecutor};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let mut executor = LinuxExecutor;
+        let first_cpu = executor.read(me).unwrap().iter().next().unwrap();
+        let one: CpuSet = first_cpu.to_string().parse().unwrap();
+        executor.apply(me, &one).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinner = {
+            let (stop, one) = (stop.clone(), one.clone());
+            std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() };
+                LinuxExecutor.apply(tid, &one).unwrap();
+                while !stop.load(Ordering::Relaxed) {}
+            })
+        };
+        let mut src = ThreadRunTime::new(me);
+        let start = std::time::Instant::now();
+        src.sample(0).unwrap();
+        while start.elapsed() < std::time::Duration::from_millis(300) {}
+        let s = src.sample(start.elapsed().as_nanos() as u64).unwrap();
+        stop.store(true, Ordering::Relaxed);
+        spinner.join().unwrap();
+        let waited = src.waited_ns();
+        assert!(waited > 10_000_000, "waited {waited} ns of {s:?}");
+        assert!(waited <= s.busy_ns, "waited {waited} ns of {s:?}");
     }
 
     /// A vCPU thread asleep in a halt reads as idle while it sleeps, even when KVM's halt

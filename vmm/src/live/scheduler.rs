@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use pvmm_devices::events::GuestErrorCounter;
 use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};
 use pvmm_scheduler::{
-    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, PlaceError, UtilConfig,
-    UtilTracker, VcpuId, VcpuLoad,
+    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LoadTracker, PlaceError,
+    UtilConfig, VcpuId, VcpuLoad,
 };
 use serde_json::json;
 
@@ -45,7 +45,7 @@ pub struct LiveVcpu {
     pub tid: i32,
     /// Its idle signal.
     pub source: Box<dyn IdleSource>,
-    tracker: UtilTracker,
+    tracker: LoadTracker,
     last_cpus: Option<CpuSet>,
     package: Option<u32>,
     capacity: u32,
@@ -58,7 +58,7 @@ impl LiveVcpu {
             index,
             tid,
             source,
-            tracker: UtilTracker::new(UtilConfig::default()),
+            tracker: LoadTracker::new(UtilConfig::default()),
             last_cpus: None,
             package: None,
             capacity: CAPACITY_SCALE,
@@ -245,7 +245,7 @@ impl LiveScheduler {
         for v in &mut self.vcpus {
             // A failed read leaves the previous utilization in place; the thread may be exiting.
             if let Ok(sample) = v.source.sample(now_ns) {
-                v.tracker.update(sample);
+                v.tracker.update(sample, v.source.waited_ns());
             }
         }
     }
@@ -257,13 +257,11 @@ impl LiveScheduler {
         let loads: Vec<VcpuLoad> = self
             .vcpus
             .iter()
-            .map(|v| VcpuLoad {
-                id: VcpuId {
+            .map(|v| {
+                v.tracker.load(VcpuId {
                     vm: THIS_VM,
                     vcpu: v.index,
-                },
-                util: v.tracker.util(),
-                busy: v.tracker.is_busy(),
+                })
             })
             .collect();
         engine
@@ -374,8 +372,9 @@ impl LiveScheduler {
                 json!({
                     "vcpu": v.index,
                     "tid": v.tid,
-                    "util": round3(f64::from(v.tracker.util()) / f64::from(CAPACITY_SCALE)),
-                    "busy": v.tracker.is_busy(),
+                    "util": round3(f64::from(v.tracker.util().util()) / f64::from(CAPACITY_SCALE)),
+                    "busy": v.tracker.util().is_busy(),
+                    "waited": round3(f64::from(v.tracker.waited()) / f64::from(CAPACITY_SCALE)),
                     "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
                     "package": v.package,
                     "capacity": v.capacity,
@@ -394,7 +393,7 @@ impl LiveScheduler {
                     .iter()
                     .filter(|v| v.package == Some(p.id))
                     .collect();
-                let demand: u32 = on.iter().map(|v| v.tracker.util()).sum();
+                let demand: u32 = on.iter().map(|v| v.tracker.util().util()).sum();
                 json!({
                     "id": p.id,
                     "util": round3(f64::from(demand) / f64::from(capacity.max(1))),
@@ -669,7 +668,11 @@ mod tests {
         }
         errors.unclaimed_access(0x80);
         let snap = s.snapshot(s.now_ns(), 0);
-        let demand: f64 = s.vcpus.iter().map(|v| f64::from(v.tracker.util())).sum();
+        let demand: f64 = s
+            .vcpus
+            .iter()
+            .map(|v| f64::from(v.tracker.util().util()))
+            .sum();
         assert!(demand > 0.0, "{snap}");
         let util = snap["packages"][0]["util"].as_f64().unwrap();
         assert!(

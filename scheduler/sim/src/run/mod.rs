@@ -355,6 +355,9 @@ impl<'a> Sim<'a> {
                 id: v.id,
                 util: v.tracker.util(),
                 busy: v.tracker.is_busy(),
+                // The simulated threads' time waiting for a CPU is in neither counter (the
+                // tracker's share is of the time accounted), so no wait is reported apart.
+                waited: 0,
             });
         }
         let decision = engine.place(t / NS_PER_MS, loads)?;
