@@ -17,6 +17,7 @@ use serde_json::json;
 use super::capacity::CapacityReporter;
 use super::control::{ExternalAssignment, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
+use super::hotplug::{OnlineChange, OnlineCpus};
 use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
 use crate::config::PlacementPolicy;
@@ -99,6 +100,8 @@ pub struct LiveScheduler {
     guest_errors: Option<Arc<GuestErrorCounter>>,
     /// Each package's capacity (SMT counted as the engine counts it), in package order.
     package_capacity: Vec<u32>,
+    /// The host's online CPUs, when watched: the topology follows them.
+    online: Option<OnlineCpus>,
 }
 
 impl LiveScheduler {
@@ -121,6 +124,12 @@ impl LiveScheduler {
         self
     }
 
+    /// Follows host CPUs going offline and coming back ([`super::hotplug`]).
+    pub fn with_online_cpus(mut self, online: OnlineCpus) -> Self {
+        self.online = Some(online);
+        self
+    }
+
     /// Keeps pvmm's own threads on the lowest-numbered package that holds vCPUs.
     pub fn with_own_threads(mut self, own: OwnThreads) -> Self {
         self.own_threads = Some(own);
@@ -136,13 +145,9 @@ impl LiveScheduler {
         vcpus: Vec<LiveVcpu>,
         stats: Option<Box<dyn Write + Send>>,
     ) -> Self {
-        let package_capacity = topology
-            .packages()
-            .iter()
-            .map(|p| group_capacity(&topology, &topology.package_cpus(p.id)).capacity)
-            .collect();
         Self {
             engine: make_engine(policy, &topology, &engine_config),
+            package_capacity: package_capacities(&topology),
             policy,
             topology,
             engine_config,
@@ -157,7 +162,7 @@ impl LiveScheduler {
             host_stat_at_start: read_proc_stat(),
             capacity: None,
             guest_errors: None,
-            package_capacity,
+            online: None,
         }
     }
 
@@ -176,6 +181,7 @@ impl LiveScheduler {
     pub fn tick(&mut self) -> Result<Option<Decision>, LiveError> {
         let now_ns = self.now_ns();
         self.sample(now_ns);
+        self.follow_online_cpus();
         if let Some(policy) = self.control.as_ref().and_then(|c| c.take_policy_request()) {
             self.set_policy(policy);
         }
@@ -197,22 +203,8 @@ impl LiveScheduler {
                 }
                 if std::mem::take(&mut self.external) {
                     // The engine's view of where vCPUs are is stale: start it afresh, from
-                    // where the outside balancer left them, so that a vCPU already where the
-                    // policy would put it does not move.
-                    self.engine = make_engine(self.policy, &self.topology, &self.engine_config);
-                    if let Some(engine) = self.engine.as_mut() {
-                        for v in &self.vcpus {
-                            if let Some(cpu) = v.last_cpus.as_ref().and_then(single_cpu) {
-                                engine.assume(
-                                    VcpuId {
-                                        vm: THIS_VM,
-                                        vcpu: v.index,
-                                    },
-                                    cpu,
-                                );
-                            }
-                        }
-                    }
+                    // where the outside balancer left them.
+                    self.restart_engine();
                 }
                 let decision = self.decide(now_ns)?;
                 let counts = match &decision {
@@ -279,6 +271,49 @@ impl LiveScheduler {
             v.capacity = a.capacity;
         }
         counts
+    }
+
+    /// A fresh engine, told where each vCPU runs now, so that a vCPU already where the policy
+    /// would put it does not move (a vCPU on a CPU outside the topology is placed anew).
+    fn restart_engine(&mut self) {
+        self.engine = make_engine(self.policy, &self.topology, &self.engine_config);
+        if let Some(engine) = self.engine.as_mut() {
+            for v in &self.vcpus {
+                if let Some(cpu) = v.last_cpus.as_ref().and_then(single_cpu) {
+                    engine.assume(
+                        VcpuId {
+                            vm: THIS_VM,
+                            vcpu: v.index,
+                        },
+                        cpu,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Places on the host CPUs that are online now, when they changed ([`super::hotplug`]):
+    /// only the vCPUs of CPUs gone move, and a CPU that returns is used again.
+    fn follow_online_cpus(&mut self) {
+        match self.online.as_mut().map(OnlineCpus::check) {
+            None | Some(OnlineChange::Same) => {}
+            Some(OnlineChange::NoneLeft) => eprintln!(
+                "pvmm: none of the host CPUs {} is online; placing on them as before",
+                self.topology.cpu_set()
+            ),
+            Some(OnlineChange::Now(topology)) => {
+                eprintln!(
+                    "pvmm: host CPUs online changed: placing on {} (was {})",
+                    topology.cpu_set(),
+                    self.topology.cpu_set()
+                );
+                self.package_capacity = package_capacities(&topology);
+                self.topology = topology;
+                if self.policy != PlacementPolicy::None {
+                    self.restart_engine();
+                }
+            }
+        }
     }
 
     /// Applies an outside balancer's assignments; vCPUs they do not name stay as they are.
@@ -481,6 +516,15 @@ impl LiveScheduler {
     }
 }
 
+/// Each package's capacity (SMT counted as the engine counts it), in package order.
+fn package_capacities(topology: &HostTopology) -> Vec<u32> {
+    topology
+        .packages()
+        .iter()
+        .map(|p| group_capacity(topology, &topology.package_cpus(p.id)).capacity)
+        .collect()
+}
+
 fn make_engine(
     policy: PlacementPolicy,
     topology: &HostTopology,
@@ -585,6 +629,71 @@ mod tests {
         }
         assert_eq!(last["packages"][1]["active"], false);
         assert_eq!(last["packages"][0]["active"], true);
+    }
+
+    /// A host CPU going offline moves only the vCPU that was on it, onto CPUs still online;
+    /// when the CPU comes back it is used again.
+    #[test]
+    fn vcpus_leave_a_cpu_going_offline_and_use_it_again_when_it_returns() {
+        let dir = std::env::temp_dir().join(format!("pvmm-hotplug-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let online = dir.join("online");
+        std::fs::write(&online, "0-3\n").unwrap();
+        let topo = HostTopology::from_spec("2x2x1").unwrap();
+        let vcpus = (0..4)
+            .map(|i| {
+                LiveVcpu::new(
+                    i,
+                    5000 + i as i32,
+                    Box::new(Scripted { busy_fraction: 1.0 }),
+                )
+            })
+            .collect();
+        let mut s = LiveScheduler::new(
+            PlacementPolicy::Managed(Policy::Performance),
+            topo.clone(),
+            EngineConfig::default(),
+            Box::new(RecordingExecutor::new()),
+            vcpus,
+            None,
+        )
+        .with_online_cpus(OnlineCpus::watch(topo, online.clone()).unwrap());
+        let placed = |s: &LiveScheduler| -> Vec<CpuSet> {
+            s.vcpus
+                .iter()
+                .map(|v| v.last_cpus.clone().unwrap())
+                .collect()
+        };
+        for _ in 0..3 {
+            s.tick().unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let before = placed(&s);
+        let used: CpuSet = before.iter().flat_map(|c| c.iter()).collect();
+        assert_eq!(used.to_string(), "0-3", "{before:?}");
+
+        std::fs::write(&online, "0-1,3\n").unwrap();
+        s.tick().unwrap();
+        let after = placed(&s);
+        for (was, now) in before.iter().zip(&after) {
+            assert!(!now.contains(2), "{after:?}");
+            if !was.contains(2) {
+                assert_eq!(
+                    was, now,
+                    "only the vCPU of CPU 2 moves: {before:?} -> {after:?}"
+                );
+            }
+        }
+
+        std::fs::write(&online, "0-3\n").unwrap();
+        for _ in 0..3 {
+            s.tick().unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let back = placed(&s);
+        let used: CpuSet = back.iter().flat_map(|c| c.iter()).collect();
+        assert_eq!(used.to_string(), "0-3", "{back:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// When an outside balancer's lease lapses, pvmm's own engine starts from where the

@@ -23,6 +23,7 @@ use crate::exit::VmExit;
 use crate::layout::{GED_IRQ, HIMEM_START};
 use crate::live::capacity::CppcReporter;
 use crate::live::control::PlacementControl;
+use crate::live::hotplug::{OnlineCpus, SYSFS_ONLINE};
 use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
 use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, LiveVcpu};
@@ -281,6 +282,9 @@ fn start_scheduler(
         devices.ged.clone(),
         ged_unmasked,
     )));
+    if let Some(online) = OnlineCpus::watch(topology.clone(), SYSFS_ONLINE.into()) {
+        scheduler = scheduler.with_online_cpus(online);
+    }
     // vCPUs start where the policy wants them: place before releasing the gate.
     let placed = scheduler.tick();
     gate.wait();
