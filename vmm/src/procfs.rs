@@ -12,8 +12,8 @@ use pvmm_devices::cppc::DemandCounters;
 /// The most a [`ProcFile`] reads: a `stat` line is about 300 bytes, a `schedstat` line 40.
 const PROC_FILE_MAX: usize = 1024;
 
-/// A `/proc` file kept open and read again from its start at each reading. procfs builds the
-/// text anew for every read at offset 0, so a reading costs one `pread` instead of a path
+/// A `/proc` (or sysfs) file kept open and read again from its start at each reading. procfs
+/// and sysfs build the text anew for every read at offset 0, so a reading costs one `pread` instead of a path
 /// walk, an open, a read and a close: the daemon reads one such file per watched vCPU per tick.
 /// The descriptor stays bound to the task it was opened for: once that thread or process has
 /// ended, its reads fail, and the file stays failed even if the id is reused (discovery, not
