@@ -569,6 +569,19 @@ mod tests {
     struct Scripted {
         busy_fraction: f64,
     }
+
+    /// `n` vCPUs on threads `first_tid..`, each busy `busy_fraction` of the time.
+    fn scripted_vcpus(n: u32, first_tid: i32, busy_fraction: f64) -> Vec<LiveVcpu> {
+        (0..n)
+            .map(|i| {
+                LiveVcpu::new(
+                    i,
+                    first_tid + i as i32,
+                    Box::new(Scripted { busy_fraction }),
+                )
+            })
+            .collect()
+    }
     impl IdleSource for Scripted {
         fn sample(&mut self, now_ns: u64) -> Result<IdleSample, super::super::idle::IdleError> {
             let busy = (now_ns as f64 * self.busy_fraction) as u64;
@@ -583,15 +596,7 @@ mod tests {
     #[test]
     fn idle_vcpus_are_packed_and_reported() {
         let topo = HostTopology::from_spec("2x2x1").unwrap();
-        let vcpus = (0..4)
-            .map(|i| {
-                LiveVcpu::new(
-                    i,
-                    1000 + i as i32,
-                    Box::new(Scripted { busy_fraction: 0.0 }),
-                )
-            })
-            .collect();
+        let vcpus = scripted_vcpus(4, 1000, 0.0);
         let buf = Arc::new(Mutex::new(Vec::<u8>::new()));
         struct Shared(Arc<Mutex<Vec<u8>>>);
         impl Write for Shared {
@@ -640,15 +645,7 @@ mod tests {
         let online = dir.join("online");
         std::fs::write(&online, "0-3\n").unwrap();
         let topo = HostTopology::from_spec("2x2x1").unwrap();
-        let vcpus = (0..4)
-            .map(|i| {
-                LiveVcpu::new(
-                    i,
-                    5000 + i as i32,
-                    Box::new(Scripted { busy_fraction: 1.0 }),
-                )
-            })
-            .collect();
+        let vcpus = scripted_vcpus(4, 5000, 1.0);
         let mut s = LiveScheduler::new(
             PlacementPolicy::Managed(Policy::Performance),
             topo.clone(),
@@ -703,15 +700,7 @@ mod tests {
     #[test]
     fn taking_over_from_a_lapsed_balancer_moves_nothing_needlessly() {
         let topo = HostTopology::from_spec("2x2x1").unwrap();
-        let vcpus = (0..4)
-            .map(|i| {
-                LiveVcpu::new(
-                    i,
-                    3000 + i as i32,
-                    Box::new(Scripted { busy_fraction: 0.0 }),
-                )
-            })
-            .collect();
+        let vcpus = scripted_vcpus(4, 3000, 0.0);
         let control = Arc::new(PlacementControl::new(Duration::from_millis(20)));
         let mut s = LiveScheduler::new(
             PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
@@ -752,15 +741,7 @@ mod tests {
     fn package_util_is_over_its_capacity() {
         use pvmm_devices::events::GuestEvents as _;
         let topo = HostTopology::from_spec("1x2x2").unwrap();
-        let vcpus = (0..4)
-            .map(|i| {
-                LiveVcpu::new(
-                    i,
-                    2000 + i as i32,
-                    Box::new(Scripted { busy_fraction: 1.0 }),
-                )
-            })
-            .collect();
+        let vcpus = scripted_vcpus(4, 2000, 1.0);
         let errors = Arc::new(GuestErrorCounter::default());
         let mut s = LiveScheduler::new(
             PlacementPolicy::default(),
