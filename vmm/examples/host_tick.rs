@@ -109,6 +109,7 @@ fn run(vms: u32, vcpus: u32, busy: bool) -> Result<(), String> {
         roots: Roots {
             proc: root.join("proc"),
             kvm_debugfs: root.join("debugfs"),
+            qmp: Vec::new(),
         },
         verbose: false,
         metrics: None,

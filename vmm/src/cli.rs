@@ -33,7 +33,7 @@ stdin is a terminal (then it is SIGTERM).
 The guest's serial console (COM1) is pvmm's stdin/stdout; --stats - writes to
 stderr, so the console stays clean.
 
-Control socket (--api-socket PATH; HTTP/1.1 + JSON, e.g.
+Control socket (--api-socket PATH, or --host auto to join pvmm-host; HTTP/1.1 + JSON, e.g.
 curl --unix-socket PATH http://localhost/v1/vm, or pvmm-ctl):
   GET /v1/vm, /v1/vcpus, /v1/placement     state, threads, latest tick
   PUT /v1/policy {\"policy\":\"balance\"}      change the policy at run time
@@ -123,6 +123,11 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 
+    /// Join a pvmm-host daemon: serve the control API in its runtime directory as
+    /// pvmm-PID.sock (auto: /run/pvmm), where the daemon finds it.
+    #[arg(long, value_name = "auto|DIR", conflicts_with = "api_socket")]
+    pub host: Option<PathBuf>,
+
     /// How long an outside balancer's placement (PUT /v1/placement/external) holds without
     /// renewal before pvmm places its vCPUs itself again (100-600000).
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_EXTERNAL_LEASE_MS,
@@ -167,7 +172,16 @@ impl Cli {
                     }
                 }),
             },
-            api_socket: self.api_socket,
+            api_socket: self.api_socket.or_else(|| {
+                self.host.map(|dir| {
+                    let dir = if dir.as_os_str() == "auto" {
+                        PathBuf::from(crate::host::cli::DEFAULT_RUNTIME_DIR)
+                    } else {
+                        dir
+                    };
+                    dir.join(format!("pvmm-{}.sock", std::process::id()))
+                })
+            }),
             external_lease_ms: self.external_lease_ms,
             shutdown_timeout_secs: self.shutdown_timeout,
             seccomp: self.seccomp,
@@ -266,6 +280,28 @@ mod tests {
         assert_eq!(c.memory_mib, DEFAULT_MEMORY_MIB);
         assert_eq!(c.cmdline, DEFAULT_CMDLINE);
         assert_eq!(c.placement.policy, PlacementPolicy::default());
+    }
+
+    #[test]
+    fn joining_a_host_daemon_names_the_socket_in_its_runtime_directory() {
+        let socket = |args: &[&str]| match parse(args) {
+            ParseOutcome::Run(cli) => cli.into_config().api_socket,
+            other => panic!("{other:?}"),
+        };
+        let mine = format!("pvmm-{}.sock", std::process::id());
+        assert_eq!(
+            socket(&["pvmm", "--host", "auto", "k"]),
+            Some(PathBuf::from(crate::host::cli::DEFAULT_RUNTIME_DIR).join(&mine))
+        );
+        assert_eq!(
+            socket(&["pvmm", "--host", "/tmp/vms", "k"]),
+            Some(PathBuf::from("/tmp/vms").join(&mine))
+        );
+        assert_eq!(socket(&["pvmm", "k"]), None);
+        assert!(
+            err(&["pvmm", "--host", "auto", "--api-socket", "/a.sock", "k"])
+                .contains("--api-socket")
+        );
     }
 
     /// The help text spells out the limits and defaults that clap takes from constants.

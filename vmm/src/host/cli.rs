@@ -24,9 +24,10 @@ it (PUT /v1/placement/external, renewed every tick), so their guests still see
 their capacity through CPPC; if the daemon dies, each pvmm places itself again
 when its lease runs out. With --adopt auto, VMs of other VMMs (any process holding
 KVM vCPU file descriptors) are placed too, by thread affinity: vCPU threads from
-debugfs (/sys/kernel/debug/kvm/PID-FD/vcpuN/pid) or QEMU's thread names
-(-name NAME,debug-threads=on), the VMM's other threads pinned to the active
-packages.
+debugfs (/sys/kernel/debug/kvm/PID-FD/vcpuN/pid), the VMM's thread names (QEMU's
+'CPU N/KVM' with -name NAME,debug-threads=on, Firecracker's 'fc_vcpu N', crosvm's
+'crosvm_vcpuN', cloud-hypervisor's 'vcpuN'), or a QEMU's QMP socket given with
+--qmp; the VMM's other threads pinned to the active packages.
 
 The daemon answers GET /v1/host (JSON) and GET /metrics (Prometheus text) on
 DIR/pvmm-host.api; `pvmm-host status` prints it. --metrics serves /metrics over
@@ -74,6 +75,11 @@ pub struct HostCli {
           value_parser = ["auto", "none"])]
     pub adopt: String,
 
+    /// A QEMU QMP socket to ask for vCPU threads (query-cpus-fast) when neither debugfs
+    /// nor thread names tell them; repeat for several QEMUs.
+    #[arg(long, value_name = "PATH")]
+    pub qmp: Vec<PathBuf>,
+
     /// Write one JSON object per tick to FILE, or to stdout with '-'.
     #[arg(long, value_name = "FILE|-")]
     pub stats: Option<PathBuf>,
@@ -118,7 +124,10 @@ impl HostCli {
             tick: std::time::Duration::from_millis(self.tick_ms),
             runtime_dir: self.runtime_dir,
             adopt: self.adopt == "auto",
-            roots: Roots::default(),
+            roots: Roots {
+                qmp: self.qmp,
+                ..Roots::default()
+            },
             verbose: self.verbose,
             metrics: self.metrics,
         })
@@ -138,6 +147,12 @@ mod tests {
                 .unwrap();
         assert_eq!(ok.topology.cpu_set(), CpuSet::range(0, 2));
         assert!(!ok.adopt);
+        assert!(ok.roots.qmp.is_empty());
+        let qmp = HostCli::try_parse_from(["pvmm-host", "--qmp", "/a", "--qmp", "/b"])
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert_eq!(qmp.roots.qmp, [PathBuf::from("/a"), PathBuf::from("/b")]);
         assert!(HostCli::try_parse_from(["pvmm-host", "--policy", "none"]).is_err());
         assert!(HostCli::try_parse_from(["pvmm-host", "--adopt", "maybe"]).is_err());
         assert!(HostCli::try_parse_from(["pvmm-host", "--tick-ms", "5"]).is_err());

@@ -4,7 +4,8 @@
 //!
 //! A process is a KVM VMM when `/proc/<pid>/fd` holds `anon_inode:kvm-vcpu:N` links. Its vCPU
 //! N runs on the thread that debugfs names (`/sys/kernel/debug/kvm/<pid>-<fd>/vcpuN/pid`, any
-//! VMM), or failing that the thread QEMU names `CPU N/KVM`; its other threads are
+//! VMM), or failing that the thread its VMM names after it ([`VCPU_THREAD_NAMES`]), or what a
+//! QEMU answers on a QMP socket the operator named ([`super::qmp`]); its other threads are
 //! housekeeping. Every path is under a root, so tests run against a fake `/proc`.
 
 use std::collections::BTreeMap;
@@ -22,6 +23,8 @@ pub struct Roots {
     pub proc: PathBuf,
     /// debugfs's `kvm` directory (`/sys/kernel/debug/kvm`).
     pub kvm_debugfs: PathBuf,
+    /// QEMU QMP sockets (`--qmp`), asked for the vCPUs neither debugfs nor thread names map.
+    pub qmp: Vec<PathBuf>,
 }
 
 impl Default for Roots {
@@ -29,6 +32,7 @@ impl Default for Roots {
         Self {
             proc: "/proc".into(),
             kvm_debugfs: "/sys/kernel/debug/kvm".into(),
+            qmp: Vec::new(),
         }
     }
 }
@@ -42,7 +46,7 @@ pub struct ForeignVm {
     pub comm: String,
     /// vCPU index -> thread id, for the vCPUs whose thread was found.
     pub vcpu_tids: BTreeMap<u32, i32>,
-    /// vCPUs whose thread could not be found (no debugfs entry, no QEMU thread name).
+    /// vCPUs whose thread could not be found (no debugfs entry, no known thread name).
     pub unmapped: Vec<u32>,
 }
 
@@ -86,12 +90,27 @@ fn kvm_fds(proc: &Path, pid: i32) -> Option<(Option<u32>, Vec<u32>)> {
     (!vcpus.is_empty()).then_some((vm_fd, vcpus))
 }
 
-/// QEMU's vCPU thread name (`-name ...,debug-threads=on`): `CPU <n>/KVM`.
-fn qemu_vcpu_index(comm: &str) -> Option<u32> {
-    comm.strip_prefix("CPU ")?
-        .strip_suffix("/KVM")?
-        .parse()
-        .ok()
+/// How VMMs name their vCPU threads, as (prefix, suffix) around the vCPU index: QEMU
+/// (`-name ...,debug-threads=on`, which libvirt sets), Firecracker, crosvm and
+/// cloud-hypervisor. Thread names are cut to 15 bytes by the kernel; these fit for any index
+/// below 1,000.
+pub const VCPU_THREAD_NAMES: [(&str, &str); 4] = [
+    ("CPU ", "/KVM"),
+    ("fc_vcpu ", ""),
+    ("crosvm_vcpu", ""),
+    ("vcpu", ""),
+];
+
+/// The vCPU index a VMM's thread name gives, by [`VCPU_THREAD_NAMES`].
+fn named_vcpu_index(comm: &str) -> Option<u32> {
+    VCPU_THREAD_NAMES.iter().find_map(|(prefix, suffix)| {
+        let index = comm.strip_prefix(prefix)?.strip_suffix(suffix)?;
+        // Digits only: "vcpu" must not read "vcpu-worker" or "vcpu 1x".
+        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        index.parse().ok()
+    })
 }
 
 /// The thread ids of `pid` (no names: cheaper than [`threads`]).
@@ -121,22 +140,30 @@ pub fn threads(proc: &Path, pid: i32) -> Vec<(i32, String)> {
     out
 }
 
-/// Maps each vCPU of `pid` to its thread: debugfs first, then QEMU's thread names.
+/// Maps each vCPU of `pid` to its thread: debugfs first, then the VMM's thread names, then
+/// the QMP sockets.
 fn map_vcpus(roots: &Roots, pid: i32, vm_fd: Option<u32>, vcpus: &[u32]) -> ForeignVm {
     let debug_dir = vm_fd.map(|fd| roots.kvm_debugfs.join(format!("{pid}-{fd}")));
     let named: BTreeMap<u32, i32> = threads(&roots.proc, pid)
         .into_iter()
-        .filter_map(|(tid, comm)| Some((qemu_vcpu_index(&comm)?, tid)))
+        .filter_map(|(tid, comm)| Some((named_vcpu_index(&comm)?, tid)))
         .collect();
     let mut vcpu_tids = BTreeMap::new();
     let mut unmapped = Vec::new();
+    let mut from_qmp: Option<BTreeMap<u32, i32>> = None;
     for &n in vcpus {
         let from_debugfs = debug_dir
             .as_ref()
             .and_then(|d| read_trimmed(&d.join(format!("vcpu{n}")).join("pid")))
             .and_then(|t| t.parse::<i32>().ok())
             .filter(|tid| *tid > 0);
-        match from_debugfs.or_else(|| named.get(&n).copied()) {
+        let tid = from_debugfs.or_else(|| named.get(&n).copied()).or_else(|| {
+            from_qmp
+                .get_or_insert_with(|| qmp_vcpu_threads(roots, pid))
+                .get(&n)
+                .copied()
+        });
+        match tid {
             Some(tid) => {
                 vcpu_tids.insert(n, tid);
             }
@@ -149,6 +176,23 @@ fn map_vcpus(roots: &Roots, pid: i32, vm_fd: Option<u32>, vcpus: &[u32]) -> Fore
         vcpu_tids,
         unmapped,
     }
+}
+
+/// The vCPU threads of `pid` from the first QMP socket whose QEMU is that process (its
+/// threads are `pid`'s); empty when none is.
+fn qmp_vcpu_threads(roots: &Roots, pid: i32) -> BTreeMap<u32, i32> {
+    let task = roots.proc.join(pid.to_string()).join("task");
+    roots
+        .qmp
+        .iter()
+        .filter_map(|socket| super::qmp::vcpu_threads(socket).ok())
+        .find(|threads| {
+            !threads.is_empty()
+                && threads
+                    .values()
+                    .all(|tid| task.join(tid.to_string()).is_dir())
+        })
+        .unwrap_or_default()
 }
 
 /// The command name of pvmm processes: they join through their sockets, never by adoption
@@ -289,6 +333,7 @@ pub mod fake {
                 roots: Roots {
                     proc: dir.join("proc"),
                     kvm_debugfs: dir.join("debugfs-kvm"),
+                    qmp: Vec::new(),
                 },
                 dir,
             }
@@ -351,10 +396,11 @@ mod tests {
                 (11, "anon_inode:kvm-vcpu:1"),
             ],
         );
-        // Another VMM with unhelpful names: debugfs maps vCPU 0; vCPU 1 stays unmapped.
+        // Another VMM whose threads have no known names: debugfs maps vCPU 0; vCPU 1 stays
+        // unmapped.
         host.process(
             200,
-            &[(200, "vmm"), (201, "fc_vcpu 0"), (202, "fc_vcpu 1")],
+            &[(200, "vmm"), (201, "worker 0"), (202, "worker 1")],
             &[
                 (4, "anon_inode:kvm-vm"),
                 (5, "anon_inode:kvm-vcpu:0"),
@@ -386,6 +432,86 @@ mod tests {
     }
 
     #[test]
+    fn firecracker_crosvm_and_cloud_hypervisor_vcpus_are_found_by_their_thread_names() {
+        let host = FakeHost::new("discover-names");
+        let kvm = [
+            (3, "anon_inode:kvm-vm"),
+            (4, "anon_inode:kvm-vcpu:0"),
+            (5, "anon_inode:kvm-vcpu:1"),
+        ];
+        host.process(
+            10,
+            &[
+                (10, "firecracker"),
+                (11, "fc_api"),
+                (12, "fc_vcpu 0"),
+                (13, "fc_vcpu 1"),
+            ],
+            &kvm,
+        );
+        host.process(
+            20,
+            &[(20, "crosvm"), (21, "crosvm_vcpu1"), (22, "crosvm_vcpu0")],
+            &kvm,
+        );
+        host.process(
+            30,
+            &[
+                (30, "cloud-hypervisor"),
+                (31, "http-server"),
+                (32, "vcpu0"),
+                (33, "vcpu1"),
+            ],
+            &kvm,
+        );
+        let vms = foreign_vms(&host.roots, &[]);
+        let found: Vec<(i32, BTreeMap<u32, i32>)> =
+            vms.iter().map(|v| (v.pid, v.vcpu_tids.clone())).collect();
+        assert_eq!(
+            found,
+            [
+                (10, BTreeMap::from([(0, 12), (1, 13)])),
+                (20, BTreeMap::from([(0, 22), (1, 21)])),
+                (30, BTreeMap::from([(0, 32), (1, 33)])),
+            ]
+        );
+        assert!(vms.iter().all(|v| v.unmapped.is_empty()));
+    }
+
+    #[test]
+    fn a_qemu_without_thread_names_is_mapped_through_its_qmp_socket() {
+        let mut host = FakeHost::new("discover-qmp");
+        let kvm = [
+            (3, "anon_inode:kvm-vm"),
+            (4, "anon_inode:kvm-vcpu:0"),
+            (5, "anon_inode:kvm-vcpu:1"),
+        ];
+        let unnamed = |pid: i32| {
+            [
+                (pid, "qemu-system-x86"),
+                (pid + 1, "qemu-system-x86"),
+                (pid + 2, "qemu-system-x86"),
+            ]
+        };
+        host.process(40, &unnamed(40), &kvm);
+        host.process(50, &unnamed(50), &kvm);
+        // Two QMP sockets: the first is another QEMU's (its threads are not process 50's).
+        let dir = host.roots.proc.parent().unwrap().to_path_buf();
+        let (a, b) = (dir.join("a.qmp"), dir.join("b.qmp"));
+        let servers = [
+            super::super::qmp::fake::serve(&a, vec![(0, 41), (1, 42)], 2),
+            super::super::qmp::fake::serve(&b, vec![(0, 52), (1, 51)], 1),
+        ];
+        host.roots.qmp = vec![a, b];
+        let vms = foreign_vms(&host.roots, &[]);
+        assert_eq!(vms[0].vcpu_tids, BTreeMap::from([(0, 41), (1, 42)]));
+        assert_eq!(vms[1].vcpu_tids, BTreeMap::from([(0, 52), (1, 51)]));
+        for server in servers {
+            server.join().unwrap();
+        }
+    }
+
+    #[test]
     fn the_scan_schedule_examines_new_processes_every_tick_and_all_now_and_then() {
         let mut s = ScanSchedule::default();
         assert_eq!(s.next(&[1, 2]), (true, vec![1, 2]));
@@ -401,9 +527,21 @@ mod tests {
 
     #[test]
     fn names_and_schedstat() {
-        assert_eq!(qemu_vcpu_index("CPU 12/KVM"), Some(12));
-        assert_eq!(qemu_vcpu_index("CPU x/KVM"), None);
-        assert_eq!(qemu_vcpu_index("vcpu0"), None);
+        assert_eq!(named_vcpu_index("CPU 12/KVM"), Some(12));
+        assert_eq!(named_vcpu_index("fc_vcpu 3"), Some(3));
+        assert_eq!(named_vcpu_index("crosvm_vcpu7"), Some(7));
+        assert_eq!(named_vcpu_index("vcpu11"), Some(11));
+        for other in [
+            "CPU x/KVM",
+            "CPU 1/TCG",
+            "vcpu",
+            "vcpu-worker",
+            "fc_vcpu",
+            "vcpu 1",
+            "qemu",
+        ] {
+            assert_eq!(named_vcpu_index(other), None, "{other}");
+        }
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let pid = std::process::id() as i32;

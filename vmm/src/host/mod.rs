@@ -17,6 +17,7 @@ pub mod discover;
 pub mod main;
 pub mod members;
 pub mod metrics;
+pub mod qmp;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
@@ -543,6 +544,7 @@ impl HostDaemon {
                             "vcpu": v.vcpu, "tid": v.tid,
                             "util": (util * 1000.0).round() / 1000.0,
                             "busy": v.busy,
+                            "waited": (f64::from(v.waited) / 1024.0 * 1000.0).round() / 1000.0,
                             "cpus": a.map(|a| a.cpus.to_string()),
                             "package": a.map(|a| a.package),
                             "capacity": a.map(|a| a.capacity),
