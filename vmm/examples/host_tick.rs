@@ -110,6 +110,7 @@ fn run(vms: u32, vcpus: u32, busy: bool) -> Result<(), String> {
             proc: root.join("proc"),
             kvm_debugfs: root.join("debugfs"),
             qmp: Vec::new(),
+            cpu_online: root.join("online"),
         },
         verbose: false,
         metrics: None,

@@ -16,7 +16,7 @@ const KVM_VCPU_LINK: &str = "anon_inode:kvm-vcpu:";
 /// The link target of a KVM VM file descriptor.
 const KVM_VM_LINK: &str = "anon_inode:kvm-vm";
 
-/// Where discovery looks (real paths by default, a fake tree in tests).
+/// Where the daemon reads the host (real paths by default, a fake tree in tests).
 #[derive(Debug, Clone)]
 pub struct Roots {
     /// `/proc`.
@@ -25,6 +25,8 @@ pub struct Roots {
     pub kvm_debugfs: PathBuf,
     /// QEMU QMP sockets (`--qmp`), asked for the vCPUs neither debugfs nor thread names map.
     pub qmp: Vec<PathBuf>,
+    /// The host's online CPUs ([`crate::live::hotplug::SYSFS_ONLINE`]).
+    pub cpu_online: PathBuf,
 }
 
 impl Default for Roots {
@@ -33,6 +35,7 @@ impl Default for Roots {
             proc: "/proc".into(),
             kvm_debugfs: "/sys/kernel/debug/kvm".into(),
             qmp: Vec::new(),
+            cpu_online: crate::live::hotplug::SYSFS_ONLINE.into(),
         }
     }
 }
@@ -334,6 +337,7 @@ pub mod fake {
                     proc: dir.join("proc"),
                     kvm_debugfs: dir.join("debugfs-kvm"),
                     qmp: Vec::new(),
+                    cpu_online: dir.join("online"),
                 },
                 dir,
             }

@@ -1,0 +1,198 @@
+//! The daemon's unit tests, on a fake `/proc` with a recording executor.
+
+use super::discover::fake::FakeHost;
+use super::*;
+use pvmm_scheduler::RecordingExecutor;
+
+fn daemon(host: &FakeHost, policy: &str) -> HostDaemon {
+    daemon_with(host, policy, RecordingExecutor::new())
+}
+
+fn daemon_with(host: &FakeHost, policy: &str, executor: RecordingExecutor) -> HostDaemon {
+    let dir = host.roots.proc.parent().unwrap().join("run");
+    let config = HostConfig {
+        policy: policy.parse().unwrap(),
+        topology: HostTopology::from_spec("2x2x1").unwrap(),
+        tick: Duration::from_millis(100),
+        runtime_dir: dir.clone(),
+        adopt: true,
+        roots: host.roots.clone(),
+        verbose: false,
+        metrics: None,
+    };
+    HostDaemon::with_executor(config, None, Box::new(executor)).unwrap()
+}
+
+#[test]
+fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
+    let host = FakeHost::new("daemon");
+    for (pid, base) in [(100, 110), (200, 210)] {
+        host.process(
+            pid,
+            &[
+                (pid, "qemu"),
+                (pid + 1, "io"),
+                (base, "CPU 0/KVM"),
+                (base + 1, "CPU 1/KVM"),
+            ],
+            &[
+                (3, "anon_inode:kvm-vm"),
+                (4, "anon_inode:kvm-vcpu:0"),
+                (5, "anon_inode:kvm-vcpu:1"),
+            ],
+        );
+    }
+    let mut d = daemon(&host, "powersaving");
+    d.tick().unwrap();
+    assert_eq!(d.vms.len(), 2);
+    // Idle VMs: every vCPU thread and both VMMs' housekeeping on package 0 (CPUs 0-1).
+    let package0 = CpuSet::range(0, 1);
+    for tid in [110, 111, 210, 211, 100, 101, 200, 201] {
+        let cpus = d
+            .applied
+            .get(&tid)
+            .unwrap_or_else(|| panic!("thread {tid} not placed"));
+        assert!(cpus.is_subset(&package0), "thread {tid} on {cpus}");
+    }
+    // The second VM ends: it is dropped, no error.
+    std::fs::remove_dir_all(host.roots.proc.join("200")).unwrap();
+    d.tick().unwrap();
+    assert_eq!(d.vms.len(), 1);
+    // A VM that starts between full scans is placed at the next tick.
+    d.tick().unwrap();
+    host.process(
+        300,
+        &[(300, "qemu"), (310, "CPU 0/KVM")],
+        &[(3, "anon_inode:kvm-vm"), (4, "anon_inode:kvm-vcpu:0")],
+    );
+    d.tick().unwrap();
+    assert_eq!(d.managed(), (2, 3));
+    assert!(d.applied.get(&310).is_some_and(|c| c.is_subset(&package0)));
+    // A vCPU added to a running VM (a new thread and file descriptor) is found by the
+    // next full scan; the unchanged VM is not examined again.
+    host.process(
+        100,
+        &[
+            (100, "qemu"),
+            (101, "io"),
+            (110, "CPU 0/KVM"),
+            (111, "CPU 1/KVM"),
+            (112, "CPU 2/KVM"),
+        ],
+        &[(6, "anon_inode:kvm-vcpu:2")],
+    );
+    for _ in 0..discover::FULL_SCAN_TICKS {
+        d.tick().unwrap();
+    }
+    assert_eq!(d.managed(), (2, 4));
+    assert!(d.applied.contains_key(&112));
+}
+
+#[test]
+fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() {
+    let host = FakeHost::new("adopt-in-place");
+    host.process(
+        100,
+        &[(100, "qemu"), (110, "CPU 0/KVM"), (111, "CPU 1/KVM")],
+        &[
+            (3, "anon_inode:kvm-vm"),
+            (4, "anon_inode:kvm-vcpu:0"),
+            (5, "anon_inode:kvm-vcpu:1"),
+        ],
+    );
+    // An earlier daemon (or the VMM's own pinning) left both idle vCPUs on CPU 1, a CPU
+    // of package 0, where powersaving packs them; from scratch the engine would choose
+    // CPU 0 for vCPU 0.
+    let mut executor = RecordingExecutor::new();
+    for tid in [110, 111] {
+        executor.apply(tid, &CpuSet::single(1)).unwrap();
+    }
+    let mut d = daemon_with(&host, "powersaving", executor);
+    d.tick().unwrap();
+    assert_eq!(d.totals.migrations, 0);
+    for tid in [110, 111] {
+        assert_eq!(
+            d.applied.get(&tid),
+            Some(&CpuSet::single(1)),
+            "thread {tid}"
+        );
+    }
+}
+
+#[test]
+fn a_thread_created_while_placed_gets_its_process_affinity_back() {
+    let host = FakeHost::new("late-thread");
+    let fds = [(3, "anon_inode:kvm-vm"), (4, "anon_inode:kvm-vcpu:0")];
+    host.process(100, &[(100, "qemu"), (110, "CPU 0/KVM")], &fds);
+    let mut executor = RecordingExecutor::new();
+    for tid in [100, 110] {
+        executor.apply(tid, &CpuSet::range(0, 3)).unwrap();
+    }
+    let mut d = daemon_with(&host, "powersaving", executor);
+    d.tick().unwrap();
+    // A thread appears while the VM is placed; it inherited its creator's pinning.
+    host.process(
+        100,
+        &[(100, "qemu"), (110, "CPU 0/KVM"), (120, "worker")],
+        &[],
+    );
+    let pinned = d.executor.read(100).unwrap();
+    assert_ne!(pinned, CpuSet::range(0, 3));
+    d.executor.apply(120, &pinned).unwrap();
+    for _ in 0..discover::FULL_SCAN_TICKS {
+        d.tick().unwrap();
+    }
+    assert!(
+        d.applied.contains_key(&120),
+        "the new thread is housekeeping"
+    );
+    d.release();
+    for tid in [100, 110, 120] {
+        assert_eq!(
+            d.executor.read(tid).unwrap(),
+            CpuSet::range(0, 3),
+            "thread {tid}"
+        );
+    }
+}
+
+#[test]
+fn placement_follows_host_cpus_going_offline_and_coming_back() {
+    let host = FakeHost::new("daemon-hotplug");
+    host.process(
+        100,
+        &[(100, "qemu"), (110, "CPU 0/KVM"), (111, "CPU 1/KVM")],
+        &[
+            (3, "anon_inode:kvm-vm"),
+            (4, "anon_inode:kvm-vcpu:0"),
+            (5, "anon_inode:kvm-vcpu:1"),
+        ],
+    );
+    std::fs::write(&host.roots.cpu_online, "0-3\n").unwrap();
+    let mut d = daemon(&host, "powersaving");
+    d.tick().unwrap();
+    let on = |d: &HostDaemon| -> CpuSet {
+        [100, 110, 111]
+            .iter()
+            .flat_map(|tid| d.applied.get(tid).unwrap().iter())
+            .collect()
+    };
+    assert!(on(&d).contains(0), "{}", on(&d));
+    // CPU 0 goes offline: nothing stays on it, and package 0 keeps CPU 1.
+    std::fs::write(&host.roots.cpu_online, "1-3\n").unwrap();
+    d.tick().unwrap();
+    assert_eq!(d.config.topology.cpu_set().to_string(), "1-3");
+    assert_eq!(on(&d).to_string(), "1", "{}", on(&d));
+    // It comes back: the placement may use it again.
+    std::fs::write(&host.roots.cpu_online, "0-3\n").unwrap();
+    d.tick().unwrap();
+    assert_eq!(d.config.topology.cpu_set().to_string(), "0-3");
+}
+
+#[test]
+fn a_second_daemon_on_the_same_directory_is_refused() {
+    let host = FakeHost::new("lock");
+    let dir = host.roots.proc.parent().unwrap().join("run");
+    let _first = lock(&dir).unwrap();
+    assert!(matches!(lock(&dir), Err(HostError::AlreadyRunning(_))));
+}
