@@ -120,4 +120,21 @@ mod tests {
         assert_eq!(online.check(), OnlineChange::Same);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn a_whole_package_going_offline_leaves_the_other() {
+        let dir = std::env::temp_dir().join(format!("pvmm-online-pkg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("online");
+        std::fs::write(&path, "0-3\n").unwrap();
+        let bound = HostTopology::from_spec("2x2x1").unwrap();
+        let mut online = OnlineCpus::watch(bound, path.clone()).unwrap();
+        std::fs::write(&path, "0-1\n").unwrap();
+        let OnlineChange::Now(t) = online.check() else {
+            panic!("package 1 went offline");
+        };
+        assert_eq!(t.num_packages(), 1);
+        assert_eq!(t.package_cpus(0).to_string(), "0-1");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
