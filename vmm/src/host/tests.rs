@@ -88,9 +88,9 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
     assert!(d.applied.contains_key(&112));
 }
 
-#[test]
-fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() {
-    let host = FakeHost::new("adopt-in-place");
+/// A fake host named `name` with one QEMU (pid 100) of two vCPUs on threads 110 and 111.
+fn host_with_one_qemu(name: &str) -> FakeHost {
+    let host = FakeHost::new(name);
     host.process(
         100,
         &[(100, "qemu"), (110, "CPU 0/KVM"), (111, "CPU 1/KVM")],
@@ -100,6 +100,12 @@ fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() 
             (5, "anon_inode:kvm-vcpu:1"),
         ],
     );
+    host
+}
+
+#[test]
+fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() {
+    let host = host_with_one_qemu("adopt-in-place");
     // An earlier daemon (or the VMM's own pinning) left both idle vCPUs on CPU 1, a CPU
     // of package 0, where powersaving packs them; from scratch the engine would choose
     // CPU 0 for vCPU 0.
@@ -158,16 +164,7 @@ fn a_thread_created_while_placed_gets_its_process_affinity_back() {
 
 #[test]
 fn placement_follows_host_cpus_going_offline_and_coming_back() {
-    let host = FakeHost::new("daemon-hotplug");
-    host.process(
-        100,
-        &[(100, "qemu"), (110, "CPU 0/KVM"), (111, "CPU 1/KVM")],
-        &[
-            (3, "anon_inode:kvm-vm"),
-            (4, "anon_inode:kvm-vcpu:0"),
-            (5, "anon_inode:kvm-vcpu:1"),
-        ],
-    );
+    let host = host_with_one_qemu("daemon-hotplug");
     std::fs::write(&host.roots.cpu_online, "0-3\n").unwrap();
     let mut d = daemon(&host, "powersaving");
     d.tick().unwrap();
