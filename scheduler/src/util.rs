@@ -238,12 +238,6 @@ impl LoadTracker {
         self.wait.util().min(self.util.util())
     }
 
-    /// Forgets all history.
-    pub fn reset(&mut self) {
-        self.util.reset();
-        self.wait.reset();
-    }
-
     /// The engine's input for vCPU `id`.
     pub fn load(&self, id: crate::VcpuId) -> crate::VcpuLoad {
         crate::VcpuLoad {
@@ -283,8 +277,6 @@ mod tests {
         assert!((load.waited as i64 - 205).abs() <= 2, "{load:?}");
         assert!(load.busy);
         assert_eq!(load.id, id);
-        t.reset();
-        assert_eq!((t.util().util(), t.waited()), (0, 0));
     }
 
     const MS: u64 = 1_000_000;

@@ -1,10 +1,10 @@
 //! Which QEMU runs L1.
 //!
-//! The rig's L1 needs QEMU's TCG emulation of AMD SVM, nested paging included. Measured side by
-//! side (README, "Rig reliability"), QEMU 10.0 boots L1 and its guests several times faster
-//! than Debian 12's QEMU 7.2 and lost no guest where 7.2 with nested paging did. Debian 12
-//! ships QEMU 10.0 in `bookworm-backports`, built against its own libraries, so the rig fetches
-//! it there when the host's QEMU is older: `apt-get download` with a private sources list and
+//! The rig's L1 needs QEMU's TCG emulation of AMD SVM. The `qemu10` variant runs L1 on a newer
+//! QEMU than Debian 12's 7.2, to compare the two (README, "Rig reliability": measured side by
+//! side, it was no more reliable and no faster, so it is not the default). Debian 12 ships
+//! QEMU 10.0 in `bookworm-backports`, built against its own libraries, so the rig fetches it
+//! there when the host's QEMU is older: `apt-get download` with a private sources list and
 //! lists folder under `guests/out/qemu-backports/` (the machine's apt setup is not touched),
 //! then `dpkg -x`: nothing is installed. A host whose own QEMU is 10 or newer (Debian 13) uses
 //! its own.
@@ -30,7 +30,8 @@ const BACKPORTS_SOURCE: &str = "deb http://deb.debian.org/debian bookworm-backpo
 const BACKPORTS_PACKAGES: [&str; 3] = ["qemu-system-x86", "qemu-system-common", "qemu-system-data"];
 
 /// SeaBIOS, from the host's `seabios` package (a dependency of its QEMU): the backported
-/// `qemu-system-data` links its BIOS images there.
+/// `qemu-system-data` does not carry the BIOS images, so they are looked up here after its own
+/// folder.
 const SEABIOS_DIR: &str = "/usr/share/seabios";
 
 /// Which QEMU an L1 variant runs on.

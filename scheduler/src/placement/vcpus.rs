@@ -82,9 +82,9 @@ impl Engine {
         let mut vm_index: IdMap<u32> = IdMap::default();
         let limit = self.config.max_migrations_per_vcpu_per_s;
         let mut vcpus = Vec::with_capacity(loads.len());
-        // Read, not taken, until the input is known good: an input refused below leaves the
-        // adoptions for the next decision. Once used they are all dropped (a vCPU assumed but
-        // absent from the input is forgotten).
+        // An input refused below puts the adoptions back for the next decision; a good one
+        // uses them and drops them all (a vCPU assumed but absent from the input is
+        // forgotten).
         let assumed = std::mem::take(&mut self.assumed);
         let mut adopted_packages = self.adopted_packages;
         // (VM id, dense index) of the previous load: vCPUs of a VM usually come

@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember};
-use crate::live::hotplug::{OnlineChange, OnlineCpus};
+use crate::live::hotplug::OnlineCpus;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
 pub const LOCK_FILE: &str = "pvmm-host.lock";
@@ -413,27 +413,15 @@ impl HostDaemon {
     /// [`crate::live::hotplug`]): a fresh engine on them, told where every vCPU runs, so only
     /// the vCPUs of the CPUs gone move.
     fn follow_online_cpus(&mut self) {
-        match self.online.as_mut().map(OnlineCpus::check) {
-            None | Some(OnlineChange::Same) => {}
-            Some(OnlineChange::NoneLeft) => eprintln!(
-                "pvmm-host: none of the host CPUs {} is online; placing on them as before",
-                self.config.topology.cpu_set()
-            ),
-            Some(OnlineChange::Now(topology)) => {
-                eprintln!(
-                    "pvmm-host: host CPUs online changed: placing on {} (was {})",
-                    topology.cpu_set(),
-                    self.config.topology.cpu_set()
-                );
-                self.engine = Engine::new(
-                    topology.clone(),
-                    self.config.policy,
-                    EngineConfig::default(),
-                );
-                self.config.topology = topology;
-                for m in self.vms.values_mut() {
-                    m.placed = false;
-                }
+        if let Some(topology) = self.online.as_mut().and_then(|o| o.follow("pvmm-host")) {
+            self.engine = Engine::new(
+                topology.clone(),
+                self.config.policy,
+                EngineConfig::default(),
+            );
+            self.config.topology = topology;
+            for m in self.vms.values_mut() {
+                m.placed = false;
             }
         }
     }

@@ -28,7 +28,7 @@ pub struct OnlineCpus {
 
 /// What [`OnlineCpus::check`] found.
 #[derive(Debug, Clone, PartialEq)]
-pub enum OnlineChange {
+enum OnlineChange {
     /// The usable CPUs are as before (or the file could not be read).
     Same,
     /// Place on this topology from now on: the bound's CPUs that are online.
@@ -53,8 +53,32 @@ impl OnlineCpus {
         })
     }
 
+    /// Reads the online CPUs and returns the topology to place on when the usable ones
+    /// changed since the last call, saying so on stderr after `who: ` (`pvmm`, `pvmm-host`).
+    /// With none of them online it says that once and returns None: placing goes on as
+    /// before.
+    pub fn follow(&mut self, who: &str) -> Option<HostTopology> {
+        let was = self.current.clone();
+        match self.check() {
+            OnlineChange::Same => None,
+            OnlineChange::NoneLeft => {
+                eprintln!(
+                    "{who}: none of the host CPUs {was} is online; placing on them as before"
+                );
+                None
+            }
+            OnlineChange::Now(topology) => {
+                eprintln!(
+                    "{who}: host CPUs online changed: placing on {} (was {was})",
+                    topology.cpu_set()
+                );
+                Some(topology)
+            }
+        }
+    }
+
     /// Reads the online CPUs and says whether the usable ones changed since the last call.
-    pub fn check(&mut self) -> OnlineChange {
+    fn check(&mut self) -> OnlineChange {
         let Some(online) = self
             .file
             .read()

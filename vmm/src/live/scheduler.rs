@@ -17,7 +17,7 @@ use serde_json::json;
 use super::capacity::CapacityReporter;
 use super::control::{ExternalAssignment, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
-use super::hotplug::{OnlineChange, OnlineCpus};
+use super::hotplug::OnlineCpus;
 use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
 use crate::config::PlacementPolicy;
@@ -295,24 +295,10 @@ impl LiveScheduler {
     /// Places on the host CPUs that are online now, when they changed ([`super::hotplug`]):
     /// only the vCPUs of CPUs gone move, and a CPU that returns is used again.
     fn follow_online_cpus(&mut self) {
-        match self.online.as_mut().map(OnlineCpus::check) {
-            None | Some(OnlineChange::Same) => {}
-            Some(OnlineChange::NoneLeft) => eprintln!(
-                "pvmm: none of the host CPUs {} is online; placing on them as before",
-                self.topology.cpu_set()
-            ),
-            Some(OnlineChange::Now(topology)) => {
-                eprintln!(
-                    "pvmm: host CPUs online changed: placing on {} (was {})",
-                    topology.cpu_set(),
-                    self.topology.cpu_set()
-                );
-                self.package_capacity = package_capacities(&topology);
-                self.topology = topology;
-                if self.policy != PlacementPolicy::None {
-                    self.restart_engine();
-                }
-            }
+        if let Some(topology) = self.online.as_mut().and_then(|o| o.follow("pvmm")) {
+            self.package_capacity = package_capacities(&topology);
+            self.topology = topology;
+            self.restart_engine();
         }
     }
 
