@@ -5,10 +5,13 @@
 //! Half the VMs power themselves off (the guest writes S5 to the ACPI power port); the other
 //! half halt forever and are stopped by the host, which kicks their vCPUs out of `KVM_RUN`.
 //! Both are waited for and stopped (every thread joined), then dropped. Each has 2 vCPUs, 64
-//! MiB (the least pvmm accepts), the default placement policy with a 10 ms tick, no control
-//! socket, no stats, and seccomp off (filters are per thread, and the main thread's, installed
+//! MiB (the least pvmm accepts), the default placement policy with a 10 ms tick, no stats,
+//! and seccomp off (filters are per thread, and the main thread's, installed
 //! at the end of `start`, would confine this test's thread). Stdin is a pipe that never ends,
 //! as under a terminal or a service manager, so each VM's console thread must end with it.
+//! The host-stopped half serve a control socket, and a client keeps a connection open to it
+//! (HTTP keep-alive, one request answered) across the stop, as `pvmm-host` does: when `stop`
+//! returns, the socket's threads must be gone and the client's connection closed.
 //!
 //! Counts are exact: pvmm joins every thread it starts, and KVM's own per-VM worker
 //! (`kvm-nx-lpage-recovery`, a task of this process where NX huge pages are on) ends when the
@@ -21,7 +24,10 @@
 mod common;
 use common::*;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+use pvmm::api::client::Connection;
 
 use pvmm::config::{
     PlacementConfig, VmConfig, DEFAULT_CMDLINE, DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_KVM_DEVICE,
@@ -70,7 +76,18 @@ fn sample() -> Sample {
     }
 }
 
-fn config(kernel: &std::path::Path, vcpus: u32) -> VmConfig {
+/// Threads of this process whose name starts with `prefix`.
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .count()
+}
+
+fn config(kernel: &std::path::Path, vcpus: u32, api_socket: Option<PathBuf>) -> VmConfig {
     VmConfig {
         kernel: kernel.into(),
         initrd: None,
@@ -83,7 +100,7 @@ fn config(kernel: &std::path::Path, vcpus: u32) -> VmConfig {
             tick_ms: MIN_TICK_MS,
             ..PlacementConfig::default()
         },
-        api_socket: None,
+        api_socket,
         external_lease_ms: DEFAULT_EXTERNAL_LEASE_MS,
         shutdown_timeout_secs: 1,
         // Filters are per thread and the main thread's would confine this test's thread.
@@ -115,6 +132,14 @@ fn one_vm(i: usize, power_off: &VmConfig, halted: &VmConfig) {
         (halted, VmExit::Stopped)
     };
     let mut vm = pvmm::vmm::start(config).unwrap_or_else(|e| panic!("VM {i}: start: {e}"));
+    let mut client = config.api_socket.as_deref().map(Connection::new);
+    if let Some(client) = client.as_mut() {
+        let answer = client.request("GET", "/v1/vm", None);
+        assert!(
+            answer.as_ref().is_ok_and(|a| a.status == 200),
+            "VM {i}: GET /v1/vm: {answer:?}"
+        );
+    }
     if want == VmExit::Stopped {
         std::thread::sleep(HALTED_RUN);
         vm.core.stop_now();
@@ -122,6 +147,17 @@ fn one_vm(i: usize, power_off: &VmConfig, halted: &VmConfig) {
     let exit = vm.wait();
     assert_eq!(exit, want, "VM {i}");
     vm.stop();
+    if let Some(client) = client.as_mut() {
+        assert_eq!(
+            threads_named("pvmm-api"),
+            0,
+            "VM {i}: a control-socket thread outlived the VM's stop"
+        );
+        assert!(
+            client.request("GET", "/v1/vm", None).is_err(),
+            "VM {i}: the kept connection still answers after the VM's stop"
+        );
+    }
     drop(vm);
 }
 
@@ -141,8 +177,8 @@ fn a_thousand_vms_leak_no_fds_threads_or_memory() {
     std::fs::write(&off_kernel, tiny_pvh_kernel(&code)).unwrap();
     let halt_kernel = dir.join("halt.elf");
     std::fs::write(&halt_kernel, tiny_pvh_kernel(&HALT_LOOP)).unwrap();
-    let power_off = config(&off_kernel, 2);
-    let halted = config(&halt_kernel, 2);
+    let power_off = config(&off_kernel, 2, None);
+    let halted = config(&halt_kernel, 2, Some(dir.join("api.sock")));
     let _stdin = stdin_that_never_ends();
 
     let before_any = sample();

@@ -42,6 +42,11 @@ const LINGER_TIMEOUT: Duration = Duration::from_secs(1);
 const ANSWER_GRACE: Duration = Duration::from_secs(1);
 /// Poll interval of that wait.
 const ANSWER_POLL: Duration = Duration::from_millis(2);
+/// How long stopping the server waits for connection threads to end once their sockets are
+/// shut down: a blocked read or write returns at once; a request still being dispatched (a
+/// pause waits up to 2 s for each vCPU that does not answer) is left to end by itself after
+/// this, so that it cannot hold up pvmm's exit.
+const CONNECTION_END_GRACE: Duration = Duration::from_secs(3);
 /// The socket file's mode: only its owner (pvmm runs as root) may connect.
 const SOCKET_MODE: u32 = 0o600;
 
@@ -183,7 +188,6 @@ impl ApiSocket {
         let stop = Arc::new(AtomicBool::new(false));
         let accept_stop = stop.clone();
         let answering = Arc::new(AtomicUsize::new(0));
-        let accept_answering = answering.clone();
         let Some(listener) = self.listener.take() else {
             return Err(std::io::Error::other("control socket already served"));
         };
@@ -191,12 +195,11 @@ impl ApiSocket {
             .name("pvmm-api".into())
             .spawn(move || {
                 seccomp.confine(ThreadKind::Api);
-                accept_loop(&listener, vm, &accept_stop, &accept_answering);
+                accept_loop(&listener, vm, &accept_stop, &answering);
             })?;
         Ok(ApiServer {
             path: std::mem::take(&mut self.path),
             stop,
-            answering,
             thread: Some(thread),
         })
     }
@@ -206,25 +209,19 @@ impl ApiSocket {
 pub struct ApiServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
-    /// Requests read and not yet answered.
-    answering: Arc<AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ApiServer {
-    /// Stops accepting, joins the accept thread, lets requests already read get their
-    /// answers (for at most [`ANSWER_GRACE`]: the request that stopped the VM is one of them),
-    /// and removes the socket file. Connections waiting for a next request are not waited for.
+    /// Stops accepting and joins the accept thread, which first ends every connection and
+    /// joins its thread (see [`Connections::close`]), then removes the socket file. When this
+    /// returns, no thread of the control socket is left and no connection holds the VM.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
         // Wake the accept call with a connection of our own.
         let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-        }
-        let start = std::time::Instant::now();
-        while self.answering.load(Ordering::Acquire) > 0 && start.elapsed() < ANSWER_GRACE {
-            std::thread::sleep(ANSWER_POLL);
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -236,50 +233,108 @@ impl Drop for ApiServer {
     }
 }
 
+/// A connection being served: its thread, and the socket it shares with that thread, through
+/// which stopping the server ends a connection blocked reading its client's next request.
+/// The socket is shared (not duplicated), so its descriptor stays open, and its number
+/// taken, until both are done with it.
+struct Connection {
+    stream: Arc<UnixStream>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The accept thread's connections, which it alone starts, ends and joins.
+#[derive(Default)]
+struct Connections(Vec<Connection>);
+
+impl Connections {
+    /// Joins the connections whose clients have gone (their threads have ended), so that
+    /// the list holds live connections only.
+    fn reap(&mut self) {
+        let (done, live): (Vec<Connection>, Vec<Connection>) = std::mem::take(&mut self.0)
+            .into_iter()
+            .partition(|c| c.thread.is_finished());
+        for c in done {
+            let _ = c.thread.join();
+        }
+        self.0 = live;
+    }
+
+    /// Ends every connection: lets requests already read get their answers (for at most
+    /// [`ANSWER_GRACE`]: the request that stopped the VM may be one of them), then shuts each
+    /// socket down, which returns its thread from a blocked read or write at once, and joins
+    /// the threads. A thread still busy after [`CONNECTION_END_GRACE`] is named on stderr and
+    /// left to end by itself.
+    fn close(mut self, answering: &AtomicUsize) {
+        let start = std::time::Instant::now();
+        while answering.load(Ordering::Acquire) > 0 && start.elapsed() < ANSWER_GRACE {
+            std::thread::sleep(ANSWER_POLL);
+        }
+        for c in &self.0 {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        let start = std::time::Instant::now();
+        while self.0.iter().any(|c| !c.thread.is_finished())
+            && start.elapsed() < CONNECTION_END_GRACE
+        {
+            std::thread::sleep(ANSWER_POLL);
+        }
+        let stuck = self.0.iter().filter(|c| !c.thread.is_finished()).count();
+        if stuck > 0 {
+            eprintln!(
+                "pvmm: {stuck} control connection thread(s) did not end within {} ms; left running",
+                CONNECTION_END_GRACE.as_millis()
+            );
+        }
+        self.reap();
+    }
+}
+
 fn accept_loop(
     listener: &UnixListener,
     vm: Arc<dyn VmControl>,
     stop: &AtomicBool,
     answering: &Arc<AtomicUsize>,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let mut connections = Connections::default();
     for stream in listener.incoming() {
+        connections.reap();
         if stop.load(Ordering::Acquire) {
-            return;
+            break;
         }
         let Ok(mut stream) = stream else {
             continue;
         };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
+        if connections.0.len() >= MAX_CONNECTIONS {
             let busy = HttpResponse::error(503, "too many connections; try again");
             let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
             let _ = write_response(&mut stream, &busy, false);
             continue;
         }
+        let stream = Arc::new(stream);
+        let served = stream.clone();
         let vm = vm.clone();
-        let done = active.clone();
         let answering = answering.clone();
         let spawned = std::thread::Builder::new()
             .name("pvmm-api-conn".into())
-            .spawn(move || {
-                serve_connection(stream, vm.as_ref(), &answering);
-                done.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::AcqRel);
+            .spawn(move || serve_connection(&served, vm.as_ref(), &answering));
+        if let Ok(thread) = spawned {
+            connections.0.push(Connection { stream, thread });
         }
     }
+    connections.close(answering);
 }
 
 /// Answers the connection's requests one after another until the client asks to close, sends
-/// something pvmm refuses to frame, goes away, or is silent for [`IO_TIMEOUT`].
-fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl, answering: &AtomicUsize) {
+/// something pvmm refuses to frame, goes away, is silent for [`IO_TIMEOUT`], or the server
+/// stops (which shuts the socket down under it).
+fn serve_connection(stream: &UnixStream, vm: &dyn VmControl, answering: &AtomicUsize) {
     if stream.set_read_timeout(Some(IO_TIMEOUT)).is_err()
         || stream.set_write_timeout(Some(IO_TIMEOUT)).is_err()
     {
         return;
     }
+    // `&UnixStream` reads and writes: the accept thread keeps the other reference.
+    let mut stream = stream;
     loop {
         let request = match read_request(&mut stream) {
             Ok(request) => Ok(request),
@@ -304,7 +359,7 @@ fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl, answering: &Atom
             return;
         }
         if !keep_alive {
-            linger(&mut stream);
+            linger(stream);
             return;
         }
     }
@@ -313,7 +368,7 @@ fn serve_connection(mut stream: UnixStream, vm: &dyn VmControl, answering: &Atom
 /// After answering, reads and drops what the client may still be sending (a body pvmm refused
 /// from its head alone), bounded in bytes and time: closing a Unix socket with unread data
 /// resets it, and the client would lose the answer.
-fn linger(stream: &mut UnixStream) {
+fn linger(mut stream: &UnixStream) {
     use std::io::Read;
     let _ = stream.shutdown(std::net::Shutdown::Write);
     let _ = stream.set_read_timeout(Some(LINGER_TIMEOUT));
