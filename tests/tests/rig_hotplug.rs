@@ -1,41 +1,76 @@
-//! A host CPU going offline under a running VM, and coming back, checked from L1's `/proc`
-//! (L1 = 2 packages x 2 cores; a 4-vCPU guest under `--policy performance` with all four
-//! vCPUs busy, so each has a CPU of its own, CPU 3 included).
+//! Host CPUs going offline under a running VM, and coming back, checked from L1's `/proc`
+//! (L1 = 2 packages x 2 cores; a 4-vCPU guest under `performance` with all four vCPUs busy,
+//! so each has a CPU of its own, package 1's included). One L1 boot, two pvmm runs:
 //!
-//! When the guest prints `pvmm-mark: cpu-off`, L1 takes CPU 3 offline (`echo 0 >
-//! /sys/devices/system/cpu/cpu3/online`); at `pvmm-mark: cpu-on` it brings it back. The kernel
-//! moves a thread pinned to an offline CPU itself, widening its affinity to every CPU left, so
-//! "no vCPU on CPU 3" alone would not show pvmm at work: what is checked is that pvmm pins
-//! every vCPU to one online CPU again within two ticks, and uses CPU 3 again within two ticks
-//! of its return. One tick of slack on each bound, and the time L1's watcher takes to see the
-//! mark ([`MARK_POLL_S`]), as in `rig_placement`.
+//! - `hotplug`: pvmm places itself. CPU 3 goes offline and comes back, then the whole of
+//!   package 1 (CPUs 2 and 3) does;
+//! - `host-hotplug`: `pvmm host` places the VM (pvmm joins it with `--host`), and package 1
+//!   goes offline and comes back.
+//!
+//! The guest prints `pvmm-mark: cpus-off LIST` and `pvmm-mark: cpus-on LIST`; L1 takes those
+//! CPUs offline (`echo 0 > /sys/devices/system/cpu/cpuN/online`) or back at each mark. The
+//! kernel moves a thread pinned to an offline CPU itself, widening its affinity to every CPU
+//! left, so "no vCPU on an offline CPU" alone would not show the placer at work: what is
+//! checked is that every vCPU is pinned to one online CPU again within two ticks, and that a
+//! returning CPU is used again within two ticks of its return. One tick of slack on each
+//! bound, and the time L1's watcher takes to see the mark ([`MARK_POLL_S`]), as in
+//! `rig_placement`.
 
 use std::sync::OnceLock;
 
 use pvmm_rig::RigOutcome;
 use pvmm_tests::{run_placement_sequence_with_probe, run_trace, PlacementTrace, GUEST_HELPERS};
 
-/// The L1 CPU taken offline (package 1).
-const OFFLINE_CPU: u32 = 3;
 /// How often L1's watcher looks for the guest's marks (s).
 const MARK_POLL_S: f64 = 0.2;
 /// Two ticks plus one of slack, in ticks.
 const SETTLE_TICKS: usize = 3;
+/// Seconds between the guest's marks: long enough for several settled samples in each phase.
+const PHASE_SECS: u32 = 5;
+/// Where `pvmm host` and the VMs joining it keep their sockets in L1 (L1's tmpfs root).
+const RUNTIME_DIR: &str = "/tmp";
 
-/// Four busy vCPUs for 16 s; CPU 3 goes offline 5 s in and comes back 5 s later.
-fn guest_command() -> String {
-    format!(
-        "{GUEST_HELPERS}for c in 0 1 2 3; do l $c 16; done\nsleep 5\necho pvmm-mark: cpu-off\nsleep 5\necho pvmm-mark: cpu-on\nwait\n"
-    )
+/// The guest's command: four busy vCPUs while L1 takes `phases` (CPU lists) offline and back
+/// one after another, [`PHASE_SECS`] apart, with a phase's worth of load left at the end.
+fn guest_command(phases: &[&str]) -> String {
+    let load_secs = PHASE_SECS * (2 * phases.len() as u32 + 1) + 1;
+    let mut command = format!("{GUEST_HELPERS}for c in 0 1 2 3; do l $c {load_secs}; done\n");
+    for cpus in phases {
+        for what in ["off", "on"] {
+            command.push_str(&format!(
+                "sleep {PHASE_SECS}\necho pvmm-mark: cpus-{what} {cpus}\n"
+            ));
+        }
+    }
+    command.push_str("wait\n");
+    command
 }
 
-/// L1 side, before the placement probe: takes CPU 3 offline and back at the guest's marks.
+/// L1 side, before the placement probe (so for each run, with its `$PVMM_PID`):
+///
+/// - a watcher that carries out the guest's `cpus-off`/`cpus-on` marks in order;
+/// - for a pvmm started with `--host`, the daemon (`pvmm host`, pinned to CPU 0, which never
+///   goes offline), ended once that pvmm has exited.
+///
+/// Background jobs write nowhere: the rig reads the probe's output until every writer has
+/// closed it. The marks end in the guest console's `\r`.
 fn probe_prefix() -> String {
     format!(
-        r#"( until grep -q cpu-off /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep {MARK_POLL_S}; done
-  echo 0 > /sys/devices/system/cpu/cpu{OFFLINE_CPU}/online
-  until grep -q cpu-on /tmp/rig-marks; do kill -0 $PVMM_PID 2>/dev/null || break; sleep {MARK_POLL_S}; done
-  echo 1 > /sys/devices/system/cpu/cpu{OFFLINE_CPU}/online ) > /dev/null 2>&1 &
+        r#"( seen=0
+  while kill -0 $PVMM_PID 2>/dev/null; do
+    grep -E ' cpus-(off|on) ' /tmp/rig-marks 2>/dev/null | tr -d '\r' | sed -n "$((seen + 1)),\$p" > /tmp/hotplug-new
+    while read -r up what cpus; do
+      v=1; [ "$what" = cpus-off ] && v=0
+      for c in $(echo $cpus | tr , ' '); do echo $v > /sys/devices/system/cpu/cpu$c/online; done
+      seen=$((seen + 1))
+    done < /tmp/hotplug-new
+    sleep {MARK_POLL_S}
+  done ) > /dev/null 2>&1 &
+if tr '\0' ' ' < /proc/$PVMM_PID/cmdline | grep -q -- '--host '; then
+  taskset -c 0 /bin/pvmm host --runtime-dir {RUNTIME_DIR} --policy performance --tick-ms 100 > /dev/null 2>&1 &
+  host=$!
+  ( while kill -0 $PVMM_PID 2>/dev/null; do sleep 0.5; done; kill $host ) > /dev/null 2>&1 &
+fi
 "#
     )
 }
@@ -46,11 +81,18 @@ fn outcome() -> Option<&'static RigOutcome> {
         .get_or_init(|| {
             run_placement_sequence_with_probe(
                 "rig_hotplug",
-                &[(
-                    "hotplug",
-                    vec!["--vcpus", "4", "--policy", "performance"],
-                    guest_command(),
-                )],
+                &[
+                    (
+                        "hotplug",
+                        vec!["--vcpus", "4", "--policy", "performance"],
+                        guest_command(&["3", "2,3"]),
+                    ),
+                    (
+                        "host-hotplug",
+                        vec!["--vcpus", "4", "--host", RUNTIME_DIR],
+                        guest_command(&["2,3"]),
+                    ),
+                ],
                 &probe_prefix(),
             )
         })
@@ -68,37 +110,39 @@ fn settled_between(trace: &PlacementTrace, from: f64, to: f64) -> Vec<usize> {
         .collect()
 }
 
-#[test]
-fn vcpus_leave_an_offline_cpu_and_use_it_again_when_it_returns() {
-    let Some(outcome) = outcome() else { return };
-    let (run, trace) = run_trace(outcome, "hotplug");
-    let off = trace.mark("cpu-off").expect("the guest marks cpu-off");
-    let on = trace.mark("cpu-on").expect("the guest marks cpu-on");
-    let end = trace.samples.last().map_or(on, |s| s.t);
+/// The L1 times of the guest's marks `cpus-off cpus` and `cpus-on cpus`.
+fn phase(trace: &PlacementTrace, cpus: &str) -> (f64, f64) {
+    let mark = |what: &str| {
+        let text = format!("cpus-{what} {cpus}");
+        trace
+            .mark(&text)
+            .unwrap_or_else(|| panic!("the guest marks {text}"))
+    };
+    (mark("off"), mark("on"))
+}
+
+/// Checks one offline phase of `trace`: `gone` (L1 CPUs) offline from the L1 time `off` to
+/// `on`, back from `on` until `until`. While they are offline every vCPU is pinned to one
+/// CPU that is online; once they are back one of them holds a vCPU again. Returns the samples
+/// of both settled windows (for the caller's own checks).
+fn check_phase(
+    trace: &PlacementTrace,
+    gone: &[u32],
+    (off, on): (f64, f64),
+    until: f64,
+) -> (Vec<usize>, Vec<usize>) {
     let describe = || trace.describe(0, trace.samples.len() - 1);
-
-    let before: Vec<usize> = (0..trace.samples.len())
-        .filter(|&i| trace.samples[i].t < off)
-        .collect();
-    assert!(
-        before
-            .iter()
-            .any(|&i| (0..4).all(|v| trace.has_own_cpu(i, v))),
-        "before CPU {OFFLINE_CPU} goes offline, every busy vCPU should have a CPU of its own at some sample:\n{}",
-        describe()
-    );
-
-    let offline = settled_between(&trace, off, on);
+    let offline = settled_between(trace, off, on);
     assert!(
         offline.len() >= 3,
-        "too few samples while CPU {OFFLINE_CPU} is offline:\n{}",
+        "too few samples while CPUs {gone:?} are offline:\n{}",
         describe()
     );
     for &i in &offline {
         for t in &trace.samples[i].threads {
             assert!(
-                t.allowed.len() == 1 && t.allowed[0] != OFFLINE_CPU,
-                "vCPU {} is allowed {:?} at t={:.2}, with CPU {OFFLINE_CPU} offline since the mark at {off:.2}: pvmm should pin it to one online CPU:\n{}",
+                t.allowed.len() == 1 && !gone.contains(&t.allowed[0]),
+                "vCPU {} is allowed {:?} at t={:.2}, with CPUs {gone:?} offline since the mark at {off:.2}: it should be pinned to one online CPU:\n{}",
                 t.vcpu,
                 t.allowed,
                 trace.samples[i].t,
@@ -106,20 +150,75 @@ fn vcpus_leave_an_offline_cpu_and_use_it_again_when_it_returns() {
             );
         }
     }
-
-    let online = settled_between(&trace, on, end + 1.0);
+    let online = settled_between(trace, on, until);
     assert!(
-        online
+        online.iter().any(|&i| trace.samples[i]
+            .threads
             .iter()
-            .any(|&i| trace.samples[i].threads.iter().any(|t| t.allowed == [OFFLINE_CPU])),
-        "CPU {OFFLINE_CPU} came back at the mark at {on:.2} but no vCPU was placed on it again:\n{}",
+            .any(|t| t.allowed.len() == 1 && gone.contains(&t.allowed[0]))),
+        "CPUs {gone:?} came back at the mark at {on:.2} but no vCPU was placed on one of them again:\n{}",
         describe()
     );
+    (offline, online)
+}
+
+#[test]
+fn vcpus_leave_offline_cpus_and_use_them_again_when_they_return() {
+    let Some(outcome) = outcome() else { return };
+    let (run, trace) = run_trace(outcome, "hotplug");
+    let cpu = phase(&trace, "3");
+    let package = phase(&trace, "2,3");
+    let end = trace.samples.last().map_or(package.1, |s| s.t);
+
+    let before: Vec<usize> = (0..trace.samples.len())
+        .filter(|&i| trace.samples[i].t < cpu.0)
+        .collect();
     assert!(
-        run.vmm
+        before
             .iter()
-            .any(|l| l.contains("host CPUs online changed: placing on 0-2")),
-        "pvmm should say that it places on CPUs 0-2; its stderr:\n{}",
-        run.vmm.join("\n")
+            .any(|&i| (0..4).all(|v| trace.has_own_cpu(i, v))),
+        "before CPU 3 goes offline, every busy vCPU should have a CPU of its own at some sample:\n{}",
+        trace.describe(0, trace.samples.len() - 1)
     );
+    check_phase(&trace, &[3], cpu, package.0);
+    check_phase(&trace, &[2, 3], package, end + 1.0);
+    for cpus in ["0-2", "0-1"] {
+        assert!(
+            run.vmm
+                .iter()
+                .any(|l| l.contains(&format!("host CPUs online changed: placing on {cpus}"))),
+            "pvmm should say that it places on CPUs {cpus}; its stderr:\n{}",
+            run.vmm.join("\n")
+        );
+    }
+}
+
+#[test]
+fn pvmm_host_moves_vcpus_off_an_offline_package_and_back() {
+    let Some(outcome) = outcome() else { return };
+    let (_, trace) = run_trace(outcome, "host-hotplug");
+    let package = phase(&trace, "2,3");
+    let end = trace.samples.last().map_or(package.1, |s| s.t);
+    let (offline, online) = check_phase(&trace, &[2, 3], package, end + 1.0);
+    // The daemon placed the vCPUs throughout (pvmm's own placement would pass the checks
+    // above too, had the daemon's lease lapsed).
+    let window = |samples: &[usize]| {
+        let t = |i: usize| trace.to_pvmm_ms(trace.samples[i].t) as u64;
+        samples
+            .first()
+            .zip(samples.last())
+            .map(|(&a, &b)| (t(a), t(b)))
+    };
+    for (a, b) in [window(&offline), window(&online)].into_iter().flatten() {
+        let ticks: Vec<_> = trace
+            .ticks
+            .iter()
+            .filter(|k| k.t_ms >= a && k.t_ms <= b)
+            .collect();
+        assert!(
+            !ticks.is_empty() && ticks.iter().all(|k| k.external),
+            "pvmm host should place the VM from {a} to {b} ms (pvmm's stats say external = {:?})",
+            ticks.iter().map(|k| k.external).collect::<Vec<_>>()
+        );
+    }
 }
