@@ -108,6 +108,7 @@ pub fn run_placement_sequence_with_probe(
         L1Needs {
             pvmm: true,
             qemu: false,
+            vmlinux: false,
         },
     )?;
     let runs: Vec<pvmm_rig::PvmmRun> = runs
@@ -127,6 +128,7 @@ pub fn run_placement_sequence_with_probe(
         timeout: SEQUENCE_TIMEOUT_PER_RUN * runs.len() as u32,
         run_limit_secs: SEQUENCE_TIMEOUT_PER_RUN.as_secs(),
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
+        progress: false,
         probe: Some(format!("{probe_prefix}{}", placement_probe(PROBE_INTERVAL))),
         tuning: pvmm_rig::L1Tuning::default(),
     };

@@ -227,6 +227,7 @@ pub fn run_placement_bench(
         ),
         run_limit_secs: per_run,
         echo: options.echo,
+        progress: false,
         probe: Some(bench_probe()),
         tuning: crate::tuning::L1Tuning::default(),
     };

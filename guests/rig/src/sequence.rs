@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::images::{L1Images, Workspace};
 use crate::rig::{
-    guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, L1Job, L1Options, RigError,
-    RigOutcome, Topology,
+    guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, KernelForm, L1Job, L1Options,
+    RigError, RigOutcome, Topology,
 };
 use crate::scripts::{shell_join, shell_quote};
 use crate::tuning::L1Tuning;
@@ -38,6 +38,8 @@ pub struct SequenceOptions {
     pub run_limit_secs: u64,
     /// Print classified lines as they arrive.
     pub echo: bool,
+    /// Print the rig's events as they arrive (see [`L1Options::progress`]).
+    pub progress: bool,
     /// The L1 probe script run alongside each pvmm.
     pub probe: Option<String>,
     /// QEMU's and L1's settings.
@@ -73,7 +75,12 @@ pub fn run_pvmm_sequence(
             )));
         }
         let cmdline = guest_cmdline(InnerVmm::Pvmm, Some(&run.guest_command), false)?;
-        let command = inner_vmm_command(InnerVmm::Pvmm, &run.pvmm_args, &cmdline)?;
+        let command = inner_vmm_command(
+            InnerVmm::Pvmm,
+            KernelForm::BzImage,
+            &run.pvmm_args,
+            &cmdline,
+        )?;
         memory = memory.max(vm_shape(&run.pvmm_args)?.1);
         script.push_str(&format!(
             "export PVMM_RUN_LABEL={label}\nrig_run {label} {limit} {command}\n",
@@ -91,6 +98,7 @@ pub fn run_pvmm_sequence(
         topology: options.topology,
         timeout: options.timeout,
         echo: options.echo,
+        progress: options.progress,
         tuning: options.tuning.clone(),
         vmm_name: "pvmm",
         vm_names: Vec::new(),

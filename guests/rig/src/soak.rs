@@ -121,7 +121,8 @@ pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (Boo
     worst
 }
 
-fn vm_kind(outcome: &RigOutcome, vmm: InnerVmm, label: &str) -> BootKind {
+/// How the one VM `label` of a boot ended, by its own exit alone (L1's end aside).
+pub fn vm_kind(outcome: &RigOutcome, vmm: InnerVmm, label: &str) -> BootKind {
     let Some(run) = outcome.run(label) else {
         return BootKind::Other;
     };

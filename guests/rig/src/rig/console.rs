@@ -234,6 +234,9 @@ impl<'a> Collector<'a> {
             _ => {}
         }
         outcome.events.push(event);
+        if self.options.progress && !self.options.echo {
+            eprintln!("[rig] {text}");
+        }
         Some(format!("[rig] {text}"))
     }
 
@@ -370,6 +373,7 @@ mod tests {
             topology: Topology::default(),
             timeout: Duration::from_secs(1),
             echo: false,
+            progress: false,
             tuning: L1Tuning::base(),
             vmm_name: "pvmm",
             vm_names: vec![("0".into(), "pvmm"), ("1".into(), "qemu-kvm")],

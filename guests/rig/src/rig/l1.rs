@@ -49,6 +49,9 @@ pub struct L1Options {
     pub timeout: Duration,
     /// Print classified lines on stdout as they arrive.
     pub echo: bool,
+    /// Print the rig's events (`[rig] vmm-start LABEL ...`, `guest-init`, `vmm-exit`) on
+    /// stderr as they arrive, without the rest: progress for long runs.
+    pub progress: bool,
     /// QEMU's and L1's settings.
     pub tuning: L1Tuning,
     /// Prefix for the inner VMM's stderr lines, e.g. "pvmm".
