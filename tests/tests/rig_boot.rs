@@ -10,7 +10,7 @@ use std::time::Duration;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::soak::{classify, BootKind};
-use pvmm_rig::{InnerVmm, Rig, RigEnd, RigOutcome, Topology, VmSpec};
+use pvmm_rig::{InnerVmm, KernelForm, Rig, RigEnd, RigOutcome, Topology, VmSpec};
 use pvmm_tests::{l1_failed, prepare_rig, retry_rig_crash, rig_lock};
 
 /// How the guest's CPU report line starts.
@@ -25,30 +25,41 @@ const CPU_REPORT: &str =
 /// that hits it is a failure either way.
 const RIG_TIMEOUT: Duration = Duration::from_secs(420);
 
-fn needs(vmm: InnerVmm) -> L1Needs {
+fn needs(vmm: InnerVmm, kernel: KernelForm) -> L1Needs {
     L1Needs {
         pvmm: vmm == InnerVmm::Pvmm,
         qemu: vmm == InnerVmm::Qemu,
+        vmlinux: kernel == KernelForm::Pvh,
     }
 }
 
-/// Boots a `vcpus`-vCPU guest under `vmm` on an L1 of `topology`; None if the rig is
-/// unavailable (and not required).
+/// pvmm's arguments: `vcpus`, and `-v` for a PVH boot, whose log names the kernel's format.
+fn pvmm_args(kernel: KernelForm, vcpus: u32) -> Vec<String> {
+    let mut args = vec!["--vcpus".to_string(), vcpus.to_string()];
+    if kernel == KernelForm::Pvh {
+        args.push("-v".into());
+    }
+    args
+}
+
+/// Boots a `vcpus`-vCPU guest under `vmm` on an L1 of `topology`, from the kernel in `kernel`
+/// form; None if the rig is unavailable (and not required).
 fn boot(
     test: &str,
-    vmm: InnerVmm,
+    (vmm, kernel): (InnerVmm, KernelForm),
     topology: &str,
     vcpus: u32,
     probe: Option<&str>,
 ) -> Option<RigOutcome> {
     let _lock = rig_lock();
-    let (ws, images) = prepare_rig(test, needs(vmm))?;
+    let (ws, images) = prepare_rig(test, needs(vmm, kernel))?;
     let topology: Topology = topology.parse().expect("valid topology");
     let mut rig = Rig::new(vmm)
+        .kernel(kernel)
         .topology(topology)
         .timeout(RIG_TIMEOUT)
         .guest_command(CPU_REPORT)
-        .pvmm_args(["--vcpus".to_string(), vcpus.to_string()])
+        .pvmm_args(pvmm_args(kernel, vcpus))
         .echo(true);
     if let Some(probe) = probe {
         rig = rig.l1_probe(probe);
@@ -105,23 +116,35 @@ fn assert_booted_with(outcome: &RigOutcome, vmm: InnerVmm, vcpus: u32) {
     );
 }
 
+const PVMM_BZIMAGE: (InnerVmm, KernelForm) = (InnerVmm::Pvmm, KernelForm::BzImage);
+
 #[test]
 fn pvmm_4_vcpu_guest_reports_4_cpus_and_exits_0() {
-    if let Some(outcome) = boot("pvmm_4_vcpu", InnerVmm::Pvmm, "2x2x1", 4, None) {
+    if let Some(outcome) = boot("pvmm_4_vcpu", PVMM_BZIMAGE, "2x2x1", 4, None) {
         assert_booted_with(&outcome, InnerVmm::Pvmm, 4);
     }
 }
 
+/// The uncompressed kernel (ELF vmlinux) through its PVH entry: pvmm's other boot path.
 #[test]
-fn pvmm_1_vcpu_guest_boots_on_2x2x2() {
-    if let Some(outcome) = boot("pvmm_1_vcpu", InnerVmm::Pvmm, "2x2x2", 1, None) {
+fn pvmm_1_vcpu_guest_boots_through_pvh_on_2x2x2() {
+    let pvh = (InnerVmm::Pvmm, KernelForm::Pvh);
+    if let Some(outcome) = boot("pvmm_1_vcpu_pvh", pvh, "2x2x2", 1, None) {
         assert_booted_with(&outcome, InnerVmm::Pvmm, 1);
+        assert!(
+            outcome
+                .vmm_lines
+                .iter()
+                .any(|l| l.contains("/guest/vmlinux (ElfPvh)")),
+            "pvmm should say it boots the vmlinux through PVH; its stderr:\n{}",
+            outcome.vmm_lines.join("\n")
+        );
     }
 }
 
 #[test]
 fn pvmm_8_vcpu_guest_boots_on_2x2x2() {
-    if let Some(outcome) = boot("pvmm_8_vcpu", InnerVmm::Pvmm, "2x2x2", 8, None) {
+    if let Some(outcome) = boot("pvmm_8_vcpu", PVMM_BZIMAGE, "2x2x2", 8, None) {
         assert_booted_with(&outcome, InnerVmm::Pvmm, 8);
     }
 }
@@ -137,7 +160,13 @@ fn rig_self_check_qemu_4_vcpus_with_l1_probe() {
                    sleep 1\n\
                  done\n\
                  echo \"vcpu threads seen: $n\"\n";
-    if let Some(outcome) = boot("qemu_4_vcpu", InnerVmm::Qemu, "2x2x1", 4, Some(probe)) {
+    if let Some(outcome) = boot(
+        "qemu_4_vcpu",
+        (InnerVmm::Qemu, KernelForm::BzImage),
+        "2x2x1",
+        4,
+        Some(probe),
+    ) {
         assert_booted_with(&outcome, InnerVmm::Qemu, 4);
         assert!(
             outcome
@@ -155,7 +184,13 @@ fn rig_self_check_qemu_4_vcpus_with_l1_probe() {
 #[test]
 #[ignore = "rig self-check, about a minute; run with --ignored"]
 fn rig_self_check_qemu_8_vcpus_on_2x2x2() {
-    if let Some(outcome) = boot("qemu_8_vcpu", InnerVmm::Qemu, "2x2x2", 8, None) {
+    if let Some(outcome) = boot(
+        "qemu_8_vcpu",
+        (InnerVmm::Qemu, KernelForm::BzImage),
+        "2x2x2",
+        8,
+        None,
+    ) {
         assert_booted_with(&outcome, InnerVmm::Qemu, 8);
     }
 }
@@ -168,6 +203,7 @@ fn two_vms_pvmm_and_qemu_side_by_side_report_apart() {
     let needs = L1Needs {
         pvmm: true,
         qemu: true,
+        vmlinux: false,
     };
     let Some((ws, images)) = prepare_rig("rig_two_vms", needs) else {
         return;
@@ -221,7 +257,8 @@ fn two_vms_pvmm_and_qemu_side_by_side_report_apart() {
 #[test]
 fn rig_timeout_kills_qemu_and_reports_it() {
     let _lock = rig_lock();
-    let Some((ws, images)) = prepare_rig("rig_timeout", needs(InnerVmm::Qemu)) else {
+    let Some((ws, images)) = prepare_rig("rig_timeout", needs(InnerVmm::Qemu, KernelForm::BzImage))
+    else {
         return;
     };
     let outcome = Rig::new(InnerVmm::Qemu)
@@ -243,7 +280,9 @@ fn rig_timeout_kills_qemu_and_reports_it() {
 #[test]
 fn rig_ends_a_run_when_l1_reports_a_soft_lockup() {
     let _lock = rig_lock();
-    let Some((ws, images)) = prepare_rig("rig_l1_lockup", needs(InnerVmm::Pvmm)) else {
+    let Some((ws, images)) =
+        prepare_rig("rig_l1_lockup", needs(InnerVmm::Pvmm, KernelForm::BzImage))
+    else {
         return;
     };
     let stuck = pvmm_rig::rig::L1_LOCKUP_LIMIT.as_secs() + 3;

@@ -108,6 +108,7 @@ fn boot(test: &str, vms: Vec<VmSpec>, l1_job: &str) -> Option<RigOutcome> {
     let needs = pvmm_rig::images::L1Needs {
         pvmm: true,
         qemu: vms.iter().any(|v| v.vmm == InnerVmm::Qemu),
+        vmlinux: false,
     };
     let (ws, images) = prepare_rig(test, needs)?;
     let rig = Rig::with_vms(vms.clone())

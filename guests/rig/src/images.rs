@@ -33,6 +33,8 @@ pub mod inside {
     pub const GUEST_KERNEL: &str = "/guest/vmlinuz";
     /// The guest initramfs in L1.
     pub const GUEST_INITRD: &str = "/guest/initrd.cpio";
+    /// The guest kernel uncompressed (an ELF vmlinux for PVH boots) in L1.
+    pub const GUEST_VMLINUX: &str = "/guest/vmlinux";
     /// pvmm in L1.
     pub const PVMM: &str = "/bin/pvmm";
     /// QEMU in L1.
@@ -88,6 +90,11 @@ pub enum ImageError {
     },
     #[error("expected file missing: {0}")]
     Missing(PathBuf),
+    #[error("cannot unpack the vmlinux of {kernel}: {source}")]
+    Vmlinux {
+        kernel: PathBuf,
+        source: crate::vmlinux::VmlinuxError,
+    },
     #[error("I/O error on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -471,6 +478,8 @@ pub struct L1Needs {
     pub pvmm: bool,
     /// QEMU with its libraries and firmware (`--vmm qemu`, the boot benchmark).
     pub qemu: bool,
+    /// The guest kernel uncompressed, for PVH boots (the boot benchmark).
+    pub vmlinux: bool,
 }
 
 /// The L1 initramfs layers; the rig concatenates them with a per-run job layer (Linux unpacks
@@ -485,6 +494,8 @@ pub struct L1Images {
     pub pvmm: Option<PathBuf>,
     /// QEMU and what it needs, when built.
     pub qemu: Option<PathBuf>,
+    /// The uncompressed guest kernel, when built.
+    pub vmlinux: Option<PathBuf>,
 }
 
 impl L1Images {
@@ -493,6 +504,7 @@ impl L1Images {
         let mut layers = vec![self.base.clone()];
         layers.extend(self.pvmm.iter().cloned());
         layers.extend(self.qemu.iter().cloned());
+        layers.extend(self.vmlinux.iter().cloned());
         layers
     }
 }
@@ -520,6 +532,29 @@ pub(crate) fn which(program: &str) -> Option<PathBuf> {
             .map(|dir| dir.join(program))
             .find(|candidate| candidate.is_file())
     })
+}
+
+/// The L1 layer holding the guest kernel uncompressed ([`inside::GUEST_VMLINUX`]), unpacked
+/// from the bzImage `kernel` when it is newer than the layer.
+fn vmlinux_layer(kernel: &Path, l1_dir: &Path) -> Result<PathBuf, ImageError> {
+    let layer = l1_dir.join("vmlinux.cpio");
+    if up_to_date(&layer, &[kernel]) {
+        progress(&format!("L1 vmlinux layer up to date: {}", layer.display()));
+        return Ok(layer);
+    }
+    progress(&format!(
+        "writing L1 vmlinux layer {} (the guest kernel unpacked for PVH)",
+        layer.display()
+    ));
+    let bzimage = std::fs::read(kernel).map_err(io_err(kernel))?;
+    let vmlinux = crate::vmlinux::extract(&bzimage).map_err(|source| ImageError::Vmlinux {
+        kernel: kernel.to_path_buf(),
+        source,
+    })?;
+    let mut archive = CpioArchive::new(archive_mtime());
+    archive.add_file_bytes(inside::GUEST_VMLINUX, &vmlinux, 0o644)?;
+    archive.write_to(&layer)?;
+    Ok(layer)
 }
 
 /// Builds the L1 layers (and the guest images first).
@@ -604,11 +639,18 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         None
     };
 
+    let vmlinux = if needs.vmlinux {
+        Some(vmlinux_layer(&guest.kernel, &l1_dir)?)
+    } else {
+        None
+    };
+
     Ok(L1Images {
         guest,
         base,
         pvmm,
         qemu,
+        vmlinux,
     })
 }
 

@@ -16,11 +16,15 @@
 //! - [`sequence`]: several pvmm runs (policies, loads) in one L1 boot.
 //! - [`tuning`]: L1's QEMU, kernel and KVM-module settings, by preset name.
 //! - [`soak`]: counting rig outcomes by kind over many boots (`cargo xtask rig-soak`).
+//! - [`guest_soak`]: many guests one after another in one L1, and what each leaves behind in
+//!   it (`cargo xtask rig-guest-soak`).
+//! - [`vmlinux`]: the uncompressed kernel inside a bzImage, for PVH boots.
 //! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
 
 pub mod activity;
 pub mod bench;
 pub mod cpio;
+pub mod guest_soak;
 pub mod host_bench;
 pub mod images;
 pub mod l1_qemu;
@@ -32,7 +36,10 @@ pub mod scripts;
 pub mod sequence;
 pub mod soak;
 pub mod tuning;
+pub mod vmlinux;
 
-pub use rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, RunLines, Topology, VmSpec};
+pub use rig::{
+    InnerVmm, KernelForm, Rig, RigEnd, RigError, RigOutcome, RunLines, Topology, VmSpec,
+};
 pub use sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
 pub use tuning::L1Tuning;

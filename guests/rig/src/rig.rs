@@ -25,8 +25,9 @@ pub use outcome::{
     L1_LOCKUP_LIMIT, L1_PANIC_MARK, L1_SILENCE_LIMIT, POWEROFF_GRACE, QEMU_SIGNAL_MARK,
 };
 pub use spec::{
-    guest_cmdline, inner_vmm_command, vm_shape, InnerVmm, Topology, VmSpec, GUEST_BASE_CMDLINE,
-    GUEST_EARLY_CONSOLE, MAX_GUEST_CMDLINE, PVMM_DEFAULT_MEMORY_MIB, PVMM_DEFAULT_VCPUS,
+    guest_cmdline, inner_vmm_command, vm_shape, InnerVmm, KernelForm, Topology, VmSpec,
+    GUEST_BASE_CMDLINE, GUEST_EARLY_CONSOLE, MAX_GUEST_CMDLINE, PVMM_DEFAULT_MEMORY_MIB,
+    PVMM_DEFAULT_VCPUS,
 };
 pub use stall::STALL_SAMPLE;
 

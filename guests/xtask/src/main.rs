@@ -8,8 +8,11 @@
 //!   `--variant` picks L1's settings.
 //! - `cargo xtask rig-soak [--boots N] [--variant A,B] [--vms K] [--load N]`: boots the rig
 //!   many times, the variants taking turns, and counts the outcomes by kind.
-//! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--qemu-only]`: boot time to
-//!   guest init, pvmm vs QEMU, in one L1 boot.
+//! - `cargo xtask rig-guest-soak [--guests N] [--load N]`: N guests one after another in one
+//!   L1, and L1's levels after each (what pvmm leaves behind).
+//! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--kernels bzimage,pvh]
+//!   [--qemu-only]`: boot time to guest init, pvmm vs QEMU, each on the bzImage and through
+//!   PVH, in one L1 boot.
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
 //!   [--policies LIST]`: a kernbench-like load (the simulator's scenario of the
 //!   sched_mc_power_savings kernbench tables) under every placement policy and `none`, one table per thread count (package idle, work, migrations, modelled energy).
@@ -23,6 +26,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+mod guest_soak;
+
 use clap::{Args, Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
 use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
@@ -34,7 +39,7 @@ use pvmm_rig::placement_bench::{
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::soak::{format_tallies, run_soak, BusyLoops, SoakOptions};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
-use pvmm_rig::{InnerVmm, L1Tuning, Rig, RigError, RigOutcome, Topology, VmSpec};
+use pvmm_rig::{InnerVmm, KernelForm, L1Tuning, Rig, RigError, RigOutcome, Topology, VmSpec};
 
 /// The guest command when none is given: the README's demo prints the guest's CPU count.
 const DEFAULT_GUEST_CMD: &str =
@@ -68,7 +73,11 @@ enum Task {
     /// svm-lean, npt0, hpoll0, nothp, quiet-clock, policy-none (see guests/README.md); join
     /// them with '+'.
     RigSoak(SoakArgs),
-    /// Boot time to guest init: pvmm vs qemu -enable-kvm, alternating in one L1 boot.
+    /// Run many guests one after another in one L1 and read L1 after each (memory, kernel
+    /// memory, processes, threads, open files, KVM VMs, /tmp): what pvmm leaves behind.
+    RigGuestSoak(guest_soak::GuestSoakArgs),
+    /// Boot time to guest init: pvmm vs qemu -enable-kvm, each on the bzImage and on the
+    /// vmlinux through PVH, taking turns in one L1 boot.
     BenchBoot(BootBenchArgs),
     /// Placement benchmark: the simulator's kernbench-like load (N busy guest threads with a
     /// kernbench duty cycle) under every policy and `none`, in one L1 boot; one table per N
@@ -89,15 +98,19 @@ struct BootBenchArgs {
     /// Guest memory in MiB (both VMMs).
     #[arg(long, default_value_t = 512)]
     memory: u64,
-    /// Boots per VMM.
-    #[arg(long, default_value_t = 3)]
+    /// Boots per VMM and kernel form.
+    #[arg(long, default_value_t = 5)]
     runs: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
-    /// Measure only QEMU (while pvmm cannot boot yet).
+    /// Measure only QEMU.
     #[arg(long)]
     qemu_only: bool,
+    /// Kernel forms each VMM boots, comma-separated: bzimage (the Debian bzImage), pvh (the
+    /// same kernel uncompressed, an ELF vmlinux entered through PVH).
+    #[arg(long, value_delimiter = ',', default_value = "bzimage,pvh", value_parser = parse_kernel_form)]
+    kernels: Vec<KernelForm>,
     /// Print every rig line.
     #[arg(long)]
     verbose: bool,
@@ -160,12 +173,22 @@ struct HostBenchArgs {
     verbose: bool,
 }
 
+/// `--kernels` values.
+fn parse_kernel_form(text: &str) -> Result<KernelForm, String> {
+    match text {
+        "bzimage" => Ok(KernelForm::BzImage),
+        "pvh" => Ok(KernelForm::Pvh),
+        other => Err(format!("unknown kernel form '{other}' (bzimage, pvh)")),
+    }
+}
+
 /// `cargo xtask bench-host`: every (VM count, regime) case, one L1 boot each, the tables as
 /// the cases finish.
 fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
     let needs = L1Needs {
         pvmm: true,
         qemu: args.regimes.contains(&Regime::Qemu),
+        vmlinux: false,
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,
@@ -247,6 +270,10 @@ struct RigArgs {
     /// L1's settings: presets joined with '+' (see `cargo xtask rig-soak --help`).
     #[arg(long, default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...]")]
     variant: L1Tuning,
+    /// The guest kernel's form: bzimage (the Debian bzImage), pvh (the same kernel
+    /// uncompressed, an ELF vmlinux entered through PVH).
+    #[arg(long, default_value = "bzimage", value_parser = parse_kernel_form)]
+    kernel: KernelForm,
     /// A VM to run, side by side with the other --vm ones in one L1, instead of the one VM
     /// that --vmm, --guest-cmd and PVMM ARGS describe: "VMM [ARGS...] [-- CMD]", e.g.
     /// "pvmm --vcpus 2 --memory 256 -- nproc" (CMD defaults to --guest-cmd). Repeatable.
@@ -314,11 +341,17 @@ fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<images::L1Images, ExitCode
     })
 }
 
-/// Builds the L1 images the VMs need; the xtask's exit code (after saying why) when that fails.
-fn l1_images(ws: &Workspace, vms: &[VmSpec]) -> Result<images::L1Images, ExitCode> {
+/// Builds the L1 images the VMs need to boot `kernel`; the xtask's exit code (after saying
+/// why) when that fails.
+fn l1_images(
+    ws: &Workspace,
+    vms: &[VmSpec],
+    kernel: KernelForm,
+) -> Result<images::L1Images, ExitCode> {
     let needs = L1Needs {
         pvmm: vms.iter().any(|vm| vm.vmm == InnerVmm::Pvmm),
         qemu: vms.iter().any(|vm| vm.vmm == InnerVmm::Qemu),
+        vmlinux: kernel == KernelForm::Pvh,
     };
     build_l1(ws, needs)
 }
@@ -403,6 +436,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
         l1_probe,
         tcg_single,
         variant,
+        kernel,
         vms,
         pvmm_args,
     } = args;
@@ -432,7 +466,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
             ..vm
         })
         .collect();
-    let images = match l1_images(ws, &vms) {
+    let images = match l1_images(ws, &vms, kernel) {
         Ok(images) => images,
         Err(code) => return code,
     };
@@ -441,6 +475,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
         started.elapsed().as_secs_f64()
     );
     let mut rig = Rig::with_vms(vms.clone())
+        .kernel(kernel)
         .topology(topology)
         .timeout(Duration::from_secs(timeout))
         .tuning(variant)
@@ -482,7 +517,7 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
             guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
         })
         .collect();
-    let images = match l1_images(ws, &specs) {
+    let images = match l1_images(ws, &specs, KernelForm::BzImage) {
         Ok(images) => images,
         Err(code) => return code,
     };
@@ -528,6 +563,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
     let needs = L1Needs {
         pvmm: !args.qemu_only,
         qemu: true,
+        vmlinux: args.kernels.contains(&KernelForm::Pvh),
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,
@@ -539,6 +575,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         runs: args.runs.max(1),
         topology: args.topology,
         with_pvmm: !args.qemu_only,
+        kernels: args.kernels,
         echo: args.verbose,
         quiet: !args.boot_log,
     };
@@ -546,8 +583,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         Ok(report) => {
             println!("{}", report.table(&options));
             eprintln!("xtask: {}", report.outcome.summary("last VMM"));
-            if report.qemu.median().is_some() && (args.qemu_only || report.pvmm.median().is_some())
-            {
+            if report.all_measured() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(EXIT_RIG_FAILURE as u8)
@@ -581,6 +617,7 @@ fn bench_placement(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -
     let needs = L1Needs {
         pvmm: true,
         qemu: false,
+        vmlinux: false,
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,
@@ -644,6 +681,7 @@ fn main() -> ExitCode {
         Task::Guest => guest_task(&ws, started),
         Task::Rig(args) => rig_task(&ws, started, args),
         Task::RigSoak(args) => soak_task(&ws, args),
+        Task::RigGuestSoak(args) => guest_soak::run(&ws, args),
         Task::BenchBoot(args) => bench_boot(&ws, args),
         Task::BenchHost(args) => bench_host(&ws, args),
         Task::BenchPlacement(args) => bench_placement(&ws, started, args),

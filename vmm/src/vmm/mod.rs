@@ -38,6 +38,7 @@ use crate::vstate::vm::Vm;
 
 mod devices;
 mod error;
+mod phases;
 
 pub use devices::ConsoleInput;
 use devices::{build_devices, spawn_console_input, Devices};
@@ -401,12 +402,17 @@ fn serve(
 /// `--api-socket`, its control socket. Every thread it starts installs its seccomp filter
 /// (`config.seccomp`) first; as its last step the calling thread installs the main thread's.
 pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
+    let mut phases = phases::Phases::start();
     let prepared = prepare(config)?;
     let seccomp = Arc::new(SeccompFilters::new(config.seccomp)?);
+    phases.mark("checks");
     let vm = Arc::new(Vm::new(&config.kvm_device, config.vcpus)?);
+    phases.mark("kvm-vm");
     let (mem, entry) = load_guest(config, &vm)?;
+    phases.mark("memory+acpi+kernel");
     let (exit_tx, exits) = unbounded::<VmExit>();
     let devices = build_devices(config, &vm, &exit_tx)?;
+    phases.mark("devices");
     let started = start_vcpus(
         config,
         &vm,
@@ -416,6 +422,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         &exit_tx,
         &seccomp,
     )?;
+    phases.mark("vcpus");
     for h in &started.handles {
         devices.cppc.set_tid(h.index(), h.tid());
     }
@@ -429,6 +436,8 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         &devices,
         Box::new(listening.clone()),
     )?;
+    phases.mark("first-placement");
+    log(config, phases.summary());
     let (core, deadlines) = vm_core(
         config,
         &prepared.topology,

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::{
-    guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, L1Job, L1Options, RigError,
-    RigOutcome, Topology, VmSpec,
+    guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, KernelForm, L1Job, L1Options,
+    RigError, RigOutcome, Topology, VmSpec,
 };
 use crate::images::{L1Images, Workspace};
 use crate::scripts::shell_join;
@@ -20,7 +20,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// ```no_run
 /// use pvmm_rig::{images, Rig, InnerVmm};
 /// let ws = images::Workspace::locate()?;
-/// let l1 = images::build_l1(&ws, images::L1Needs { pvmm: true, qemu: false })?;
+/// let l1 = images::build_l1(&ws, images::L1Needs { pvmm: true, ..Default::default() })?;
 /// let outcome = Rig::new(InnerVmm::Pvmm)
 ///     .guest_command("nproc")
 ///     .pvmm_args(["--vcpus", "4"])
@@ -41,6 +41,7 @@ pub struct Rig {
     probe: Option<String>,
     echo: bool,
     tuning: L1Tuning,
+    kernel: KernelForm,
 }
 
 /// The label of the only run of a one-VM rig.
@@ -61,7 +62,15 @@ impl Rig {
             probe: None,
             echo: false,
             tuning: L1Tuning::default(),
+            kernel: KernelForm::default(),
         }
+    }
+
+    /// The form of the guest kernel every VM boots (default: the bzImage); the PVH form needs
+    /// L1 images with the vmlinux layer.
+    pub fn kernel(mut self, kernel: KernelForm) -> Rig {
+        self.kernel = kernel;
+        self
     }
 
     /// L1's CPU topology.
@@ -143,7 +152,7 @@ impl Rig {
             if vm.vmm == InnerVmm::Pvmm {
                 args.extend(self.tuning.pvmm_args.iter().cloned());
             }
-            let command = shell_join(&inner_vmm_command(vm.vmm, &args, &cmdline)?);
+            let command = shell_join(&inner_vmm_command(vm.vmm, self.kernel, &args, &cmdline)?);
             memory += vm_shape(&vm.args)?.1;
             if self.vms.len() == 1 {
                 script.push_str(&format!("rig_run {label} 0 {command}\n"));
@@ -187,6 +196,7 @@ impl Rig {
             topology: self.topology,
             timeout: self.timeout,
             echo: self.echo,
+            progress: false,
             tuning: self.tuning.clone(),
             vmm_name: self.vms[0].vmm.name(),
             vm_names: if several {

@@ -183,9 +183,40 @@ pub fn vm_shape(pvmm_args: &[String]) -> Result<(u32, u64), RigError> {
     Ok((vcpus, memory))
 }
 
+/// The form of the guest kernel an inner VMM boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelForm {
+    /// The Debian bzImage, which decompresses itself.
+    #[default]
+    BzImage,
+    /// The same kernel uncompressed (an ELF vmlinux), entered through PVH: pvmm's PVH boot,
+    /// QEMU's `-kernel` with its PVH option ROM. L1 needs the vmlinux layer
+    /// ([`crate::images::L1Needs::vmlinux`]).
+    Pvh,
+}
+
+impl KernelForm {
+    /// Its path in L1.
+    pub fn path(self) -> &'static str {
+        match self {
+            KernelForm::BzImage => inside::GUEST_KERNEL,
+            KernelForm::Pvh => inside::GUEST_VMLINUX,
+        }
+    }
+
+    /// Its name in labels and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelForm::BzImage => "bzImage",
+            KernelForm::Pvh => "pvh",
+        }
+    }
+}
+
 /// The command line that runs `vmm` in L1 on the guest images.
 pub fn inner_vmm_command(
     vmm: InnerVmm,
+    kernel: KernelForm,
     pvmm_args: &[String],
     cmdline: &str,
 ) -> Result<Vec<String>, RigError> {
@@ -210,7 +241,7 @@ pub fn inner_vmm_command(
                     inside::GUEST_INITRD,
                     "--cmdline",
                     cmdline,
-                    inside::GUEST_KERNEL,
+                    kernel.path(),
                 ]
                 .map(String::from),
             );
@@ -238,7 +269,7 @@ pub fn inner_vmm_command(
                 "stdio",
                 "-no-reboot",
                 "-kernel",
-                inside::GUEST_KERNEL,
+                kernel.path(),
                 "-initrd",
                 inside::GUEST_INITRD,
                 "-append",
@@ -331,14 +362,30 @@ mod tests {
         let qemu_cmdline = guest_cmdline(InnerVmm::Qemu, None, true).unwrap();
         assert_eq!(qemu_cmdline, "console=ttyS0 reboot=k panic=-1 quiet");
         assert!(cmdline.ends_with(" pvmm_cmd_b64=bnByb2M="));
-        let pvmm =
-            inner_vmm_command(InnerVmm::Pvmm, &["--vcpus".into(), "4".into()], &cmdline).unwrap();
+        let bz = KernelForm::BzImage;
+        let pvmm = inner_vmm_command(
+            InnerVmm::Pvmm,
+            bz,
+            &["--vcpus".into(), "4".into()],
+            &cmdline,
+        )
+        .unwrap();
         assert_eq!(pvmm.first().map(String::as_str), Some(inside::PVMM));
         assert_eq!(pvmm.last().map(String::as_str), Some(inside::GUEST_KERNEL));
-        let qemu = inner_vmm_command(InnerVmm::Qemu, &["--vcpus=4".into()], &cmdline).unwrap();
+        let qemu = inner_vmm_command(InnerVmm::Qemu, bz, &["--vcpus=4".into()], &cmdline).unwrap();
         assert!(qemu.windows(2).any(|w| w[0] == "-smp" && w[1] == "4"));
         assert!(qemu.windows(2).any(|w| w[0] == "-m" && w[1] == "512"));
-        assert!(inner_vmm_command(InnerVmm::Pvmm, &["--cmdline=x".into()], &cmdline).is_err());
+        assert!(qemu
+            .windows(2)
+            .any(|w| w[0] == "-kernel" && w[1] == inside::GUEST_KERNEL));
+        let pvh = KernelForm::Pvh;
+        let pvmm = inner_vmm_command(InnerVmm::Pvmm, pvh, &[], &cmdline).unwrap();
+        assert_eq!(pvmm.last().map(String::as_str), Some(inside::GUEST_VMLINUX));
+        let qemu = inner_vmm_command(InnerVmm::Qemu, pvh, &[], &cmdline).unwrap();
+        assert!(qemu
+            .windows(2)
+            .any(|w| w[0] == "-kernel" && w[1] == inside::GUEST_VMLINUX));
+        assert!(inner_vmm_command(InnerVmm::Pvmm, bz, &["--cmdline=x".into()], &cmdline).is_err());
         assert!(guest_cmdline(InnerVmm::Pvmm, Some(&"x".repeat(2000)), false).is_err());
     }
 
