@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use clap::error::ErrorKind;
 use clap::Parser;
 
+use super::bound::{clairvoyant, Bound};
 use super::run::MAX_DURATION_MS;
 use super::scenario::{
-    format_measured_rows, kernbench_description, kernbench_topology, kernbench_vm,
+    busy_loop_topology, busy_loop_vms, format_busy_loop_measured, format_measured_rows,
+    kernbench_description, kernbench_topology, kernbench_vm, BUSY_LOOP_TASKS, BUSY_LOOP_TOPOLOGY,
     KERNBENCH_THREADS, KERNBENCH_TOPOLOGY,
 };
 use super::spec::MAX_VCPUS_PER_VM;
@@ -60,6 +62,11 @@ tables of the sched_mc_power_savings series (LKML, 2008; performance = 1.00):
   Energy(J), Power(W), Migrations (vCPU moves between CPUs)
   Perf/W           1e6 / run time / watts (Alex Shi's scale); without jobs,
                    1e6 x CPU-seconds done / joules
+  Energy/bound     energy over the clairvoyant bound for the same work
+A 'bound' row closes each table: the least energy any placement could use
+for the load (it knows the whole load in advance, migrates for free, pays no
+cache penalty; the same host, power model and one CPU's work per CPU per
+step), with its shortest possible run time.
 
 Policies: performance, balance, powersaving:1, powersaving:2 (the engine's),
 and unpinned: no packing at all, vCPU threads left to a host scheduler that
@@ -71,6 +78,10 @@ MODES
       The measured 2008 case: host 2x4x1, one VM with N vCPUs running a
       make -jN-like load (bursts of work and idle gaps, a fixed build shared
       by the vCPUs), one table per N.
+  pvmm-sim --scenario busyloop [--vcpus 2,8] [--duration S] [--svg FILE]
+      Len Brown's busy loops (LKML, 2013): host 2x8x2 (SNB-EP), N always-busy
+      one-vCPU VMs for a fixed time (default 60 s), one table per N with his
+      measured powersaving/performance watts.
   pvmm-sim --topology SPEC --vm SPEC [--vm SPEC...] [--policy LIST]
            [--duration S] [--svg FILE]
       Any host and VMs; one table.
@@ -108,12 +119,13 @@ EXIT STATUS: 0 success; 2 bad command line or input (spec, topology, trace);
 #[derive(Parser, Debug)]
 #[command(name = "pvmm-sim", version, about = ABOUT, long_about = LONG_ABOUT)]
 struct Args {
-    /// Built-in scenario: kernbench (the 2008 sched_mc_power_savings dual-socket quad-core case).
+    /// Built-in scenario: kernbench (the 2008 sched_mc_power_savings dual-socket quad-core case)
+    /// or busyloop (Len Brown's SNB-EP busy loops).
     #[arg(long, value_name = "NAME")]
     scenario: Option<String>,
 
     /// Host topology: SxCxT or SxDxCxT (e.g. 2x4x2), a topology file, or auto
-    /// (this machine). Default: 2x4x1.
+    /// (this machine). Default: 2x4x1 (busyloop: 2x8x2).
     #[arg(long, value_name = "SPEC|FILE|auto")]
     topology: Option<String>,
 
@@ -131,7 +143,8 @@ struct Args {
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     duration: Option<f64>,
 
-    /// Scenario only: comma-separated vCPU counts N (default 2,4,6,8).
+    /// Scenario only: comma-separated vCPU (kernbench) or task (busyloop) counts N (default
+    /// 2,4,6,8 and 2,8).
     #[arg(long, value_name = "LIST")]
     vcpus: Option<String>,
 
@@ -358,8 +371,10 @@ type Panels = Vec<(String, RunResult)>;
 fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Failure> {
     let placements = parse_placements(&args.policy)?;
     let config = sim_config(args)?;
+    let busy_loop = args.scenario.as_deref() == Some("busyloop");
     let topology = match &args.topology {
         Some(arg) => parse_host_topology_arg(arg).map_err(|e| bad(e.to_string()))?,
+        None if busy_loop => busy_loop_topology().map_err(|e| failed(e.to_string()))?,
         None => kernbench_topology().map_err(|e| failed(e.to_string()))?,
     };
     let mut reporter = Reporter::new(args.quiet, err);
@@ -371,9 +386,10 @@ fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Fail
     };
     let (heading, panels) = match args.scenario.as_deref() {
         Some("kernbench") => cases.kernbench(args, config)?,
+        Some("busyloop") => cases.busy_loop(args, config)?,
         Some(other) => {
             return Err(bad(format!(
-                "unknown scenario '{other}' (expected kernbench)"
+                "unknown scenario '{other}' (expected kernbench or busyloop)"
             )))
         }
         None => cases.vms(args, config)?,
@@ -465,9 +481,9 @@ impl Cases<'_, '_> {
         let mut panels = Panels::new();
         for n in counts {
             let vms = [kernbench_vm(n, args.scale)];
-            let results = self.run_case(&vms, &config, &format!("kernbench N={n}: "))?;
+            let (results, bound) = self.run_case(&vms, &config, &format!("kernbench N={n}: "))?;
             let title = format!("Kernbench-like load, {n} busy vCPUs (1 VM)");
-            let _ = write!(self.out, "{}", format_table(&title, &results));
+            let _ = write!(self.out, "{}", format_table(&title, &results, Some(&bound)));
             let _ = writeln!(self.out, "{}", format_measured_rows(n));
             let _ = self.out.flush();
             for r in results {
@@ -478,13 +494,64 @@ impl Cases<'_, '_> {
         Ok((heading, panels))
     }
 
+    /// `--scenario busyloop`: one table per task count, each followed by Len
+    /// Brown's measured watts. Returns the SVG heading and panels.
+    fn busy_loop(
+        &mut self,
+        args: &Args,
+        mut config: SimConfig,
+    ) -> Result<(String, Panels), Failure> {
+        if !args.vms.is_empty() {
+            return Err(bad("--scenario and --vm cannot be combined"));
+        }
+        if args.scale != 1.0 {
+            return Err(bad("--scale is for --scenario kernbench"));
+        }
+        let counts = match &args.vcpus {
+            Some(list) => parse_vcpu_counts(list)?,
+            None => BUSY_LOOP_TASKS.to_vec(),
+        };
+        config.duration_ms = duration_ms(args.duration.unwrap_or(DEFAULT_DURATION_S))?;
+        config.validate().map_err(|e| bad(e.to_string()))?;
+        let topology = self.topology;
+        let _ = writeln!(
+            self.out,
+            "pvmm-sim busyloop scenario\n  host: {} ({})\n  load: N always-busy tasks, one \
+             one-vCPU VM each, for {} s\n  simulation: placement tick {} ms, work step {} us, \
+             seed {}\n",
+            args.topology.as_deref().unwrap_or(BUSY_LOOP_TOPOLOGY),
+            topology_summary(topology),
+            config.duration_ms as f64 / 1000.0,
+            config.tick_ms,
+            config.step_us,
+            config.seed
+        );
+        let mut panels = Panels::new();
+        for n in counts {
+            let vms = busy_loop_vms(n);
+            let (results, bound) = self.run_case(&vms, &config, &format!("busyloop N={n}: "))?;
+            let plural = if n == 1 { "" } else { "s" };
+            let title = format!("Busy loops: {n} always-busy task{plural}, one one-vCPU VM each");
+            let _ = write!(self.out, "{}", format_table(&title, &results, Some(&bound)));
+            let _ = writeln!(self.out, "{}", format_busy_loop_measured(n));
+            let _ = self.out.flush();
+            for r in results {
+                panels.push((format!("N={n}, {}", r.placement), r));
+            }
+        }
+        let heading = format!("pvmm-sim busyloop on {}", topology_summary(topology));
+        Ok((heading, panels))
+    }
+
     /// `--vm SPEC...`: one table. Returns the SVG heading and panels.
     fn vms(&mut self, args: &Args, mut config: SimConfig) -> Result<(String, Panels), Failure> {
         if args.vms.is_empty() {
-            return Err(bad("give --scenario kernbench, or at least one --vm SPEC"));
+            return Err(bad(
+                "give --scenario kernbench or busyloop, or at least one --vm SPEC",
+            ));
         }
         if args.vcpus.is_some() {
-            return Err(bad("--vcpus is for --scenario kernbench; use --vm vcpus=N"));
+            return Err(bad("--vcpus is for --scenario; use --vm vcpus=N"));
         }
         let vms = args
             .vms
@@ -520,8 +587,8 @@ impl Cases<'_, '_> {
             config.step_us,
             config.seed
         );
-        let results = self.run_case(&vms, &config, "")?;
-        let _ = writeln!(self.out, "{}", format_table("", &results));
+        let (results, bound) = self.run_case(&vms, &config, "")?;
+        let _ = writeln!(self.out, "{}", format_table("", &results, Some(&bound)));
         let panels = results
             .into_iter()
             .map(|r| (r.placement.to_string(), r))
@@ -530,13 +597,19 @@ impl Cases<'_, '_> {
         Ok((heading, panels))
     }
 
-    /// Simulates `vms` under every placement, with progress lines.
+    /// Simulates `vms` under every placement, with progress lines, and
+    /// computes their clairvoyant bound.
     fn run_case(
         &mut self,
         vms: &[VmSpec],
         config: &SimConfig,
         label: &str,
-    ) -> Result<Vec<RunResult>, Failure> {
+    ) -> Result<(Vec<RunResult>, Bound), Failure> {
+        let sim_failure = |e: SimError| match e {
+            SimError::BadConfig(m) => bad(m),
+            other => failed(other.to_string()),
+        };
+        let bound = clairvoyant(self.topology, vms, config).map_err(sim_failure)?;
         let mut results = Vec::new();
         for &placement in self.placements {
             self.reporter.start(&format!("{label}{placement}"));
@@ -544,13 +617,10 @@ impl Cases<'_, '_> {
             let result = simulate(self.topology, vms, placement, config, &mut |p| {
                 reporter.tick(p)
             })
-            .map_err(|e| match e {
-                SimError::BadConfig(m) => bad(m),
-                other => failed(other.to_string()),
-            })?;
+            .map_err(sim_failure)?;
             self.reporter.done(&result);
             results.push(result);
         }
-        Ok(results)
+        Ok((results, bound))
     }
 }

@@ -20,9 +20,12 @@
 //!   [`pvmm_scheduler::power`];
 //! - [`report`]: the result tables;
 //! - [`svg`]: timelines of which package each vCPU ran on;
-//! - [`scenario`]: the kernbench scenario of the sched_mc_power_savings thread;
+//! - [`bound`]: the clairvoyant bound, the least energy any placement could use;
+//! - [`scenario`]: the kernbench scenario of the sched_mc_power_savings thread
+//!   and Len Brown's busy loops;
 //! - [`cli`]: the `pvmm-sim` command line.
 
+pub mod bound;
 pub mod cli;
 pub mod load;
 pub mod report;
@@ -35,6 +38,7 @@ pub mod trace;
 #[cfg(test)]
 mod tests;
 
+pub use bound::{clairvoyant, Bound};
 pub use load::LoadSpec;
 pub use pvmm_scheduler::power::PowerModel;
 pub use report::format_table;

@@ -222,6 +222,13 @@ impl std::fmt::Display for LoadSpec {
 }
 
 impl LoadSpec {
+    /// Whether the work that arrives depends on how fast the vCPU is served:
+    /// a closed-loop generator's next burst waits for the previous one to be
+    /// done, so a slower placement shifts every later arrival.
+    pub fn is_closed_loop(&self) -> bool {
+        matches!(self, LoadSpec::Bursty { .. })
+    }
+
     /// Long-run fraction of one full CPU this load asks for, when its vCPU is
     /// served at full speed (a trace: its time-weighted mean up to its last
     /// sample, or its only value).
@@ -331,6 +338,13 @@ impl LoadState {
             state.idle_until_ns = (state.rng.exponential(idle_ms) * NS_PER_MS as f64) as u64;
         }
         state
+    }
+
+    /// The generator of vCPU `vcpu` of VM `vm` in a run seeded `seed`, with
+    /// that vCPU's own random stream: every run of the same VMs and seed
+    /// sees the same sequence of bursts and gaps, whoever serves them.
+    pub fn for_vcpu(spec: LoadSpec, seed: u64, vm: usize, vcpu: usize) -> Self {
+        LoadState::new(spec, Rng::stream(seed, vm as u64, vcpu as u64))
     }
 
     /// The generator.

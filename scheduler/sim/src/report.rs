@@ -26,9 +26,15 @@
 //! | Energy(J), Power(W) | absolute energy of the run and average power |
 //! | Migrations | vCPU moves between CPUs |
 //! | Perf/W | with jobs: `1e6 / run time / average power` (Alex Shi's scale); without: `1e6 x work done / energy` |
+//! | Energy/bound | energy over the clairvoyant bound for the same work ([`crate::bound`]) |
+//!
+//! With a bound, a `bound` row follows the policies: the bound's run time
+//! (`T_min`) or, without jobs, the most work a row did, and its energy and
+//! power for that work; it has no package idle or migrations.
 
 use std::fmt::Write as _;
 
+use super::bound::Bound;
 use super::run::{Placement, RunResult};
 use pvmm_scheduler::policy::Policy;
 
@@ -42,15 +48,20 @@ pub fn reference_index(results: &[RunResult]) -> usize {
 
 /// Perf/W of one run (module docs).
 pub fn perf_per_watt(r: &RunResult) -> f64 {
-    if r.has_jobs {
-        let power = r.avg_power_w();
-        if r.elapsed_s > 0.0 && power > 0.0 {
-            1e6 / r.elapsed_s / power
+    perf_per_watt_of(r.has_jobs, r.elapsed_s, r.work_done_s, r.energy_j)
+}
+
+/// Perf/W of `energy_j` spent over `time_s` doing `work_s` (module docs).
+fn perf_per_watt_of(jobs: bool, time_s: f64, work_s: f64, energy_j: f64) -> f64 {
+    if jobs {
+        let power = if time_s > 0.0 { energy_j / time_s } else { 0.0 };
+        if time_s > 0.0 && power > 0.0 {
+            1e6 / time_s / power
         } else {
             0.0
         }
-    } else if r.energy_j > 0.0 {
-        1e6 * r.work_done_s / r.energy_j
+    } else if energy_j > 0.0 {
+        1e6 * work_s / energy_j
     } else {
         0.0
     }
@@ -65,11 +76,12 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// Columns of the table.
-const COLUMNS: usize = 9;
+const COLUMNS: usize = 10;
 
 /// Formats `results` as a table under `title` (title lines are printed as
-/// given; the header names the reference policy).
-pub fn format_table(title: &str, results: &[RunResult]) -> String {
+/// given; the header names the reference policy), with a `bound` row and
+/// each row's energy over the bound when `bound` is given.
+pub fn format_table(title: &str, results: &[RunResult], bound: Option<&Bound>) -> String {
     let mut out = String::new();
     if !title.is_empty() {
         out.push_str(title);
@@ -84,10 +96,13 @@ pub fn format_table(title: &str, results: &[RunResult]) -> String {
     let reference = &results[reference_index(results)];
     let jobs = results.iter().all(|r| r.has_jobs);
     let headers = table_headers(jobs);
-    let rows: Vec<[String; COLUMNS]> = results
+    let mut rows: Vec<[String; COLUMNS]> = results
         .iter()
-        .map(|r| table_row(r, reference, jobs))
+        .map(|r| table_row(r, reference, jobs, bound))
         .collect();
+    if let Some(b) = bound {
+        rows.push(bound_row(b, results, reference, jobs));
+    }
     let widths = column_widths(&headers, &rows);
     push_table_line(&headers, &widths, &mut out);
     for row in &rows {
@@ -98,6 +113,12 @@ pub fn format_table(title: &str, results: &[RunResult]) -> String {
         "(Energy, Power: relative to {} = 1.00; Energy is for the same work)",
         reference.placement
     );
+    if bound.is_some() {
+        out.push_str(
+            "(bound: no placement uses less energy for the same work; \
+             Energy/bound: each row's energy over the bound for the work it did)\n",
+        );
+    }
     out
 }
 
@@ -113,11 +134,18 @@ fn table_headers(jobs: bool) -> [String; COLUMNS] {
         "Power(W)".to_string(),
         "Migrations".to_string(),
         "Perf/W".to_string(),
+        "Energy/bound".to_string(),
     ]
 }
 
-/// One run's cells, energy and power relative to `reference`.
-fn table_row(r: &RunResult, reference: &RunResult, jobs: bool) -> [String; COLUMNS] {
+/// One run's cells, energy and power relative to `reference`, energy over
+/// `bound` for the work it did.
+fn table_row(
+    r: &RunResult,
+    reference: &RunResult,
+    jobs: bool,
+    bound: Option<&Bound>,
+) -> [String; COLUMNS] {
     let first = if jobs {
         let mark = if r.finished { "" } else { ">" };
         format!("{mark}{:.2}", r.elapsed_s)
@@ -140,6 +168,45 @@ fn table_row(r: &RunResult, reference: &RunResult, jobs: bool) -> [String; COLUM
         format!("{:.2}", r.avg_power_w()),
         r.migrations.to_string(),
         format!("{:.2}", perf_per_watt(r)),
+        bound.map_or_else(
+            || "-".to_string(),
+            |b| ratio(r.energy_j, b.energy_j(r.work_done_s)),
+        ),
+    ]
+}
+
+/// The bound's cells: for the bound's run time with jobs, for the most work
+/// a row did without.
+fn bound_row(
+    b: &Bound,
+    results: &[RunResult],
+    reference: &RunResult,
+    jobs: bool,
+) -> [String; COLUMNS] {
+    let work_s = results.iter().map(|r| r.work_done_s).fold(0.0, f64::max);
+    let energy_j = b.energy_j(work_s);
+    let time_s = if jobs {
+        b.run_time_s
+    } else {
+        reference.elapsed_s
+    };
+    let power_w = if time_s > 0.0 { energy_j / time_s } else { 0.0 };
+    let energy_per_work = if work_s > 0.0 {
+        energy_j / work_s
+    } else {
+        f64::INFINITY
+    };
+    [
+        "bound".to_string(),
+        format!("{:.2}", if jobs { time_s } else { work_s }),
+        "-".to_string(),
+        ratio(energy_per_work, reference.energy_per_work()),
+        ratio(power_w, reference.avg_power_w()),
+        format!("{energy_j:.1}"),
+        format!("{power_w:.2}"),
+        "-".to_string(),
+        format!("{:.2}", perf_per_watt_of(jobs, time_s, work_s, energy_j)),
+        ratio(energy_j, energy_j),
     ]
 }
 
@@ -212,7 +279,7 @@ mod tests {
             ),
         ];
         assert_eq!(reference_index(&results), 1);
-        let table = format_table("Title line", &results);
+        let table = format_table("Title line", &results, None);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines[0], "Title line");
         assert!(lines[1].starts_with("Policy"));
@@ -234,7 +301,8 @@ mod tests {
                 "40000.0",
                 "200.00",
                 "3",
-                "25.00"
+                "25.00",
+                "-"
             ]
         );
         // unpinned: 0.75 energy, 300 W / 200 W = 1.50 power.
@@ -249,10 +317,53 @@ mod tests {
         );
         assert!(lines[5].contains("relative to performance = 1.00"));
         // Columns line up: every row as long as its header up to the last column.
-        let header_end = lines[1].find("Perf/W").unwrap() + "Perf/W".len();
+        let header_end = lines[1].find("Energy/bound").unwrap() + "Energy/bound".len();
         for row in &lines[2..5] {
             assert_eq!(row.len(), header_end, "{row}");
         }
+    }
+
+    #[test]
+    fn bound_row_and_ratios() {
+        // One always-busy vCPU on a one-CPU host for 10 s: the bound is the
+        // platform, one awake package and one busy core, 164 W.
+        let topology = pvmm_scheduler::topology::HostTopology::from_spec("1x1x1").unwrap();
+        let vm = crate::VmSpec::uniform(1, crate::LoadSpec::Constant { demand: 1.0 }, None);
+        let config = crate::SimConfig {
+            duration_ms: 10_000,
+            ..crate::SimConfig::default()
+        };
+        let bound = crate::clairvoyant(&topology, &[vm], &config).unwrap();
+        let row = |placement, energy, work| {
+            let mut r = result(placement, 10.0, energy, [0.0, 0.0]);
+            r.package_idle = vec![0.0];
+            r.has_jobs = false;
+            r.work_done_s = work;
+            r
+        };
+        let results = [
+            row(Placement::Engine(Policy::Performance), 1804.0, 10.0),
+            row(Placement::Unpinned, 1640.0, 5.0),
+        ];
+        let table = format_table("", &results, Some(&bound));
+        let lines: Vec<&str> = table.lines().collect();
+        let cells = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
+        assert_eq!(cells(1).last(), Some(&"1.10"), "{table}");
+        // Half the work: the bound for 5 CPU-seconds is the floor for 10 s
+        // and the package awake for 5 s, below 1640 J.
+        assert!(
+            cells(2).last().unwrap().parse::<f64>().unwrap() > 1.0,
+            "{table}"
+        );
+        assert_eq!(
+            cells(3),
+            ["bound", "10.00", "-", "0.91", "0.91", "1640.0", "164.00", "-", "6097.56", "1.00"],
+            "{table}"
+        );
+        assert!(
+            lines[5].starts_with("(bound: no placement uses less energy"),
+            "{table}"
+        );
     }
 
     #[test]
@@ -264,21 +375,21 @@ mod tests {
             [0.1, 0.2],
         );
         r.finished = false;
-        let table = format_table("", std::slice::from_ref(&r));
+        let table = format_table("", std::slice::from_ref(&r), None);
         assert!(table.contains(">50.00"), "{table}");
         assert!(table.contains("relative to balance"));
         r.has_jobs = false;
-        let table = format_table("", &[r]);
+        let table = format_table("", &[r], None);
         assert!(table.contains("Work Done(s)"));
         // 1e6 x 100 CPU-s / 5000 J.
         assert!(table.contains("20000.00"), "{table}");
-        assert_eq!(format_table("t", &[]), "t\n(no runs)\n");
+        assert_eq!(format_table("t", &[], None), "t\n(no runs)\n");
     }
 
     #[test]
     fn zero_reference_prints_dashes() {
         let zero = result(Placement::Engine(Policy::Performance), 0.0, 0.0, [1.0, 1.0]);
-        let table = format_table("", &[zero]);
+        let table = format_table("", &[zero], None);
         assert!(table.lines().nth(1).unwrap().contains(" - "), "{table}");
     }
 }

@@ -1,5 +1,9 @@
-//! The kernbench scenario of the sched_mc_power_savings series, on a
-//! dual-socket quad-core host.
+//! The built-in scenarios (`pvmm-sim --scenario NAME`): `kernbench`, the
+//! kernbench case of the sched_mc_power_savings series on a dual-socket
+//! quad-core host, and `busyloop`, the busy loops the power model was fitted
+//! to ([`BUSY_LOOP_WATTS`]).
+//!
+//! # kernbench
 //!
 //! "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n" (Vaidyanathan Srinivasan, LKML, 2008-12-30)
 //! ran kernbench with 2, 4, 6 and 8 threads on an "x86 quad core dual socket
@@ -29,6 +33,17 @@
 //! The power model's defaults are Len Brown's SNB-EP figures
 //! ([`pvmm_scheduler::power`]); the 2008 machine drew different watts, so
 //! compare ratios, not joules.
+//!
+//! # busyloop
+//!
+//! Len Brown's wall-power measurements in Alex Shi's power aware scheduling
+//! series (LKML, 2013, Len Brown's reply with busy-loop measurements): N
+//! always-busy tasks on a 2-socket Sandy Bridge-EP, 8 cores x 2 threads per
+//! socket, average watts under the series' `powersaving` and `performance`
+//! policies ([`BUSY_LOOP_WATTS`]). The power model's defaults were fitted to
+//! the `performance` column. Here N independent tasks are N one-vCPU VMs,
+//! each always busy (`constant:1`), on [`BUSY_LOOP_TOPOLOGY`], for a fixed
+//! time: a busy loop has no end, and the measurement was of power.
 
 use pvmm_scheduler::topology::{HostTopology, TopologyError};
 
@@ -171,6 +186,69 @@ pub fn kernbench_description(work_scale: f64) -> String {
     )
 }
 
+/// Len Brown's SNB-EP host: 2 sockets x 8 cores x 2 threads.
+pub const BUSY_LOOP_TOPOLOGY: &str = "2x8x2";
+
+/// The task counts the scenario runs by default: 2, where `performance`
+/// wakes the second package for one task and packing keeps it idle, and 8,
+/// which one package holds one per core or two per core.
+pub const BUSY_LOOP_TASKS: [usize; 2] = [2, 8];
+
+/// One row of Len Brown's busy-loop measurements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BusyLoopRow {
+    /// Always-busy tasks.
+    pub tasks: usize,
+    /// Average watts under `powersaving`.
+    pub powersaving_w: f64,
+    /// Average watts under `performance`.
+    pub performance_w: f64,
+}
+
+/// Len Brown's busy-loop measurements (Alex Shi's power aware scheduling
+/// series, LKML, 2013, Len Brown's reply with busy-loop measurements):
+/// average wall watts of a 2-socket SNB-EP with N busy loops. Reference data
+/// to read the simulated tables against, not simulator input (the power
+/// model's fit uses the `performance` column, [`pvmm_scheduler::power`]).
+#[rustfmt::skip]
+pub const BUSY_LOOP_WATTS: [BusyLoopRow; 6] = [
+    BusyLoopRow { tasks: 1, powersaving_w: 174.0, performance_w: 174.0 },
+    BusyLoopRow { tasks: 2, powersaving_w: 175.0, performance_w: 211.0 },
+    BusyLoopRow { tasks: 4, powersaving_w: 199.0, performance_w: 238.0 },
+    BusyLoopRow { tasks: 8, powersaving_w: 209.0, performance_w: 272.0 },
+    BusyLoopRow { tasks: 16, powersaving_w: 277.0, performance_w: 376.0 },
+    BusyLoopRow { tasks: 32, powersaving_w: 393.0, performance_w: 395.0 },
+];
+
+/// The measured row for `tasks` as text lines (empty when there is none):
+/// the watts and the powersaving/performance ratio. The tasks ran for the
+/// same time under both policies, so their energy ratio is the same number.
+pub fn format_busy_loop_measured(tasks: usize) -> String {
+    let Some(r) = BUSY_LOOP_WATTS.iter().find(|r| r.tasks == tasks) else {
+        return String::new();
+    };
+    format!(
+        "Len Brown, {tasks} busy loops (SNB-EP 2x8x2, measured; average watts):\n  \
+         powersaving {:.0} W  performance {:.0} W  power (and energy, same time) \
+         powersaving/performance {:.2}\n",
+        r.powersaving_w,
+        r.performance_w,
+        r.powersaving_w / r.performance_w
+    )
+}
+
+/// The measured host's topology.
+pub fn busy_loop_topology() -> Result<HostTopology, TopologyError> {
+    HostTopology::from_spec(BUSY_LOOP_TOPOLOGY)
+}
+
+/// `tasks` independent always-busy tasks: one one-vCPU VM each, no job.
+pub fn busy_loop_vms(tasks: usize) -> Vec<VmSpec> {
+    (0..tasks)
+        .map(|_| VmSpec::uniform(1, LoadSpec::Constant { demand: 1.0 }, None))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +272,38 @@ mod tests {
             KERNBENCH_2008[0].1[0].run_time_s,
             KERNBENCH_RUN_TIME_2_THREADS_S
         );
+    }
+
+    #[test]
+    fn busy_loop_rows() {
+        let text = format_busy_loop_measured(8);
+        assert!(
+            text.contains("powersaving 209 W  performance 272 W"),
+            "{text}"
+        );
+        assert!(text.contains("powersaving/performance 0.77"), "{text}");
+        assert_eq!(format_busy_loop_measured(3), "");
+        let vms = busy_loop_vms(2);
+        assert_eq!(vms.len(), 2);
+        assert!(vms
+            .iter()
+            .all(|vm| vm.vcpus.len() == 1 && vm.work_s.is_none()));
+        let topo = busy_loop_topology().unwrap();
+        assert_eq!((topo.num_packages(), topo.cpus().len()), (2, 32));
+        // The power model's performance fit reproduces this column at 1, 2, 16, 32.
+        let model = pvmm_scheduler::power::PowerModel::default();
+        let spread = |n: u32| [n.div_ceil(2), n / 2];
+        for r in BUSY_LOOP_WATTS
+            .iter()
+            .filter(|r| [1, 2, 16].contains(&r.tasks))
+        {
+            let watts = model.steady_power(&spread(r.tasks as u32), 1);
+            assert!(
+                (watts - r.performance_w).abs() < 1e-9,
+                "{}: {watts}",
+                r.tasks
+            );
+        }
     }
 
     #[test]

@@ -287,6 +287,8 @@ fn cli_bad_input_is_one_line_and_exit_2() {
         &["--scenario", "kernbench", "--vm", "vcpus=1"],
         &["--scenario", "kernbench", "--scale", "-1"],
         &["--scenario", "kernbench", "--vcpus", "2,x"],
+        &["--scenario", "busyloop", "--scale", "2"],
+        &["--scenario", "busyloop", "--vm", "vcpus=1"],
         &["--vm", "vcpus=0"],
         &["--vm", "load=sine:1"],
         &["--vm", "trace=/nonexistent/t.trace"],
@@ -368,6 +370,9 @@ fn cli_scenario_writes_tables_and_svg() {
             "{policy}: {out}"
         );
     }
+    // Each table ends with the bound, and every row has its ratio to it.
+    assert_eq!(out.lines().filter(|l| l.starts_with("bound ")).count(), 2);
+    assert_eq!(out.matches("Energy/bound").count(), 4, "{out}");
     let text = std::fs::read_to_string(&svg_path).unwrap();
     let doc = roxmltree::Document::parse(&text).unwrap();
     let titles: Vec<&str> = doc
@@ -485,4 +490,37 @@ fn progress_is_reported_every_simulated_second() {
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert!(close(seen[0].simulated_s, 1.0, 1e-9));
     assert!(close(seen[1].work_fraction.unwrap(), 0.8, 1e-6));
+}
+
+#[test]
+fn cli_busy_loop_scenario_prints_len_browns_watts() {
+    let (code, out, err) = cli(&[
+        "--scenario",
+        "busyloop",
+        "--vcpus",
+        "2",
+        "--duration",
+        "2",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("host: 2x8x2 (2 packages, 16 cores, 32 CPUs"),
+        "{out}"
+    );
+    assert!(out.contains("Busy loops: 2 always-busy tasks, one one-vCPU VM each"));
+    assert!(
+        out.contains("powersaving 175 W  performance 211 W"),
+        "{out}"
+    );
+    // performance wakes both packages for two busy cores: his 211 W.
+    let perf: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("performance"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(perf[7], "211.00", "{out}");
+    let bound = out.lines().find(|l| l.starts_with("bound ")).unwrap();
+    assert!(bound.ends_with("1.00"), "{bound}");
 }

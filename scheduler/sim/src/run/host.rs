@@ -7,21 +7,21 @@ use pvmm_scheduler::topology::HostTopology;
 use super::SimError;
 
 /// The host flattened for the step loop.
-pub(super) struct Host {
-    pub(super) package_ids: Vec<u32>,
+pub(crate) struct Host {
+    pub(crate) package_ids: Vec<u32>,
     pub(super) cpu_ids: Vec<u32>,
     pub(super) cpu_pkg: Vec<usize>,
     pub(super) cpu_core: Vec<usize>,
-    pub(super) cpu_capacity: Vec<u32>,
-    pub(super) cpu_threads: Vec<u32>,
-    pub(super) core_cpus: Vec<Vec<usize>>,
-    pub(super) pkg_cores: Vec<Vec<usize>>,
+    pub(crate) cpu_capacity: Vec<u32>,
+    pub(crate) cpu_threads: Vec<u32>,
+    pub(crate) core_cpus: Vec<Vec<usize>>,
+    pub(crate) pkg_cores: Vec<Vec<usize>>,
     /// Dense index by CPU id.
     index_of: Vec<Option<usize>>,
 }
 
 impl Host {
-    pub(super) fn new(topology: &HostTopology) -> Host {
+    pub(crate) fn new(topology: &HostTopology) -> Host {
         let mut host = Host {
             package_ids: Vec::new(),
             cpu_ids: Vec::new(),

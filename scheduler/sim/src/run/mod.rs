@@ -53,7 +53,7 @@ use pvmm_scheduler::power::thread_overlap;
 use pvmm_scheduler::topology::HostTopology;
 use pvmm_scheduler::util::{IdleSample, UtilTracker};
 
-use super::load::{LoadState, Rng, EMPTY_BACKLOG_NS, NS_PER_MS};
+use super::load::{LoadState, EMPTY_BACKLOG_NS, NS_PER_MS};
 use super::spec::VmSpec;
 
 mod config;
@@ -68,7 +68,8 @@ pub use config::{
 };
 pub use result::{Progress, RunResult, Timeline, TimelineCell};
 
-use host::{Host, NO_CPU};
+pub(crate) use host::Host;
+use host::NO_CPU;
 use unpinned::UnpinnedHost;
 
 struct Vcpu {
@@ -284,14 +285,13 @@ impl<'a> Sim<'a> {
         for (vm_index, vm) in vms.iter().enumerate() {
             let first = vcpus.len();
             for (i, spec) in vm.vcpus.iter().enumerate() {
-                let rng = Rng::stream(config.seed, vm_index as u64, i as u64);
                 vcpus.push(Vcpu {
                     id: VcpuId {
                         vm: vm_index as u32,
                         vcpu: i as u32,
                     },
                     vm: vm_index,
-                    load: LoadState::new(spec.clone(), rng),
+                    load: LoadState::for_vcpu(spec.clone(), config.seed, vm_index, i),
                     backlog_ns: 0.0,
                     warmup_ns: 0.0,
                     cpu: NO_CPU,
