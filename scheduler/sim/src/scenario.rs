@@ -136,14 +136,14 @@ pub const KERNBENCH_2008: [(usize, [KernbenchRow; 3]); 4] = [
 ];
 
 /// The measured rows for `threads` as text lines aligned like a results
-/// table (empty when there is no measured table for that count). The header
-/// line calls them "Seeds" and names the thread's first file (`000_*`).
+/// table (empty when there is no measured table for that count), under a
+/// header naming their columns.
 pub fn format_measured_rows(threads: usize) -> String {
     let Some((_, rows)) = KERNBENCH_2008.iter().find(|(n, _)| *n == threads) else {
         return String::new();
     };
     let mut out = format!(
-        "Seeds, {threads} threads (000_*, measured 2008; run time s, package idle %, energy, power):\n"
+        "measured 2008, {threads} threads: run time s, package idle %, energy, power\n"
     );
     for r in rows {
         out.push_str(&format!(
@@ -254,7 +254,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_rows() {
+    fn measured_rows_of_the_2008_thread() {
         let text = format_measured_rows(2);
         assert!(
             text.contains("sched_mc=1   204.68   50.86  99.91  0.95  1.01"),
