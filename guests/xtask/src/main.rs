@@ -274,6 +274,10 @@ struct RigArgs {
     /// uncompressed, an ELF vmlinux entered through PVH).
     #[arg(long, default_value = "bzimage", value_parser = parse_kernel_form)]
     kernel: KernelForm,
+    /// Boot the guest with `quiet` (warnings and errors only on its console) instead of the
+    /// early console.
+    #[arg(long)]
+    quiet: bool,
     /// A VM to run, side by side with the other --vm ones in one L1, instead of the one VM
     /// that --vmm, --guest-cmd and PVMM ARGS describe: "VMM [ARGS...] [-- CMD]", e.g.
     /// "pvmm --vcpus 2 --memory 256 -- nproc" (CMD defaults to --guest-cmd). Repeatable.
@@ -437,6 +441,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
         tcg_single,
         variant,
         kernel,
+        quiet,
         vms,
         pvmm_args,
     } = args;
@@ -476,6 +481,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
     );
     let mut rig = Rig::with_vms(vms.clone())
         .kernel(kernel)
+        .quiet(quiet)
         .topology(topology)
         .timeout(Duration::from_secs(timeout))
         .tuning(variant)

@@ -135,14 +135,17 @@ fn check_inputs(config: &VmConfig) -> Result<(), VmmError> {
 fn load_guest(
     config: &VmConfig,
     vm: &Vm,
+    phases: &mut phases::Phases,
 ) -> Result<(crate::memory::GuestMemory, crate::boot::EntryPoint), VmmError> {
     let mem = create_guest_memory(config.memory_bytes())?;
     vm.register_memory(&mem)?;
+    phases.mark("memory");
     let tables = build_tables(config.vcpus)?;
     for t in &tables.tables {
         mem.write_slice(&t.bytes, GuestAddress(t.addr))
             .map_err(BootError::GuestMemory)?;
     }
+    phases.mark("acpi");
     let entry = load_kernel(
         &mem,
         &BootSpec {
@@ -153,6 +156,7 @@ fn load_guest(
             rsdp_addr: tables.rsdp_addr(),
         },
     )?;
+    phases.mark("kernel+initrd");
     log(config, format!("entry {entry:x?}"));
     Ok((mem, entry))
 }
@@ -408,8 +412,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     phases.mark("checks");
     let vm = Arc::new(Vm::new(&config.kvm_device, config.vcpus)?);
     phases.mark("kvm-vm");
-    let (mem, entry) = load_guest(config, &vm)?;
-    phases.mark("memory+acpi+kernel");
+    let (mem, entry) = load_guest(config, &vm, &mut phases)?;
     let (exit_tx, exits) = unbounded::<VmExit>();
     let devices = build_devices(config, &vm, &exit_tx)?;
     phases.mark("devices");

@@ -42,6 +42,7 @@ pub struct Rig {
     echo: bool,
     tuning: L1Tuning,
     kernel: KernelForm,
+    quiet: bool,
 }
 
 /// The label of the only run of a one-VM rig.
@@ -63,7 +64,16 @@ impl Rig {
             echo: false,
             tuning: L1Tuning::default(),
             kernel: KernelForm::default(),
+            quiet: false,
         }
+    }
+
+    /// Boot the guests with `quiet` instead of the early console (see
+    /// [`crate::rig::guest_cmdline`]): their kernels print warnings and errors only, each
+    /// byte of console output being a VM exit or two.
+    pub fn quiet(mut self, quiet: bool) -> Rig {
+        self.quiet = quiet;
+        self
     }
 
     /// The form of the guest kernel every VM boots (default: the bzImage); the PVH form needs
@@ -147,7 +157,7 @@ impl Rig {
         let labels = self.labels();
         let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
         for (vm, label) in self.vms.iter().zip(&labels) {
-            let cmdline = guest_cmdline(vm.vmm, vm.guest_command.as_deref(), false)?;
+            let cmdline = guest_cmdline(vm.vmm, vm.guest_command.as_deref(), self.quiet)?;
             let mut args = vm.args.clone();
             if vm.vmm == InnerVmm::Pvmm {
                 args.extend(self.tuning.pvmm_args.iter().cloned());
