@@ -142,9 +142,8 @@ pub fn format_measured_rows(threads: usize) -> String {
     let Some((_, rows)) = KERNBENCH_2008.iter().find(|(n, _)| *n == threads) else {
         return String::new();
     };
-    let mut out = format!(
-        "measured 2008, {threads} threads: run time s, package idle %, energy, power\n"
-    );
+    let mut out =
+        format!("measured 2008, {threads} threads: run time s, package idle %, energy, power\n");
     for r in rows {
         out.push_str(&format!(
             "  sched_mc={}  {:>7.2}  {:6.2} {:6.2}  {:4.2}  {:4.2}\n",
