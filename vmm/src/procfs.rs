@@ -13,8 +13,9 @@ use pvmm_devices::cppc::DemandCounters;
 const PROC_FILE_MAX: usize = 1024;
 
 /// A `/proc` (or sysfs) file kept open and read again from its start at each reading. procfs
-/// and sysfs build the text anew for every read at offset 0, so a reading costs one `pread` instead of a path
-/// walk, an open, a read and a close: the daemon reads one such file per watched vCPU per tick.
+/// and sysfs build the text anew for every read at offset 0, so a reading costs one `pread`
+/// instead of a path walk, an open, a read and a close: pvmm reads one such file per vCPU per
+/// tick, and the daemon one per watched vCPU.
 /// The descriptor stays bound to the task it was opened for: once that thread or process has
 /// ended, its reads fail, and the file stays failed even if the id is reused (discovery, not
 /// this file, follows new threads).
@@ -42,6 +43,11 @@ impl ProcFile {
             state: ProcFileState::Closed,
             buf: Vec::new(),
         }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
     }
 
     /// The file's text now; None when it cannot be opened or its task has ended.

@@ -3,7 +3,7 @@
 
 use pvmm_scheduler::IdleSample;
 
-use crate::procfs::{schedstat_path, thread_demand};
+use crate::procfs::{parse_schedstat, schedstat_path, ProcFile};
 
 use crate::vstate::stats::VcpuHaltStats;
 
@@ -85,7 +85,6 @@ pub trait IdleSource: Send {
 /// Busy is the rest of wall time: the guest's demand, including time it waited for a host CPU.
 pub struct KvmHaltIdle {
     halt: VcpuHaltStats,
-    tid: i32,
     blocked: ThreadBlocked,
     /// Whether the thread's blocked time is readable (decided once: mixing the two cumulative
     /// series tick by tick would turn their offset into idle or busy time).
@@ -96,11 +95,10 @@ pub struct KvmHaltIdle {
 impl KvmHaltIdle {
     /// For the vCPU whose stats are `halt`, running on thread `tid`.
     pub fn new(halt: VcpuHaltStats, tid: i32) -> Self {
-        let mut blocked = ThreadBlocked::default();
+        let mut blocked = ThreadBlocked::new(tid);
         Self {
             halt,
-            tid,
-            use_sched: blocked.read(tid, 0).is_ok(),
+            use_sched: blocked.read(0).is_ok(),
             blocked,
             acc: IdleAccumulator::default(),
         }
@@ -110,7 +108,7 @@ impl KvmHaltIdle {
 impl IdleSource for KvmHaltIdle {
     fn sample(&mut self, now_ns: u64) -> Result<IdleSample, IdleError> {
         let idle = if self.use_sched {
-            let blocked = self.blocked.read(self.tid, now_ns)?;
+            let blocked = self.blocked.read(now_ns)?;
             blocked.saturating_add(self.halt.polled_ns()?)
         } else {
             self.halt.halted_ns()?
@@ -127,7 +125,6 @@ impl IdleSource for KvmHaltIdle {
 /// runnable but waiting for one (fields 1 and 2, ns). It cannot see halt polling (the thread
 /// spins on a CPU while the guest is idle), so it is only the fallback.
 pub struct ThreadRunTime {
-    tid: i32,
     blocked: ThreadBlocked,
     acc: IdleAccumulator,
 }
@@ -136,8 +133,7 @@ impl ThreadRunTime {
     /// For thread `tid` of this process.
     pub fn new(tid: i32) -> Self {
         Self {
-            tid,
-            blocked: ThreadBlocked::default(),
+            blocked: ThreadBlocked::new(tid),
             acc: IdleAccumulator::default(),
         }
     }
@@ -146,9 +142,12 @@ impl ThreadRunTime {
 /// Time a thread of this process was blocked (neither running nor runnable) since its first
 /// reading. Its demand is counted from that reading, not from the thread's creation: a thread
 /// that waited for a CPU before the scheduler's clock started would otherwise have that wait
-/// subtracted from its first interval's idle time.
-#[derive(Debug, Default, Clone, Copy)]
+/// subtracted from its first interval's idle time. Its schedstat file is kept open (one
+/// `pread` a tick instead of a path walk, an open, a read and a close: at 255 vCPUs the path
+/// walks were half of a tick's cost).
+#[derive(Debug)]
 struct ThreadBlocked {
+    schedstat: ProcFile,
     /// Time wanted (on a CPU or waiting for one) and time waiting, at the first reading.
     origin: Option<(u64, u64)>,
     /// Time waiting for a CPU since the first reading, as of the last.
@@ -156,11 +155,24 @@ struct ThreadBlocked {
 }
 
 impl ThreadBlocked {
-    /// Blocked time of thread `tid` out of the `elapsed_ns` since the first reading.
-    fn read(&mut self, tid: i32, elapsed_ns: u64) -> Result<u64, IdleError> {
-        let (wanted, ran) = thread_demand(tid).ok_or_else(|| IdleError::Proc {
-            path: schedstat_path(tid),
-        })?;
+    /// For thread `tid` of this process.
+    fn new(tid: i32) -> Self {
+        Self {
+            schedstat: ProcFile::new(schedstat_path(tid).into()),
+            origin: None,
+            waited_ns: 0,
+        }
+    }
+
+    /// Blocked time of the thread out of the `elapsed_ns` since the first reading.
+    fn read(&mut self, elapsed_ns: u64) -> Result<u64, IdleError> {
+        let (wanted, ran) = self
+            .schedstat
+            .read()
+            .and_then(parse_schedstat)
+            .ok_or_else(|| IdleError::Proc {
+                path: self.schedstat.path().display().to_string(),
+            })?;
         let waited = wanted.saturating_sub(ran);
         let (wanted0, waited0) = *self.origin.get_or_insert((wanted, waited));
         self.waited_ns = waited.saturating_sub(waited0);
@@ -170,7 +182,7 @@ impl ThreadBlocked {
 
 impl IdleSource for ThreadRunTime {
     fn sample(&mut self, now_ns: u64) -> Result<IdleSample, IdleError> {
-        let blocked = self.blocked.read(self.tid, now_ns)?;
+        let blocked = self.blocked.read(now_ns)?;
         Ok(self.acc.update(now_ns, blocked))
     }
 
