@@ -641,6 +641,40 @@ fn vmlinux_layer(kernel: &Path, l1_dir: &Path) -> Result<PathBuf, ImageError> {
     Ok(layer)
 }
 
+/// The L1 layer with QEMU, the libraries `ldd` lists for it and its firmware (`--vmm qemu`),
+/// written when the host's QEMU is newer than it.
+fn qemu_layer(l1_dir: &Path) -> Result<PathBuf, ImageError> {
+    let binary = which(QEMU).ok_or_else(|| ImageError::ToolMissing {
+        program: QEMU.into(),
+        package: "qemu-system-x86",
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    })?;
+    let layer = l1_dir.join("qemu.cpio");
+    if up_to_date(&layer, &[&binary]) {
+        progress(&format!("L1 qemu layer up to date: {}", layer.display()));
+    } else {
+        progress(&format!(
+            "writing L1 qemu layer {} (qemu, its libraries, firmware)",
+            layer.display()
+        ));
+        let mut archive = CpioArchive::new(archive_mtime());
+        archive.add_file_from(inside::QEMU, &binary, 0o755)?;
+        for library in shared_libraries(&binary)? {
+            let path = library.to_string_lossy().into_owned();
+            archive.add_file_from(&path, &library, 0o755)?;
+        }
+        for firmware in QEMU_FIRMWARE {
+            let source = Path::new(firmware);
+            if !source.exists() {
+                return Err(ImageError::Missing(source.to_path_buf()));
+            }
+            archive.add_file_from(firmware, source, 0o644)?;
+        }
+        archive.write_to(&layer)?;
+    }
+    Ok(layer)
+}
+
 /// Builds the L1 layers (and the guest images first).
 pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> {
     let guest = build_guest(ws, needs.guest_kernel)?;
@@ -697,35 +731,7 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
     };
 
     let qemu = if needs.qemu {
-        let binary = which(QEMU).ok_or_else(|| ImageError::ToolMissing {
-            program: QEMU.into(),
-            package: "qemu-system-x86",
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
-        })?;
-        let layer = l1_dir.join("qemu.cpio");
-        if up_to_date(&layer, &[&binary]) {
-            progress(&format!("L1 qemu layer up to date: {}", layer.display()));
-        } else {
-            progress(&format!(
-                "writing L1 qemu layer {} (qemu, its libraries, firmware)",
-                layer.display()
-            ));
-            let mut archive = CpioArchive::new(archive_mtime());
-            archive.add_file_from(inside::QEMU, &binary, 0o755)?;
-            for library in shared_libraries(&binary)? {
-                let path = library.to_string_lossy().into_owned();
-                archive.add_file_from(&path, &library, 0o755)?;
-            }
-            for firmware in QEMU_FIRMWARE {
-                let source = Path::new(firmware);
-                if !source.exists() {
-                    return Err(ImageError::Missing(source.to_path_buf()));
-                }
-                archive.add_file_from(firmware, source, 0o644)?;
-            }
-            archive.write_to(&layer)?;
-        }
-        Some(layer)
+        Some(qemu_layer(&l1_dir)?)
     } else {
         None
     };

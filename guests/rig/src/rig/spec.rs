@@ -203,7 +203,8 @@ pub enum KernelForm {
 }
 
 impl KernelForm {
-    /// Its path in L1.
+    /// Its path in L1 for L1's own kernel, 6.1 (every guest kernel's:
+    /// [`GuestKernel::l1_path`]).
     pub fn path(self) -> &'static str {
         match self {
             KernelForm::BzImage => inside::GUEST_KERNEL,
