@@ -109,6 +109,7 @@ pub fn run_placement_sequence_with_probe(
             pvmm: true,
             qemu: false,
             vmlinux: false,
+            ..Default::default()
         },
     )?;
     let runs: Vec<pvmm_rig::PvmmRun> = runs
@@ -131,6 +132,7 @@ pub fn run_placement_sequence_with_probe(
         progress: false,
         probe: Some(format!("{probe_prefix}{}", placement_probe(PROBE_INTERVAL))),
         tuning: pvmm_rig::L1Tuning::default(),
+        guest_kernel: pvmm_rig::GuestKernel::default(),
     };
     let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();
     let started = std::time::Instant::now();

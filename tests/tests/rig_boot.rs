@@ -30,6 +30,7 @@ fn needs(vmm: InnerVmm, kernel: KernelForm) -> L1Needs {
         pvmm: vmm == InnerVmm::Pvmm,
         qemu: vmm == InnerVmm::Qemu,
         vmlinux: kernel == KernelForm::Pvh,
+        ..Default::default()
     }
 }
 
@@ -204,6 +205,7 @@ fn two_vms_pvmm_and_qemu_side_by_side_report_apart() {
         pvmm: true,
         qemu: true,
         vmlinux: false,
+        ..Default::default()
     };
     let Some((ws, images)) = prepare_rig("rig_two_vms", needs) else {
         return;

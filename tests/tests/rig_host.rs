@@ -109,6 +109,7 @@ fn boot(test: &str, vms: Vec<VmSpec>, l1_job: &str) -> Option<RigOutcome> {
         pvmm: true,
         qemu: vms.iter().any(|v| v.vmm == InnerVmm::Qemu),
         vmlinux: false,
+        ..Default::default()
     };
     let (ws, images) = prepare_rig(test, needs)?;
     let rig = Rig::with_vms(vms.clone())

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use crate::guest_kernel::GuestKernel;
 use crate::images::{L1Images, Workspace};
 use crate::rig::{
     guest_cmdline, inner_vmm_command, run_l1, InnerVmm, KernelForm, L1Job, L1Options, RigError,
@@ -39,6 +40,8 @@ pub struct BenchOptions {
     pub echo: bool,
     /// Add `quiet` to the guest command line (see [`crate::rig::guest_cmdline`]).
     pub quiet: bool,
+    /// The kernel every contender boots (the L1 images must hold it in each form).
+    pub guest_kernel: GuestKernel,
 }
 
 impl BenchOptions {
@@ -216,8 +219,8 @@ pub fn run_bench(
     let contenders = options.contenders();
     let mut commands = Vec::new();
     for &(vmm, kernel) in &contenders {
-        let cmdline = guest_cmdline(vmm, Some("nproc"), options.quiet)?;
-        let words = inner_vmm_command(vmm, kernel, &args, &cmdline)?;
+        let cmdline = guest_cmdline(vmm, options.guest_kernel, Some("nproc"), options.quiet)?;
+        let words = inner_vmm_command(vmm, options.guest_kernel, kernel, &args, &cmdline)?;
         commands.push((stem(vmm, kernel), shell_join(&words)));
     }
     let mut script = String::new();
@@ -237,6 +240,7 @@ pub fn run_bench(
         script,
         probe: None,
         guest_memory_mib: options.memory_mib,
+        guest_kernel: options.guest_kernel,
     };
     let l1 = L1Options {
         topology: options.topology,
@@ -323,6 +327,7 @@ mod tests {
             kernels: vec![KernelForm::BzImage, KernelForm::Pvh],
             echo: false,
             quiet: true,
+            guest_kernel: GuestKernel::default(),
         };
         let names: Vec<String> = options
             .contenders()

@@ -195,6 +195,7 @@ pub fn run_guest_soak(
         progress: true,
         probe: Some(probe()),
         tuning: L1Tuning::default(),
+        guest_kernel: crate::GuestKernel::default(),
     };
     let outcome = run_pvmm_sequence(ws, images, &sequence, &runs)?;
     let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();

@@ -5,13 +5,15 @@
 //! inputs are skipped. Archives are reproducible (see [`crate::cpio`]): entries are sorted,
 //! owned by root and stamped with `SOURCE_DATE_EPOCH` (0 when unset). The kernel package is the
 //! one `linux-image-cloud-amd64` depends on at build time (recorded in
-//! `guests/out/guest/manifest.txt`); set `PVMM_GUEST_KERNEL_PACKAGE` to pin another.
+//! `guests/out/guest/manifest.txt`); set `PVMM_GUEST_KERNEL_PACKAGE` to pin another. A guest
+//! may boot Debian 13's 6.12 kernel instead ([`crate::guest_kernel`]), in an L1 layer of its own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
 
 use crate::cpio::{CpioArchive, CpioError};
+use crate::guest_kernel::{self, GuestKernel, KernelImage};
 use crate::packages::{self, PackageError};
 use crate::scripts;
 
@@ -29,8 +31,10 @@ pub const QEMU: &str = "qemu-system-x86_64";
 
 /// Paths of files inside the images, shared with the rig's command lines.
 pub mod inside {
-    /// The guest kernel in L1.
+    /// The guest kernel in L1 (L1's own, Debian 12's 6.1).
     pub const GUEST_KERNEL: &str = "/guest/vmlinuz";
+    /// The 6.12 guest kernel in L1, when its layer is there.
+    pub const GUEST_KERNEL_612: &str = "/guest/vmlinuz-6.12";
     /// The guest initramfs in L1.
     pub const GUEST_INITRD: &str = "/guest/initrd.cpio";
     /// The guest kernel uncompressed (an ELF vmlinux for PVH boots) in L1.
@@ -80,6 +84,18 @@ pub enum ImageError {
     },
     #[error("'{0}' does not list a linux-image dependency (run 'sudo apt-get update' first)")]
     NoKernelPackage(String),
+    #[error("apt {action} on Debian {suite} failed: {why}")]
+    Apt {
+        action: &'static str,
+        suite: String,
+        why: String,
+    },
+    #[error("{package} lacks {} (its {config})", .missing.join(", "))]
+    KernelConfig {
+        package: String,
+        config: PathBuf,
+        missing: Vec<&'static str>,
+    },
     #[error("{0} is not a static executable (install the Debian package busybox-static)")]
     BusyboxNotStatic(String),
     #[error("{binary} is {version}; the rig's L1 needs QEMU {needed} or newer")]
@@ -170,6 +186,8 @@ pub struct GuestImages {
     pub kernel_package: String,
     /// The guest (and L1) kernel, a bzImage.
     pub kernel: PathBuf,
+    /// The 6.12 guest kernel, when asked for.
+    pub kernel_612: Option<KernelImage>,
     /// The guest initramfs (uncompressed newc cpio).
     pub initrd: PathBuf,
     /// irqbypass.ko, kvm.ko, kvm-amd.ko, in load order.
@@ -245,7 +263,7 @@ pub fn resolve_kernel_package() -> Result<String, ImageError> {
 }
 
 /// The `linux-image-*` dependency in `apt-cache depends` output.
-fn kernel_dependency(listing: &str) -> Option<String> {
+pub(crate) fn kernel_dependency(listing: &str) -> Option<String> {
     listing
         .lines()
         .filter_map(|line| line.trim().strip_prefix("Depends:"))
@@ -270,7 +288,7 @@ pub(crate) fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
     debs.pop()
 }
 
-fn find_one(dir: &Path, prefix: &str) -> Result<PathBuf, ImageError> {
+pub(crate) fn find_one(dir: &Path, prefix: &str) -> Result<PathBuf, ImageError> {
     std::fs::read_dir(dir)
         .map_err(io_err(dir))?
         .filter_map(Result::ok)
@@ -281,6 +299,30 @@ fn find_one(dir: &Path, prefix: &str) -> Result<PathBuf, ImageError> {
                 .is_some_and(|n| n.starts_with(prefix))
         })
         .ok_or_else(|| ImageError::Missing(dir.join(format!("{prefix}*"))))
+}
+
+/// Unpacks the kernel package `deb` into `guests/out/kernel/<package>` (once per download);
+/// returns that folder.
+pub(crate) fn unpack_kernel(
+    ws: &Workspace,
+    package: &str,
+    deb: &Path,
+) -> Result<PathBuf, ImageError> {
+    let unpacked = ws.out.join("kernel").join(package);
+    let stamp = unpacked.join(".unpacked");
+    if !up_to_date(&stamp, &[deb]) {
+        progress(&format!("unpacking {}", deb.display()));
+        if unpacked.exists() {
+            std::fs::remove_dir_all(&unpacked).map_err(io_err(&unpacked))?;
+        }
+        std::fs::create_dir_all(&unpacked).map_err(io_err(&unpacked))?;
+        run_tool(
+            Command::new("dpkg").arg("-x").arg(deb).arg(&unpacked),
+            "dpkg",
+        )?;
+        std::fs::write(&stamp, b"").map_err(io_err(&stamp))?;
+    }
+    Ok(unpacked)
 }
 
 /// Downloads and unpacks the kernel package; returns the kernel and the KVM modules.
@@ -305,20 +347,7 @@ fn fetch_kernel(ws: &Workspace) -> Result<(String, PathBuf, Vec<PathBuf>), Image
                 .ok_or_else(|| ImageError::Missing(debs.join(format!("{package}_*.deb"))))?
         }
     };
-    let unpacked = ws.out.join("kernel").join(&package);
-    let stamp = unpacked.join(".unpacked");
-    if !up_to_date(&stamp, &[&deb]) {
-        progress(&format!("unpacking {}", deb.display()));
-        if unpacked.exists() {
-            std::fs::remove_dir_all(&unpacked).map_err(io_err(&unpacked))?;
-        }
-        std::fs::create_dir_all(&unpacked).map_err(io_err(&unpacked))?;
-        run_tool(
-            Command::new("dpkg").arg("-x").arg(&deb).arg(&unpacked),
-            "dpkg",
-        )?;
-        std::fs::write(&stamp, b"").map_err(io_err(&stamp))?;
-    }
+    let unpacked = unpack_kernel(ws, &package, &deb)?;
     let kernel = find_one(&unpacked.join("boot"), "vmlinuz-")?;
     let modules_root = find_one(&unpacked.join("lib").join("modules"), "")?;
     let mut modules = Vec::new();
@@ -427,15 +456,18 @@ pub fn build_static(ws: &Workspace, package: &str, binary: &str) -> Result<PathB
 /// Builds the guest images (`cargo xtask guest`): the kernel (and L1's KVM modules) from the
 /// Debian package, and the busybox initramfs with `/init` and `pvmm-load`. Every rig entry
 /// point comes through here, so the Debian packages are made available first
-/// ([`packages::ensure`]).
-pub fn build_guest(ws: &Workspace) -> Result<GuestImages, ImageError> {
+/// ([`packages::ensure`]). With `guest_kernel` 6.12 its kernel is fetched too
+/// ([`guest_kernel::fetch_612`]); L1's kernel and the default guest's stay 6.1.
+pub fn build_guest(ws: &Workspace, guest_kernel: GuestKernel) -> Result<GuestImages, ImageError> {
     packages::ensure()?;
     let (kernel_package, unpacked_kernel, kvm_modules) = fetch_kernel(ws)?;
     let guest_dir = ws.dir("guest")?;
     let kernel = guest_dir.join("vmlinuz");
-    if !up_to_date(&kernel, &[&unpacked_kernel]) {
-        std::fs::copy(&unpacked_kernel, &kernel).map_err(io_err(&kernel))?;
-    }
+    copy_if_newer(&unpacked_kernel, &kernel)?;
+    let kernel_612 = match guest_kernel {
+        GuestKernel::Linux6_1 => None,
+        GuestKernel::Linux6_12 => Some(guest_kernel::fetch_612(ws, &guest_dir)?),
+    };
     let load = build_static(ws, "pvmm-load", "pvmm-load")?;
     let initrd = guest_dir.join("initrd.cpio");
     let this_crate = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -452,7 +484,7 @@ pub fn build_guest(ws: &Workspace) -> Result<GuestImages, ImageError> {
         archive.write_to(&initrd)?;
     }
     let manifest = guest_dir.join("manifest.txt");
-    let text = format!(
+    let mut text = format!(
         "kernel package: {kernel_package}\nkernel: {}\ninitrd: {}\nmodules: {}\n",
         unpacked_kernel.display(),
         initrd.display(),
@@ -462,10 +494,19 @@ pub fn build_guest(ws: &Workspace) -> Result<GuestImages, ImageError> {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    if let Some(image) = &kernel_612 {
+        text.push_str(&format!(
+            "guest kernel 6.12 package: {}\nguest kernel 6.12: {}\nguest kernel 6.12 config: {}\n",
+            image.package,
+            image.kernel.display(),
+            image.config.display()
+        ));
+    }
     std::fs::write(&manifest, text).map_err(io_err(&manifest))?;
     Ok(GuestImages {
         kernel_package,
         kernel,
+        kernel_612,
         initrd,
         kvm_modules,
     })
@@ -480,6 +521,9 @@ pub struct L1Needs {
     pub qemu: bool,
     /// The guest kernel uncompressed, for PVH boots (the boot benchmark).
     pub vmlinux: bool,
+    /// The guest kernel the VMs boot: 6.1 is always there (the base layer holds it: it is
+    /// L1's own kernel); 6.12 is fetched and gets a layer of its own.
+    pub guest_kernel: GuestKernel,
 }
 
 /// The L1 initramfs layers; the rig concatenates them with a per-run job layer (Linux unpacks
@@ -496,17 +540,57 @@ pub struct L1Images {
     pub qemu: Option<PathBuf>,
     /// The uncompressed guest kernel, when built.
     pub vmlinux: Option<PathBuf>,
+    /// The 6.12 guest kernel ([`inside::GUEST_KERNEL_612`]), when built.
+    pub kernel_612: Option<PathBuf>,
 }
 
 impl L1Images {
-    /// The layer files in order, and their total size in bytes.
+    /// The layer files in order.
     pub fn layers(&self) -> Vec<PathBuf> {
         let mut layers = vec![self.base.clone()];
         layers.extend(self.pvmm.iter().cloned());
         layers.extend(self.qemu.iter().cloned());
         layers.extend(self.vmlinux.iter().cloned());
+        layers.extend(self.kernel_612.iter().cloned());
         layers
     }
+
+    /// Whether the layers hold `kernel` for the guests.
+    pub fn has_guest_kernel(&self, kernel: GuestKernel) -> bool {
+        match kernel {
+            GuestKernel::Linux6_1 => true,
+            GuestKernel::Linux6_12 => self.kernel_612.is_some(),
+        }
+    }
+}
+
+/// Copies `from` to `to` unless `to` is newer.
+pub(crate) fn copy_if_newer(from: &Path, to: &Path) -> Result<(), ImageError> {
+    if !up_to_date(to, &[from]) {
+        std::fs::copy(from, to).map_err(io_err(to))?;
+    }
+    Ok(())
+}
+
+/// The L1 layer `name` holding the one file `source` at `inside` (mode `mode`), written when
+/// `source` is newer than it.
+fn file_layer(
+    l1_dir: &Path,
+    name: &str,
+    inside: &str,
+    source: &Path,
+    mode: u32,
+) -> Result<PathBuf, ImageError> {
+    let layer = l1_dir.join(name);
+    if up_to_date(&layer, &[source]) {
+        progress(&format!("L1 layer up to date: {}", layer.display()));
+    } else {
+        progress(&format!("writing L1 layer {} ({inside})", layer.display()));
+        let mut archive = CpioArchive::new(archive_mtime());
+        archive.add_file_from(inside, source, mode)?;
+        archive.write_to(&layer)?;
+    }
+    Ok(layer)
 }
 
 /// Libraries `ldd` lists for `binary` (absolute paths, including the dynamic loader).
@@ -557,9 +641,43 @@ fn vmlinux_layer(kernel: &Path, l1_dir: &Path) -> Result<PathBuf, ImageError> {
     Ok(layer)
 }
 
+/// The L1 layer with QEMU, the libraries `ldd` lists for it and its firmware (`--vmm qemu`),
+/// written when the host's QEMU is newer than it.
+fn qemu_layer(l1_dir: &Path) -> Result<PathBuf, ImageError> {
+    let binary = which(QEMU).ok_or_else(|| ImageError::ToolMissing {
+        program: QEMU.into(),
+        package: "qemu-system-x86",
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    })?;
+    let layer = l1_dir.join("qemu.cpio");
+    if up_to_date(&layer, &[&binary]) {
+        progress(&format!("L1 qemu layer up to date: {}", layer.display()));
+    } else {
+        progress(&format!(
+            "writing L1 qemu layer {} (qemu, its libraries, firmware)",
+            layer.display()
+        ));
+        let mut archive = CpioArchive::new(archive_mtime());
+        archive.add_file_from(inside::QEMU, &binary, 0o755)?;
+        for library in shared_libraries(&binary)? {
+            let path = library.to_string_lossy().into_owned();
+            archive.add_file_from(&path, &library, 0o755)?;
+        }
+        for firmware in QEMU_FIRMWARE {
+            let source = Path::new(firmware);
+            if !source.exists() {
+                return Err(ImageError::Missing(source.to_path_buf()));
+            }
+            archive.add_file_from(firmware, source, 0o644)?;
+        }
+        archive.write_to(&layer)?;
+    }
+    Ok(layer)
+}
+
 /// Builds the L1 layers (and the guest images first).
 pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> {
-    let guest = build_guest(ws)?;
+    let guest = build_guest(ws, needs.guest_kernel)?;
     let l1_dir = ws.dir("l1")?;
     let this_crate = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("src")
@@ -591,50 +709,29 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
 
     let pvmm = if needs.pvmm {
         let binary = build_static(ws, "pvmm", "pvmm")?;
-        let layer = l1_dir.join("pvmm.cpio");
-        if up_to_date(&layer, &[&binary]) {
-            progress(&format!("L1 pvmm layer up to date: {}", layer.display()));
-        } else {
-            progress(&format!("writing L1 pvmm layer {}", layer.display()));
-            let mut archive = CpioArchive::new(archive_mtime());
-            archive.add_file_from(inside::PVMM, &binary, 0o755)?;
-            archive.write_to(&layer)?;
-        }
-        Some(layer)
+        Some(file_layer(
+            &l1_dir,
+            "pvmm.cpio",
+            inside::PVMM,
+            &binary,
+            0o755,
+        )?)
     } else {
         None
     };
+    let kernel_612 = match &guest.kernel_612 {
+        Some(image) => Some(file_layer(
+            &l1_dir,
+            "kernel-6.12.cpio",
+            inside::GUEST_KERNEL_612,
+            &image.kernel,
+            0o644,
+        )?),
+        None => None,
+    };
 
     let qemu = if needs.qemu {
-        let binary = which(QEMU).ok_or_else(|| ImageError::ToolMissing {
-            program: QEMU.into(),
-            package: "qemu-system-x86",
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
-        })?;
-        let layer = l1_dir.join("qemu.cpio");
-        if up_to_date(&layer, &[&binary]) {
-            progress(&format!("L1 qemu layer up to date: {}", layer.display()));
-        } else {
-            progress(&format!(
-                "writing L1 qemu layer {} (qemu, its libraries, firmware)",
-                layer.display()
-            ));
-            let mut archive = CpioArchive::new(archive_mtime());
-            archive.add_file_from(inside::QEMU, &binary, 0o755)?;
-            for library in shared_libraries(&binary)? {
-                let path = library.to_string_lossy().into_owned();
-                archive.add_file_from(&path, &library, 0o755)?;
-            }
-            for firmware in QEMU_FIRMWARE {
-                let source = Path::new(firmware);
-                if !source.exists() {
-                    return Err(ImageError::Missing(source.to_path_buf()));
-                }
-                archive.add_file_from(firmware, source, 0o644)?;
-            }
-            archive.write_to(&layer)?;
-        }
-        Some(layer)
+        Some(qemu_layer(&l1_dir)?)
     } else {
         None
     };
@@ -651,6 +748,7 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         pvmm,
         qemu,
         vmlinux,
+        kernel_612,
     })
 }
 

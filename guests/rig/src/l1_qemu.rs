@@ -5,25 +5,24 @@
 //! side, it was no more reliable and no faster, so it is not the default). Debian 12 ships
 //! QEMU 10.0 in `bookworm-backports`, built against its own libraries, so the rig fetches it
 //! there when the host's QEMU is older: `apt-get download` with a private sources list and
-//! lists folder under `guests/out/qemu-backports/` (the machine's apt setup is not touched),
-//! then `dpkg -x`: nothing is installed. A host whose own QEMU is 10 or newer (Debian 13) uses
+//! lists folder under `guests/out/qemu-backports/` ([`crate::private_apt`]: the machine's apt
+//! setup is not touched), then `dpkg -x`: nothing is installed. A host whose own QEMU is 10 or newer (Debian 13) uses
 //! its own.
 //!
 //! Only L1 runs on the fetched QEMU. The inner QEMU of `--vmm qemu` stays the host's: its
 //! libraries are what L1's image carries.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::images::{find_deb, io_err, progress, run_tool, which, ImageError, Workspace, QEMU};
+use crate::private_apt::PrivateApt;
 
 /// The oldest QEMU major version [`L1Qemu::Newer`] accepts from the host.
 pub const NEWER_MAJOR: u32 = 10;
 
-/// The Debian suite the newer QEMU is fetched from, and its apt source line.
+/// The Debian suite the newer QEMU is fetched from.
 pub const BACKPORTS_SUITE: &str = "bookworm-backports";
-const BACKPORTS_SOURCE: &str = "deb http://deb.debian.org/debian bookworm-backports main\n";
 
 /// The packages that make a working `qemu-system-x86_64`: the binary, its shared
 /// helpers, and its firmware and option ROMs (`linuxboot_dma.bin` loads L1's kernel).
@@ -118,60 +117,28 @@ pub fn resolve(ws: &Workspace, choice: L1Qemu) -> Result<QemuBinary, ImageError>
 }
 
 /// Downloads and unpacks [`BACKPORTS_PACKAGES`] once; returns the folder they are unpacked in.
-/// A lock file keeps two rigs starting at once from fetching over each other.
 fn fetch_backports(ws: &Workspace) -> Result<PathBuf, ImageError> {
-    let base = ws.out.join("qemu-backports");
-    let root = base.join("root");
+    let apt = PrivateApt::new(BACKPORTS_SUITE, ws.out.join("qemu-backports"));
+    let root = ws.out.join("qemu-backports").join("root");
     let stamp = root.join(".unpacked");
     if stamp.is_file() {
         return Ok(root);
     }
-    let lists = base.join("lists");
-    let debs = base.join("debs");
-    let parts = base.join("sources.list.d");
-    let cache = base.join("cache");
-    for dir in [&lists.join("partial"), &debs, &parts, &cache] {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    }
-    let lock_path = base.join(".lock");
-    let lock = File::create(&lock_path).map_err(io_err(&lock_path))?;
-    lock.lock().map_err(io_err(&lock_path))?;
+    let _lock = apt.prepare()?;
     if stamp.is_file() {
         return Ok(root);
     }
-    let sources = base.join("sources.list");
-    std::fs::write(&sources, BACKPORTS_SOURCE).map_err(io_err(&sources))?;
-    let apt = || {
-        let mut command = Command::new("apt-get");
-        for option in [
-            format!("Dir::Etc::sourcelist={}", sources.display()),
-            format!("Dir::Etc::sourceparts={}", parts.display()),
-            format!("Dir::State::Lists={}", lists.display()),
-            format!("Dir::Cache={}", cache.display()),
-            "Debug::NoLocking=1".to_string(),
-            // The files land in folders the unprivileged _apt user may not write.
-            "APT::Sandbox::User=root".to_string(),
-        ] {
-            command.arg("-o").arg(option);
-        }
-        command.arg("-q").current_dir(&debs);
-        command
-    };
     progress(&format!(
         "QEMU {NEWER_MAJOR} for L1: fetching {} from {BACKPORTS_SUITE} into {} (once; nothing is installed)",
         BACKPORTS_PACKAGES.join(", "),
-        base.display()
+        apt.debs().display()
     ));
-    run_tool(apt().arg("update"), "apt")?;
-    run_tool(
-        apt()
-            .arg("download")
-            .args(BACKPORTS_PACKAGES.map(|p| format!("{p}/{BACKPORTS_SUITE}"))),
-        "apt",
-    )?;
+    apt.update()?;
+    apt.download(&BACKPORTS_PACKAGES.map(|p| format!("{p}/{BACKPORTS_SUITE}")))?;
     if root.exists() {
         std::fs::remove_dir_all(&root).map_err(io_err(&root))?;
     }
+    let debs = apt.debs();
     for package in BACKPORTS_PACKAGES {
         let deb = find_deb(&debs, package)
             .ok_or_else(|| ImageError::Missing(debs.join(format!("{package}_*.deb"))))?;

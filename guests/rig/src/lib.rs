@@ -3,6 +3,9 @@
 //!
 //! - [`packages`]: the Debian packages the rig and the tests need, installed when missing
 //!   (as root) or named in the one command to run.
+//! - [`guest_kernel`]: which Linux the guests boot (Debian 12's 6.1, L1's own, or Debian 13's
+//!   6.12) and fetching 6.12.
+//! - [`private_apt`]: apt on a Debian suite the machine's apt setup does not name.
 //! - [`images`]: builds the Debian cloud kernel, the busybox guest initramfs (with
 //!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`.
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
@@ -24,12 +27,14 @@
 pub mod activity;
 pub mod bench;
 pub mod cpio;
+pub mod guest_kernel;
 pub mod guest_soak;
 pub mod host_bench;
 pub mod images;
 pub mod l1_qemu;
 pub mod packages;
 pub mod placement_bench;
+pub mod private_apt;
 pub mod probe;
 pub mod rig;
 pub mod scripts;
@@ -38,6 +43,7 @@ pub mod soak;
 pub mod tuning;
 pub mod vmlinux;
 
+pub use guest_kernel::GuestKernel;
 pub use rig::{
     InnerVmm, KernelForm, Rig, RigEnd, RigError, RigOutcome, RunLines, Topology, VmSpec,
 };

@@ -230,6 +230,7 @@ pub fn run_placement_bench(
         progress: false,
         probe: Some(bench_probe()),
         tuning: crate::tuning::L1Tuning::default(),
+        guest_kernel: crate::GuestKernel::default(),
     };
     crate::images::progress(&format!(
         "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use crate::guest_kernel::GuestKernel;
 use crate::images::{L1Images, Workspace};
 use crate::rig::{
     guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, KernelForm, L1Job, L1Options,
@@ -44,6 +45,8 @@ pub struct SequenceOptions {
     pub probe: Option<String>,
     /// QEMU's and L1's settings.
     pub tuning: L1Tuning,
+    /// The kernel every run's guest boots (the L1 images must hold it).
+    pub guest_kernel: GuestKernel,
 }
 
 fn valid_label(label: &str) -> bool {
@@ -74,9 +77,15 @@ pub fn run_pvmm_sequence(
                 run.label
             )));
         }
-        let cmdline = guest_cmdline(InnerVmm::Pvmm, Some(&run.guest_command), false)?;
+        let cmdline = guest_cmdline(
+            InnerVmm::Pvmm,
+            options.guest_kernel,
+            Some(&run.guest_command),
+            false,
+        )?;
         let command = inner_vmm_command(
             InnerVmm::Pvmm,
+            options.guest_kernel,
             KernelForm::BzImage,
             &run.pvmm_args,
             &cmdline,
@@ -93,6 +102,7 @@ pub fn run_pvmm_sequence(
         script,
         probe: options.probe.clone(),
         guest_memory_mib: memory,
+        guest_kernel: options.guest_kernel,
     };
     let l1 = L1Options {
         topology: options.topology,

@@ -6,11 +6,28 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::guest_kernel::GuestKernel;
 use crate::l1_qemu::{L1Qemu, NEWER_MAJOR};
 use crate::rig::RigError;
 
 /// QEMU's `-cpu` for L1 before any preset changes it: an EPYC with SVM and nested paging.
+/// QEMU's `EPYC` is a first-generation Zen (family 23, model 1).
 pub const BASE_CPU: &str = "EPYC,+svm,+npt";
+
+/// The CPU model of [`BASE_CPU`].
+const BASE_MODEL: &str = "EPYC";
+
+/// The preset that makes L1's CPU a Zen 2 (QEMU's `EPYC-Rome`: family 23, model 49, known to
+/// Debian 12's QEMU 7.2), keeping the `-cpu` flags. It exists for 6.12 guests: amd-pstate
+/// refuses CPU family 23 below model 0x30 without a word (`amd_cppc_supported()` in
+/// drivers/cpufreq/amd-pstate.c), and the guest sees L1's CPU model through KVM (QEMU's
+/// `-cpu host`, pvmm's CPUID passthrough), so on the base `EPYC` a 6.12 guest would never
+/// load the driver that ranks its cores. The rig adds it by itself for a 6.12 guest
+/// ([`L1Tuning::for_guest_kernel`]).
+pub const ZEN2_PRESET: &str = "epyc-rome";
+
+/// [`ZEN2_PRESET`]'s CPU model.
+const ZEN2_MODEL: &str = "EPYC-Rome";
 
 /// The preset the rig uses when none is named (`cargo xtask rig`, the rig tests, the
 /// benchmarks): L1's KVM shadows L2's page tables instead of using the emulated CPU's nested
@@ -32,6 +49,9 @@ pub struct Preset {
 enum Change {
     Nothing,
     Cpu(&'static str),
+    /// The model part of `-cpu` (before the first `,`), the flags kept ([`BASE_CPU`]'s when
+    /// there are none, as after `cpu-max`).
+    CpuModel(&'static str),
     SingleThread,
     TbSize(u32),
     Cmdline(&'static [&'static str]),
@@ -67,6 +87,11 @@ pub const PRESETS: &[Preset] = &[
         name: "cpu-max",
         about: "-cpu max: every feature TCG implements (its SVM features included)",
         change: Change::Cpu("max"),
+    },
+    Preset {
+        name: ZEN2_PRESET,
+        about: "-cpu EPYC-Rome (flags kept): a Zen 2, whose model amd-pstate accepts; added by itself for 6.12 guests",
+        change: Change::CpuModel(ZEN2_MODEL),
     },
     Preset {
         name: "no-x2apic",
@@ -179,6 +204,13 @@ impl L1Tuning {
         match change {
             Change::Nothing => {}
             Change::Cpu(cpu) => self.cpu = cpu.into(),
+            Change::CpuModel(model) => {
+                let flags = match self.cpu.split_once(',') {
+                    Some((_, flags)) => flags,
+                    None => BASE_CPU.split_once(',').map_or("", |(_, flags)| flags),
+                };
+                self.cpu = format!("{model},{flags}");
+            }
             Change::SingleThread => self.tcg_multi_thread = false,
             Change::TbSize(size) => self.tb_size_mib = Some(size),
             Change::Cmdline(words) => extend(&mut self.cmdline_extra, words),
@@ -187,6 +219,22 @@ impl L1Tuning {
             Change::Pvmm(args) => extend(&mut self.pvmm_args, args),
             Change::Qemu(qemu) => self.qemu = qemu,
         }
+    }
+}
+
+impl L1Tuning {
+    /// These settings for a rig whose guests boot `kernel`: with [`ZEN2_PRESET`] added
+    /// (`npt0+epyc-rome`) when the kernel needs a CPU amd-pstate accepts
+    /// ([`GuestKernel::needs_cppc_cpu`]) and L1's CPU is still the base `EPYC` model; as they
+    /// are otherwise (another model was asked for: the asker's choice stands).
+    pub fn for_guest_kernel(&self, kernel: GuestKernel) -> L1Tuning {
+        let model = self.cpu.split(',').next().unwrap_or_default();
+        let mut tuning = self.clone();
+        if kernel.needs_cppc_cpu() && model == BASE_MODEL {
+            tuning.apply(Change::CpuModel(ZEN2_MODEL));
+            tuning.name = format!("{}+{ZEN2_PRESET}", self.name);
+        }
+        tuning
     }
 }
 
@@ -282,6 +330,30 @@ mod tests {
         assert_eq!("cpu-max".parse::<L1Tuning>().unwrap().cpu, "max");
         let pinned: L1Tuning = "policy-none".parse().unwrap();
         assert_eq!(pinned.pvmm_args, ["--policy", "none"]);
+    }
+
+    #[test]
+    fn a_612_guest_gets_a_zen2_l1_and_a_61_guest_the_default() {
+        let default = L1Tuning::default();
+        assert_eq!(default.for_guest_kernel(GuestKernel::Linux6_1), default);
+        let zen2 = default.for_guest_kernel(GuestKernel::Linux6_12);
+        assert_eq!(zen2.cpu, "EPYC-Rome,+svm,+npt");
+        assert_eq!(zen2.name, "npt0+epyc-rome");
+        assert_eq!(zen2, "npt0+epyc-rome".parse::<L1Tuning>().unwrap());
+        assert_eq!(zen2.kvm_amd_params, ["npt=0"]);
+        // Already Zen 2, or another model asked for: left alone.
+        assert_eq!(zen2.for_guest_kernel(GuestKernel::Linux6_12), zen2);
+        let max: L1Tuning = "cpu-max".parse().unwrap();
+        assert_eq!(max.for_guest_kernel(GuestKernel::Linux6_12), max);
+        let lean = "no-x2apic"
+            .parse::<L1Tuning>()
+            .unwrap()
+            .for_guest_kernel(GuestKernel::Linux6_12);
+        assert_eq!(lean.cpu, "EPYC-Rome,+svm,+npt,-x2apic");
+        assert_eq!(
+            "cpu-max+epyc-rome".parse::<L1Tuning>().unwrap().cpu,
+            "EPYC-Rome,+svm,+npt"
+        );
     }
 
     #[test]

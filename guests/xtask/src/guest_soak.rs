@@ -50,6 +50,7 @@ pub fn run(ws: &Workspace, args: GuestSoakArgs) -> ExitCode {
         pvmm: true,
         qemu: false,
         vmlinux: false,
+        ..Default::default()
     };
     let images = match super::build_l1(ws, needs) {
         Ok(images) => images,

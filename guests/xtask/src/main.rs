@@ -1,17 +1,19 @@
 //! `cargo xtask`: pvmm's guest images, the QEMU-nested rig and the boot benchmark.
 //!
-//! - `cargo xtask guest`: builds the guest kernel and initramfs into `guests/out/`.
+//! - `cargo xtask guest [--guest-kernel 6.1|6.12]`: builds the guest kernel and initramfs into
+//!   `guests/out/` (with 6.12, Debian 13's kernel too).
 //! - `cargo xtask rig [--topology SxCxT] [--timeout SECS] [--guest-cmd CMD] [--vmm pvmm|qemu]
 //!   -- [PVMM ARGS]`: boots L1 under QEMU TCG and runs pvmm (or QEMU with KVM) in it; exits
 //!   with pvmm's exit status, 124 on timeout, 125 when L1 ended without reporting a status.
 //!   `--vm "VMM [ARGS] [-- CMD]"` (repeatable) runs several VMs side by side instead;
-//!   `--variant` picks L1's settings.
+//!   `--variant` picks L1's settings; `--guest-kernel 6.12` boots the guests on Debian 13's
+//!   kernel (L1 stays on 6.1).
 //! - `cargo xtask rig-soak [--boots N] [--variant A,B] [--vms K] [--load N]`: boots the rig
 //!   many times, the variants taking turns, and counts the outcomes by kind.
 //! - `cargo xtask rig-guest-soak [--guests N] [--load N]`: N guests one after another in one
 //!   L1, and L1's levels after each (what pvmm leaves behind).
 //! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--kernels bzimage,pvh]
-//!   [--qemu-only]`: boot time to guest init, pvmm vs QEMU, each on the bzImage and through
+//!   [--qemu-only] [--guest-kernel 6.1|6.12]`: boot time to guest init, pvmm vs QEMU, each on the bzImage and through
 //!   PVH, in one L1 boot.
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
 //!   [--policies LIST]`: a kernbench-like load (the simulator's scenario of the
@@ -39,7 +41,9 @@ use pvmm_rig::placement_bench::{
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::soak::{format_tallies, run_soak, BusyLoops, SoakOptions};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
-use pvmm_rig::{InnerVmm, KernelForm, L1Tuning, Rig, RigError, RigOutcome, Topology, VmSpec};
+use pvmm_rig::{
+    GuestKernel, InnerVmm, KernelForm, L1Tuning, Rig, RigError, RigOutcome, Topology, VmSpec,
+};
 
 /// The guest command when none is given: the README's demo prints the guest's CPU count.
 const DEFAULT_GUEST_CMD: &str =
@@ -61,7 +65,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Build the guest kernel (Debian cloud kernel) and busybox initramfs into guests/out/.
-    Guest,
+    Guest(GuestArgs),
     /// Boot the QEMU-nested rig and run pvmm (or QEMU) on the guest inside it.
     ///
     /// Exits with pvmm's exit status; 124 when the timeout killed QEMU; 125 when L1 ended
@@ -69,9 +73,9 @@ enum Task {
     /// (pvmm's stderr), [rig] (events), [qemu] (QEMU's stderr).
     Rig(RigArgs),
     /// Boot the rig many times and count the outcomes by kind, per variant (variants take
-    /// turns, one boot each per round). Presets: base, single, tb256, cpu-max, no-x2apic,
-    /// svm-lean, npt0, hpoll0, nothp, quiet-clock, policy-none (see guests/README.md); join
-    /// them with '+'.
+    /// turns, one boot each per round). Presets: base, qemu10, single, tb256, cpu-max,
+    /// epyc-rome, no-x2apic, svm-lean, npt0, hpoll0, nothp, quiet-clock, policy-none (see
+    /// guests/README.md); join them with '+'.
     RigSoak(SoakArgs),
     /// Run many guests one after another in one L1 and read L1 after each (memory, kernel
     /// memory, processes, threads, open files, KVM VMs, /tmp): what pvmm leaves behind.
@@ -88,6 +92,14 @@ enum Task {
     /// and QEMU unpinned (qemu); one L1 boot per case, one table per VM count (package idle,
     /// work, migrations, modelled energy per unit of work relative to qemu).
     BenchHost(HostBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct GuestArgs {
+    /// Also fetch this guest kernel: 6.1 (Debian 12's cloud kernel, L1's own, always built)
+    /// or 6.12 (Debian 13's, from trixie through a private apt).
+    #[arg(long, default_value = "6.1", value_name = "6.1|6.12")]
+    guest_kernel: GuestKernel,
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +129,9 @@ struct BootBenchArgs {
     /// Leave `quiet` off the guest command line (measures the serial console too).
     #[arg(long)]
     boot_log: bool,
+    /// The guests' kernel: 6.1 (L1's own) or 6.12 (Debian 13's; bzimage only).
+    #[arg(long, default_value = "6.1", value_name = "6.1|6.12")]
+    guest_kernel: GuestKernel,
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +204,7 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         pvmm: true,
         qemu: args.regimes.contains(&Regime::Qemu),
         vmlinux: false,
+        ..Default::default()
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,
@@ -274,6 +290,11 @@ struct RigArgs {
     /// uncompressed, an ELF vmlinux entered through PVH).
     #[arg(long, default_value = "bzimage", value_parser = parse_kernel_form)]
     kernel: KernelForm,
+    /// The guests' kernel: 6.1 (Debian 12's, L1's own) or 6.12 (Debian 13's, from trixie: the
+    /// guests get amd_pstate=passive and L1 a Zen 2 CPU, EPYC-Rome; bzimage only). L1 keeps
+    /// running 6.1.
+    #[arg(long, default_value = "6.1", value_name = "6.1|6.12")]
+    guest_kernel: GuestKernel,
     /// Boot the guest with `quiet` (warnings and errors only on its console) instead of the
     /// early console.
     #[arg(long)]
@@ -345,19 +366,34 @@ fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<images::L1Images, ExitCode
     })
 }
 
-/// Builds the L1 images the VMs need to boot `kernel`; the xtask's exit code (after saying
-/// why) when that fails.
+/// Builds the L1 images the VMs need to boot `guest` in `form`; the xtask's exit code (after
+/// saying why) when that fails.
 fn l1_images(
     ws: &Workspace,
     vms: &[VmSpec],
-    kernel: KernelForm,
+    guest: GuestKernel,
+    form: KernelForm,
 ) -> Result<images::L1Images, ExitCode> {
     let needs = L1Needs {
         pvmm: vms.iter().any(|vm| vm.vmm == InnerVmm::Pvmm),
         qemu: vms.iter().any(|vm| vm.vmm == InnerVmm::Qemu),
-        vmlinux: kernel == KernelForm::Pvh,
+        vmlinux: form == KernelForm::Pvh,
+        guest_kernel: guest,
     };
+    check_guest_forms(guest, &[form])?;
     build_l1(ws, needs)
+}
+
+/// Refuses (exit 2, after saying why) a guest kernel in a form the rig does not build for it,
+/// before any image is built.
+fn check_guest_forms(guest: GuestKernel, forms: &[KernelForm]) -> Result<(), ExitCode> {
+    for &form in forms {
+        if let Err(error) = guest.l1_path(form) {
+            eprintln!("xtask: error: {error}");
+            return Err(ExitCode::from(2));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `cargo xtask rig`'s rig and reports how it ended (each VM apart when several).
@@ -441,6 +477,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
         tcg_single,
         variant,
         kernel,
+        guest_kernel,
         quiet,
         vms,
         pvmm_args,
@@ -471,7 +508,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
             ..vm
         })
         .collect();
-    let images = match l1_images(ws, &vms, kernel) {
+    let images = match l1_images(ws, &vms, guest_kernel, kernel) {
         Ok(images) => images,
         Err(code) => return code,
     };
@@ -481,6 +518,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
     );
     let mut rig = Rig::with_vms(vms.clone())
         .kernel(kernel)
+        .guest_kernel(guest_kernel)
         .quiet(quiet)
         .topology(topology)
         .timeout(Duration::from_secs(timeout))
@@ -523,7 +561,7 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
             guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
         })
         .collect();
-    let images = match l1_images(ws, &specs, KernelForm::BzImage) {
+    let images = match l1_images(ws, &specs, GuestKernel::default(), KernelForm::BzImage) {
         Ok(images) => images,
         Err(code) => return code,
     };
@@ -545,8 +583,8 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
 }
 
 /// `cargo xtask guest`.
-fn guest_task(ws: &Workspace, started: Instant) -> ExitCode {
-    match images::build_guest(ws) {
+fn guest_task(ws: &Workspace, started: Instant, args: GuestArgs) -> ExitCode {
+    match images::build_guest(ws, args.guest_kernel) {
         Ok(guest) => {
             eprintln!(
                 "xtask: guest images ready in {:.1} s: kernel {} ({}), initramfs {}",
@@ -555,6 +593,14 @@ fn guest_task(ws: &Workspace, started: Instant) -> ExitCode {
                 guest.kernel_package,
                 guest.initrd.display()
             );
+            if let Some(image) = &guest.kernel_612 {
+                eprintln!(
+                    "xtask: guest kernel 6.12: {} ({}, configuration {})",
+                    image.kernel.display(),
+                    image.package,
+                    image.config.display()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {
@@ -566,10 +612,14 @@ fn guest_task(ws: &Workspace, started: Instant) -> ExitCode {
 
 /// `cargo xtask bench-boot`.
 fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
+    if let Err(code) = check_guest_forms(args.guest_kernel, &args.kernels) {
+        return code;
+    }
     let needs = L1Needs {
         pvmm: !args.qemu_only,
         qemu: true,
         vmlinux: args.kernels.contains(&KernelForm::Pvh),
+        guest_kernel: args.guest_kernel,
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,
@@ -584,6 +634,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         kernels: args.kernels,
         echo: args.verbose,
         quiet: !args.boot_log,
+        guest_kernel: args.guest_kernel,
     };
     match run_bench(ws, &images, &options) {
         Ok(report) => {
@@ -624,6 +675,7 @@ fn bench_placement(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -
         pvmm: true,
         qemu: false,
         vmlinux: false,
+        ..Default::default()
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,
@@ -684,12 +736,62 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     match cli.command {
-        Task::Guest => guest_task(&ws, started),
+        Task::Guest(args) => guest_task(&ws, started, args),
         Task::Rig(args) => rig_task(&ws, started, args),
         Task::RigSoak(args) => soak_task(&ws, args),
         Task::RigGuestSoak(args) => guest_soak::run(&ws, args),
         Task::BenchBoot(args) => bench_boot(&ws, args),
         Task::BenchHost(args) => bench_host(&ws, args),
         Task::BenchPlacement(args) => bench_placement(&ws, started, args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Task, clap::Error> {
+        Cli::try_parse_from(["cargo xtask"].iter().chain(args)).map(|cli| cli.command)
+    }
+
+    #[test]
+    fn guest_kernel_is_chosen_on_guest_rig_and_bench_boot() {
+        let Ok(Task::Guest(guest)) = parse(&["guest"]) else {
+            panic!("guest");
+        };
+        assert_eq!(guest.guest_kernel, GuestKernel::Linux6_1);
+        let Ok(Task::Guest(guest)) = parse(&["guest", "--guest-kernel", "6.12"]) else {
+            panic!("guest 6.12");
+        };
+        assert_eq!(guest.guest_kernel, GuestKernel::Linux6_12);
+        let Ok(Task::Rig(rig)) = parse(&["rig", "--guest-kernel", "6.12", "--", "--vcpus", "4"])
+        else {
+            panic!("rig 6.12");
+        };
+        assert_eq!(rig.guest_kernel, GuestKernel::Linux6_12);
+        assert_eq!(rig.pvmm_args, ["--vcpus", "4"]);
+        let Ok(Task::Rig(rig)) = parse(&["rig"]) else {
+            panic!("rig");
+        };
+        assert_eq!(rig.guest_kernel, GuestKernel::Linux6_1);
+        let Ok(Task::BenchBoot(bench)) = parse(&["bench-boot", "--guest-kernel=6.12"]) else {
+            panic!("bench-boot 6.12");
+        };
+        assert_eq!(bench.guest_kernel, GuestKernel::Linux6_12);
+        for bad in [
+            &["rig", "--guest-kernel", "6.2"][..],
+            &["guest", "--guest-kernel"],
+            &["bench-boot", "--guest-kernel", "trixie"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_612_guest_in_pvh_form_is_refused_before_building() {
+        let both = [KernelForm::BzImage, KernelForm::Pvh];
+        assert!(check_guest_forms(GuestKernel::Linux6_1, &both).is_ok());
+        assert!(check_guest_forms(GuestKernel::Linux6_12, &[KernelForm::BzImage]).is_ok());
+        assert!(check_guest_forms(GuestKernel::Linux6_12, &both).is_err());
     }
 }

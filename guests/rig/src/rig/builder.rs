@@ -6,6 +6,7 @@ use super::{
     guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, KernelForm, L1Job, L1Options,
     RigError, RigOutcome, Topology, VmSpec,
 };
+use crate::guest_kernel::GuestKernel;
 use crate::images::{L1Images, Workspace};
 use crate::scripts::shell_join;
 use crate::tuning::L1Tuning;
@@ -42,6 +43,7 @@ pub struct Rig {
     echo: bool,
     tuning: L1Tuning,
     kernel: KernelForm,
+    guest_kernel: GuestKernel,
     quiet: bool,
 }
 
@@ -64,6 +66,7 @@ impl Rig {
             echo: false,
             tuning: L1Tuning::default(),
             kernel: KernelForm::default(),
+            guest_kernel: GuestKernel::default(),
             quiet: false,
         }
     }
@@ -80,6 +83,14 @@ impl Rig {
     /// L1 images with the vmlinux layer.
     pub fn kernel(mut self, kernel: KernelForm) -> Rig {
         self.kernel = kernel;
+        self
+    }
+
+    /// The kernel every VM boots (default: 6.1, L1's own); 6.12 needs L1 images with its
+    /// layer ([`crate::images::L1Needs::guest_kernel`]) and runs L1 on a Zen 2 CPU
+    /// ([`L1Tuning::for_guest_kernel`]).
+    pub fn guest_kernel(mut self, kernel: GuestKernel) -> Rig {
+        self.guest_kernel = kernel;
         self
     }
 
@@ -157,12 +168,23 @@ impl Rig {
         let labels = self.labels();
         let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
         for (vm, label) in self.vms.iter().zip(&labels) {
-            let cmdline = guest_cmdline(vm.vmm, vm.guest_command.as_deref(), self.quiet)?;
+            let cmdline = guest_cmdline(
+                vm.vmm,
+                self.guest_kernel,
+                vm.guest_command.as_deref(),
+                self.quiet,
+            )?;
             let mut args = vm.args.clone();
             if vm.vmm == InnerVmm::Pvmm {
                 args.extend(self.tuning.pvmm_args.iter().cloned());
             }
-            let command = shell_join(&inner_vmm_command(vm.vmm, self.kernel, &args, &cmdline)?);
+            let command = shell_join(&inner_vmm_command(
+                vm.vmm,
+                self.guest_kernel,
+                self.kernel,
+                &args,
+                &cmdline,
+            )?);
             memory += vm_shape(&vm.args)?.1;
             if self.vms.len() == 1 {
                 script.push_str(&format!("rig_run {label} 0 {command}\n"));
@@ -180,6 +202,7 @@ impl Rig {
             script,
             probe: self.probe.clone(),
             guest_memory_mib: memory,
+            guest_kernel: self.guest_kernel,
         })
     }
 
@@ -267,5 +290,13 @@ mod tests {
             .unwrap();
         assert!(one.script.starts_with("rig_run main 0 /bin/pvmm --initrd"));
         assert_eq!(one.script.lines().count(), 1);
+        assert_eq!(one.guest_kernel, GuestKernel::Linux6_1);
+        let new = Rig::new(InnerVmm::Qemu)
+            .guest_kernel(GuestKernel::Linux6_12)
+            .job()
+            .unwrap();
+        assert_eq!(new.guest_kernel, GuestKernel::Linux6_12);
+        assert!(new.script.contains(inside::GUEST_KERNEL_612));
+        assert!(new.script.contains("amd_pstate=passive"));
     }
 }

@@ -13,6 +13,7 @@ use super::console::{spawn_reader, Collector, Stream};
 use super::stall::sample_threads;
 use super::{RigEnd, RigError, RigOutcome, Topology, QEMU_SIGNAL_MARK};
 use crate::cpio::CpioArchive;
+use crate::guest_kernel::GuestKernel;
 use crate::images::{progress, L1Images, Workspace};
 use crate::l1_qemu::{self, QemuBinary};
 use crate::tuning::L1Tuning;
@@ -29,7 +30,9 @@ const L1_BASE_MEMORY_MIB: u64 = 512;
 const L1_MEMORY_GRANULE_MIB: u64 = 256;
 
 /// What L1 should do: a shell script sourced by L1's init (it may call `rig_run`), an optional
-/// probe script run alongside each inner VMM, and the guest memory it needs (for sizing L1).
+/// probe script run alongside each inner VMM, the guest memory it needs (for sizing L1), and
+/// the guest kernel its VMs boot (which the L1 images must hold, and which may need another
+/// L1 CPU: [`L1Tuning::for_guest_kernel`]).
 #[derive(Debug, Clone)]
 pub struct L1Job {
     /// Shell code sourced by L1's init after the KVM modules are loaded.
@@ -38,6 +41,8 @@ pub struct L1Job {
     pub probe: Option<String>,
     /// The most guest memory one inner VMM asks for, in MiB.
     pub guest_memory_mib: u64,
+    /// The kernel the script's VMs boot.
+    pub guest_kernel: GuestKernel,
 }
 
 /// How to run L1.
@@ -133,6 +138,16 @@ pub fn run_l1(
     options: &L1Options,
     job: &L1Job,
 ) -> Result<RigOutcome, RigError> {
+    if !images.has_guest_kernel(job.guest_kernel) {
+        return Err(RigError::BadArgs(format!(
+            "the L1 images were built without guest kernel {}",
+            job.guest_kernel
+        )));
+    }
+    let options = &L1Options {
+        tuning: options.tuning.for_guest_kernel(job.guest_kernel),
+        ..options.clone()
+    };
     let files = RunFiles::write(ws, images, job, &options.tuning)?;
     let memory = l1_memory_mib(files.initrd_bytes, job.guest_memory_mib);
     let qemu = l1_qemu::resolve(ws, options.tuning.qemu)?;

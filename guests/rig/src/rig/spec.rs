@@ -4,6 +4,7 @@
 use std::str::FromStr;
 
 use super::RigError;
+use crate::guest_kernel::GuestKernel;
 use crate::images::inside;
 use crate::scripts::base64_encode;
 
@@ -121,7 +122,8 @@ impl InnerVmm {
     }
 }
 
-/// The guest's command line: pvmm's default plus the command, base64-encoded (see
+/// The guest's command line: pvmm's default, what `guest` needs
+/// ([`GuestKernel::cmdline_extra`]), and the command, base64-encoded (see
 /// [`crate::scripts::GUEST_INIT`]).
 ///
 /// For [`InnerVmm::Qemu`] `pci=off` is left out: QEMU's PC machine has a PCI bus, and with
@@ -131,6 +133,7 @@ impl InnerVmm {
 /// otherwise dominate boot time in the nested rig.
 pub fn guest_cmdline(
     vmm: InnerVmm,
+    guest: GuestKernel,
     command: Option<&str>,
     quiet: bool,
 ) -> Result<String, RigError> {
@@ -138,6 +141,10 @@ pub fn guest_cmdline(
         InnerVmm::Pvmm => GUEST_BASE_CMDLINE.to_string(),
         InnerVmm::Qemu => GUEST_BASE_CMDLINE.replace(" pci=off", ""),
     };
+    for word in guest.cmdline_extra() {
+        cmdline.push(' ');
+        cmdline.push_str(word);
+    }
     if quiet {
         cmdline.push_str(" quiet");
     } else {
@@ -196,7 +203,8 @@ pub enum KernelForm {
 }
 
 impl KernelForm {
-    /// Its path in L1.
+    /// Its path in L1 for L1's own kernel, 6.1 (every guest kernel's:
+    /// [`GuestKernel::l1_path`]).
     pub fn path(self) -> &'static str {
         match self {
             KernelForm::BzImage => inside::GUEST_KERNEL,
@@ -213,13 +221,15 @@ impl KernelForm {
     }
 }
 
-/// The command line that runs `vmm` in L1 on the guest images.
+/// The command line that runs `vmm` in L1 on the guest images: the kernel `guest` in `form`.
 pub fn inner_vmm_command(
     vmm: InnerVmm,
-    kernel: KernelForm,
+    guest: GuestKernel,
+    form: KernelForm,
     pvmm_args: &[String],
     cmdline: &str,
 ) -> Result<Vec<String>, RigError> {
+    let kernel = guest.l1_path(form)?;
     for reserved in ["--initrd", "--cmdline"] {
         if pvmm_args
             .iter()
@@ -241,7 +251,7 @@ pub fn inner_vmm_command(
                     inside::GUEST_INITRD,
                     "--cmdline",
                     cmdline,
-                    kernel.path(),
+                    kernel,
                 ]
                 .map(String::from),
             );
@@ -269,7 +279,7 @@ pub fn inner_vmm_command(
                 "stdio",
                 "-no-reboot",
                 "-kernel",
-                kernel.path(),
+                kernel,
                 "-initrd",
                 inside::GUEST_INITRD,
                 "-append",
@@ -357,14 +367,16 @@ mod tests {
 
     #[test]
     fn inner_commands_carry_images_and_cmdline() {
-        let cmdline = guest_cmdline(InnerVmm::Pvmm, Some("nproc"), false).unwrap();
+        const OLD: GuestKernel = GuestKernel::Linux6_1;
+        let cmdline = guest_cmdline(InnerVmm::Pvmm, OLD, Some("nproc"), false).unwrap();
         assert!(cmdline.starts_with(GUEST_BASE_CMDLINE));
-        let qemu_cmdline = guest_cmdline(InnerVmm::Qemu, None, true).unwrap();
+        let qemu_cmdline = guest_cmdline(InnerVmm::Qemu, OLD, None, true).unwrap();
         assert_eq!(qemu_cmdline, "console=ttyS0 reboot=k panic=-1 quiet");
         assert!(cmdline.ends_with(" pvmm_cmd_b64=bnByb2M="));
         let bz = KernelForm::BzImage;
         let pvmm = inner_vmm_command(
             InnerVmm::Pvmm,
+            OLD,
             bz,
             &["--vcpus".into(), "4".into()],
             &cmdline,
@@ -372,21 +384,43 @@ mod tests {
         .unwrap();
         assert_eq!(pvmm.first().map(String::as_str), Some(inside::PVMM));
         assert_eq!(pvmm.last().map(String::as_str), Some(inside::GUEST_KERNEL));
-        let qemu = inner_vmm_command(InnerVmm::Qemu, bz, &["--vcpus=4".into()], &cmdline).unwrap();
+        let qemu =
+            inner_vmm_command(InnerVmm::Qemu, OLD, bz, &["--vcpus=4".into()], &cmdline).unwrap();
         assert!(qemu.windows(2).any(|w| w[0] == "-smp" && w[1] == "4"));
         assert!(qemu.windows(2).any(|w| w[0] == "-m" && w[1] == "512"));
         assert!(qemu
             .windows(2)
             .any(|w| w[0] == "-kernel" && w[1] == inside::GUEST_KERNEL));
         let pvh = KernelForm::Pvh;
-        let pvmm = inner_vmm_command(InnerVmm::Pvmm, pvh, &[], &cmdline).unwrap();
+        let pvmm = inner_vmm_command(InnerVmm::Pvmm, OLD, pvh, &[], &cmdline).unwrap();
         assert_eq!(pvmm.last().map(String::as_str), Some(inside::GUEST_VMLINUX));
-        let qemu = inner_vmm_command(InnerVmm::Qemu, pvh, &[], &cmdline).unwrap();
+        let qemu = inner_vmm_command(InnerVmm::Qemu, OLD, pvh, &[], &cmdline).unwrap();
         assert!(qemu
             .windows(2)
             .any(|w| w[0] == "-kernel" && w[1] == inside::GUEST_VMLINUX));
-        assert!(inner_vmm_command(InnerVmm::Pvmm, bz, &["--cmdline=x".into()], &cmdline).is_err());
-        assert!(guest_cmdline(InnerVmm::Pvmm, Some(&"x".repeat(2000)), false).is_err());
+        assert!(
+            inner_vmm_command(InnerVmm::Pvmm, OLD, bz, &["--cmdline=x".into()], &cmdline).is_err()
+        );
+        assert!(guest_cmdline(InnerVmm::Pvmm, OLD, Some(&"x".repeat(2000)), false).is_err());
+    }
+
+    #[test]
+    fn a_612_guest_gets_amd_pstate_and_its_own_kernel() {
+        let new = GuestKernel::Linux6_12;
+        for vmm in [InnerVmm::Pvmm, InnerVmm::Qemu] {
+            let cmdline = guest_cmdline(vmm, new, Some("nproc"), true).unwrap();
+            assert!(cmdline.contains(" amd_pstate=passive "), "{cmdline}");
+            let old = guest_cmdline(vmm, GuestKernel::Linux6_1, Some("nproc"), true).unwrap();
+            assert!(!old.contains("amd_pstate"), "{old}");
+            let words = inner_vmm_command(vmm, new, KernelForm::BzImage, &[], &cmdline).unwrap();
+            assert!(words.iter().any(|w| w == inside::GUEST_KERNEL_612));
+            assert!(words.iter().any(|w| w == &cmdline));
+            assert!(inner_vmm_command(vmm, new, KernelForm::Pvh, &[], &cmdline).is_err());
+        }
+        assert_eq!(
+            guest_cmdline(InnerVmm::Pvmm, new, None, true).unwrap(),
+            format!("{GUEST_BASE_CMDLINE} amd_pstate=passive quiet")
+        );
     }
 
     #[test]
