@@ -22,6 +22,7 @@ use pvmm_scheduler::capacity::CAPACITY_SCALE;
 /// its own (capacity [`CAPACITY_SCALE`]). 254, the largest value amd-pstate passes on to the
 /// scheduler's ITMT priorities (it ignores 255, `CPPC_MAX_PERF`).
 pub const CPPC_HIGHEST_PERF: u32 = 254;
+const _: () = assert!(CPPC_HIGHEST_PERF < 255, "amd-pstate ignores 255 and above");
 
 /// How far [`guest_perfs`] moves a vCPU to break a tie between all vCPUs: one step of the
 /// scale, the smallest difference the guest can see, so no vCPU is shown more than one step
@@ -176,7 +177,6 @@ mod tests {
             assert!(perf - last <= 1, "steps of the scale are not skipped");
             last = perf;
         }
-        assert!(CPPC_HIGHEST_PERF < 255, "amd-pstate ignores 255");
     }
 
     #[test]
