@@ -116,7 +116,8 @@ pub struct CppcShared {
 
 impl CppcShared {
     /// State for `vcpus` vCPUs whose performance scale tops out at `highest` (a vCPU with a
-    /// CPU of its own), each at `highest` until the VMM says otherwise.
+    /// CPU of its own; at least [`CPPC_LOWEST_NONLINEAR_PERF`]), each at `highest` until the
+    /// VMM says otherwise.
     pub fn new(vcpus: u32, highest: u32) -> Self {
         let highest = highest.max(CPPC_LOWEST_NONLINEAR_PERF);
         Self {
