@@ -9,7 +9,7 @@
 //! - [`bus`]: the address-range bus that routes guest accesses to devices.
 //! - [`events`]: the one trait through which the bus and the devices report guest mistakes.
 //! - [`serial`]: the 16550A UART console on COM1 (vm-superio), wired to an interrupt.
-//! - [`cppc`]: per-vCPU ACPI CPPC registers: the capacity each vCPU really has, live.
+//! - [`cppc`]: per-vCPU ACPI CPPC registers: the performance each vCPU really has, live.
 //! - [`ged`]: the ACPI Generic Event Device that notifies the guest of capacity changes.
 //! - [`power`]: the ACPI hardware-reduced sleep control/status and reset registers, plus the
 //!   i8042 reset line, turning guest power-off and reboot into [`power::PowerEvent`]s.

@@ -1,7 +1,7 @@
 //! Property-based fuzzing of every device's port I/O and MMIO handler, through the buses as
 //! pvmm wires them: random sequences of reads and writes of every size from 1 to 8 bytes, at
 //! every alignment, on, around and far from every register, mixed with the host's own
-//! updates (capacities, GED events, the power button).
+//! updates (performance values, GED events, the power button).
 //!
 //! Properties, after every access:
 //! - nothing panics;
@@ -23,8 +23,8 @@ use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use pvmm_devices::bus::{Bus, BusDevice};
 use pvmm_devices::cppc::{
-    CppcDevice, CppcRegister, CppcShared, DemandCounters, CPPC_LOWEST_PERF, CPPC_REG_SIZE,
-    CPPC_VCPU_STRIDE,
+    CppcDevice, CppcRegister, CppcShared, DemandCounters, CPPC_LOWEST_NONLINEAR_PERF,
+    CPPC_LOWEST_PERF, CPPC_MMIO_LEN, CPPC_REG_SIZE, CPPC_VCPU_STRIDE,
 };
 use pvmm_devices::events::GuestErrorCounter;
 use pvmm_devices::ged::{GedDevice, GedShared, GED_MMIO_LEN};
@@ -54,14 +54,13 @@ fn fuzz_config() -> ProptestConfig {
     config
 }
 
-/// Where pvmm puts its MMIO devices (vmm/src/layout.rs).
+/// Where pvmm puts its MMIO devices (vmm/src/layout.rs): the GED right after the CPPC window.
 const CPPC_BASE: u64 = 0xd000_0000;
-const CPPC_LEN: u64 = 0x4000;
-const GED_BASE: u64 = CPPC_BASE + CPPC_LEN;
+const GED_BASE: u64 = CPPC_BASE + CPPC_MMIO_LEN;
 /// vCPUs behind the CPPC window: offsets past them are mistakes.
 const VCPUS: u32 = 4;
-/// The top of the capacity scale.
-const HIGHEST: u32 = 1024;
+/// The top of the performance scale (pvmm's: a full CPU is 254).
+const HIGHEST: u32 = 254;
 const SLP_EN: u8 = 1 << 5;
 const WAK_STS: u8 = 1 << 7;
 
@@ -126,7 +125,8 @@ struct Snapshot {
     serial: (usize, u64),
     power: Vec<PowerEvent>,
     i8042: Vec<PowerEvent>,
-    cppc: Vec<(Option<u32>, Option<u32>)>,
+    /// Per vCPU: performance, desired performance, CPPC enabled.
+    cppc: Vec<(Option<u32>, Option<u32>, Option<bool>)>,
     ged: (u64, u64),
 }
 
@@ -188,7 +188,7 @@ impl Machine {
                 cppc_errors.clone(),
             ))),
             CPPC_BASE,
-            CPPC_LEN,
+            CPPC_MMIO_LEN,
         )
         .unwrap();
         mmio.insert(
@@ -229,7 +229,13 @@ impl Machine {
             power: self.power_log.lock().unwrap().clone(),
             i8042: self.i8042_log.lock().unwrap().clone(),
             cppc: (0..VCPUS)
-                .map(|v| (self.cppc.capacity(v), self.cppc.desired(v)))
+                .map(|v| {
+                    (
+                        self.cppc.perf(v),
+                        self.cppc.desired(v),
+                        self.cppc.enabled(v),
+                    )
+                })
                 .collect(),
             ged: (self.ged.raised(), self.ged_irqs),
         }
@@ -240,7 +246,7 @@ impl Machine {
 fn owner(mmio: bool, addr: u64) -> Option<(Device, u64)> {
     let within = |base: u64, len: u64| (base..base + len).contains(&addr).then(|| addr - base);
     if mmio {
-        within(CPPC_BASE, CPPC_LEN)
+        within(CPPC_BASE, CPPC_MMIO_LEN)
             .map(|o| (Device::Cppc, o))
             .or_else(|| within(GED_BASE, GED_MMIO_LEN).map(|o| (Device::Ged, o)))
     } else {
@@ -284,14 +290,20 @@ fn expected_mistakes(device: Device, offset: u64, data: &[u8], write: bool) -> u
         },
         (Device::I8042, true) => first != 0xfe,
         (Device::Cppc, false) => cppc_decode(offset, data.len()).is_none(),
-        (Device::Cppc, true) => !matches!(
-            cppc_decode(offset, data.len()),
-            Some((_, CppcRegister::Desired))
-        ),
+        (Device::Cppc, true) => match cppc_decode(offset, data.len()) {
+            Some((_, CppcRegister::Desired)) => false,
+            Some((_, CppcRegister::Enable)) => u64_of(data) > 1,
+            _ => true,
+        },
         (Device::Ged, false) => !(offset == 0 && data.len() == 4),
         (Device::Ged, true) => true,
     };
     u64::from(mistake)
+}
+
+/// The little-endian value of an 8-byte access.
+fn u64_of(data: &[u8]) -> u64 {
+    u64::from_le_bytes(data.try_into().unwrap())
 }
 
 /// One step: a guest access or a host update.
@@ -303,7 +315,7 @@ enum Op {
         data: Vec<u8>,
         write: bool,
     },
-    SetCapacity(u32, u32),
+    SetPerf(u32, u32),
     NotifyCapacity(u32),
     PowerButton,
 }
@@ -312,7 +324,7 @@ enum Op {
 fn address(mmio: bool) -> BoxedStrategy<u64> {
     let bases: Vec<(u64, u64)> = if mmio {
         vec![
-            (CPPC_BASE, CPPC_LEN),
+            (CPPC_BASE, CPPC_MMIO_LEN),
             (CPPC_BASE, u64::from(VCPUS) * CPPC_VCPU_STRIDE + 16),
             (GED_BASE, GED_MMIO_LEN),
         ]
@@ -354,7 +366,12 @@ fn value_bytes(len: usize) -> impl Strategy<Value = Vec<u8>> {
 
 fn op() -> impl Strategy<Value = Op> {
     let access = (any::<bool>(), any::<bool>(), 1usize..=8).prop_flat_map(|(mmio, write, len)| {
-        (address(mmio), value_bytes(len)).prop_map(move |(addr, data)| Op::Access {
+        // Small values too: the CPPC enable register takes 0 and 1 only.
+        let data = prop_oneof![
+            4 => value_bytes(len),
+            1 => (0u64..=2).prop_map(move |v| v.to_le_bytes()[..len].to_vec()),
+        ];
+        (address(mmio), data).prop_map(move |(addr, data)| Op::Access {
             mmio,
             addr,
             data,
@@ -363,7 +380,7 @@ fn op() -> impl Strategy<Value = Op> {
     });
     prop_oneof![
         12 => access,
-        1 => (0..VCPUS + 1, any::<u32>()).prop_map(|(v, c)| Op::SetCapacity(v, c)),
+        1 => (0..VCPUS + 1, any::<u32>()).prop_map(|(v, c)| Op::SetPerf(v, c)),
         1 => (0..VCPUS + 1).prop_map(Op::NotifyCapacity),
         1 => Just(Op::PowerButton),
     ]
@@ -462,17 +479,17 @@ fn check_read(
         Device::Cppc => match cppc_decode(offset, read.len()) {
             None => prop_assert!(read.iter().all(|b| *b == 0), "{read:x?}"),
             Some((vcpu, reg)) => {
-                let value = u64::from_le_bytes(read.try_into().unwrap());
-                let (capacity, desired) = before.cppc[vcpu as usize];
+                let value = u64_of(read);
+                let (perf, desired, enabled) = before.cppc[vcpu as usize];
                 let tid = 100 + u64::from(vcpu);
                 let want = match reg {
                     CppcRegister::Highest | CppcRegister::Nominal | CppcRegister::Guaranteed => {
-                        u64::from(capacity.unwrap())
+                        u64::from(perf.unwrap())
                     }
-                    CppcRegister::LowestNonlinear | CppcRegister::Lowest => {
-                        u64::from(CPPC_LOWEST_PERF)
-                    }
+                    CppcRegister::LowestNonlinear => u64::from(CPPC_LOWEST_NONLINEAR_PERF),
+                    CppcRegister::Lowest => u64::from(CPPC_LOWEST_PERF),
                     CppcRegister::Desired => u64::from(desired.unwrap()),
+                    CppcRegister::Enable => u64::from(enabled.unwrap()),
                     CppcRegister::ReferenceCounter => tid * 1000,
                     CppcRegister::DeliveredCounter => tid * 700,
                 };
@@ -510,9 +527,9 @@ proptest! {
         for op in ops {
             match op {
                 Op::Access { mmio, addr, data, write } => access(&mut m, mmio, addr, &data, write)?,
-                Op::SetCapacity(v, c) => {
-                    m.cppc.set_capacity(v, c);
-                    if let Some(got) = m.cppc.capacity(v) {
+                Op::SetPerf(v, c) => {
+                    m.cppc.set_perf(v, c);
+                    if let Some(got) = m.cppc.perf(v) {
                         prop_assert!((CPPC_LOWEST_PERF..=HIGHEST).contains(&got));
                     }
                 }
@@ -532,6 +549,22 @@ proptest! {
             let want = if v == vcpu { value.min(u64::from(HIGHEST)) as u32 } else { 0 };
             prop_assert_eq!(m.cppc.desired(v), Some(want));
         }
+    }
+
+    /// CPPC enable writes of 0 and 1 are kept for the vCPU written only; any other value is
+    /// a mistake and changes nothing.
+    #[test]
+    fn cppc_enable_writes_land_on_their_vcpu(
+        vcpu in 0..VCPUS,
+        value in prop_oneof![0u64..=1, any::<u64>()],
+    ) {
+        let mut m = Machine::new();
+        let addr = CppcRegister::Enable.address(CPPC_BASE, vcpu);
+        access(&mut m, true, addr, &value.to_le_bytes(), true)?;
+        for v in 0..VCPUS {
+            prop_assert_eq!(m.cppc.enabled(v), Some(v == vcpu && value == 1));
+        }
+        prop_assert_eq!(m.cppc.enabled_vcpus(), u32::from(value == 1));
     }
 
     /// Any set of ranges: the bus accepts exactly the ones that do not overlap, and routes

@@ -288,7 +288,8 @@ r(){ echo pvmm-mark: cppc-$1; echo \"CPPC $1 $(cat /sys/devices/system/cpu/cpu[0
 pub struct CppcRead {
     /// The label.
     pub label: String,
-    /// highest_perf per guest CPU.
+    /// highest_perf per guest CPU: pvmm's capacity on the guest's performance scale
+    /// (compare with `PlacementTrace::guest_perfs_around`).
     pub highest_perf: Vec<u64>,
     /// GED interrupts so far.
     pub ged: u64,

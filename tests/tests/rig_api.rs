@@ -4,14 +4,16 @@
 //!
 //! 1. An outside balancer (a loop in L1 calling `pvmm ctl ... external`, renewing every
 //!    0.5 s) puts vCPUs 0 and 1 on L1 CPU 3 with capacity 300: L1 shows their threads allowed
-//!    only CPU 3, and the guest reads 300 as their `highest_perf`.
+//!    only CPU 3, and the guest reads 300 on its performance scale (74) as their
+//!    `highest_perf`.
 //! 2. The balancer stops renewing: after the lease pvmm places the vCPUs itself again (the
-//!    guest's `highest_perf` leaves 300, the threads leave CPU 3), and says so once.
+//!    guest's `highest_perf` leaves 74, the threads leave CPU 3), and says so once.
 //! 3. The guest idles, consolidated on package 0, for 25 s: none of pvmm's own threads may run
 //!    on package 1 (their `Cpus_allowed_list` and last CPU in L1, sampled every 0.5 s).
 
 use std::sync::OnceLock;
 
+use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
 use pvmm_tests::{parse_cpu_list, run_placement_sequence_with_probe, run_trace, GUEST_HELPERS};
 
@@ -23,6 +25,9 @@ const LEASE_MS: &str = "2000";
 /// The capacity the outside balancer gives vCPUs 0 and 1: not a value pvmm's own placement
 /// gives on this host (1024, or a share of a CPU near 512 or 1024 for idle packed vCPUs).
 const EXTERNAL_CAPACITY: u64 = 300;
+/// What the guest reads for it: [`EXTERNAL_CAPACITY`] on the guest's performance scale. Only
+/// vCPUs 0 and 1 get it, so the vCPUs are not all equal and none is moved by the tie-break.
+const EXTERNAL_PERF: u64 = perf_of_capacity(EXTERNAL_CAPACITY as u32) as u64;
 /// The L1 CPU the outside balancer puts vCPUs 0 and 1 on (package 1).
 const EXTERNAL_CPU: u32 = 3;
 /// Seconds the guest idles at the end; the own-thread check covers its last 22 s.
@@ -33,11 +38,11 @@ const IDLE_SECS: u32 = 30;
 const IDLE_SETTLE_SECS: f64 = 8.0;
 
 /// Guest side: announce readiness, wait (up to 2 min) until vCPU 0's `highest_perf` is the
-/// outside capacity and read all, ask the balancer to stop, wait until it changes and read
+/// outside capacity (on the guest's scale) and read all, ask the balancer to stop, wait until it changes and read
 /// again, then idle.
 fn guest_command() -> String {
     format!(
-        "{GUEST_HELPERS}w(){{ i=0; while [ $i -lt 240 ]; do v=$(cat /sys/devices/system/cpu/cpu0/acpi_cppc/highest_perf); [ \"$v\" $1 {EXTERNAL_CAPACITY} ] && return 0; sleep 0.5; i=$((i+1)); done; return 1; }}\n\
+        "{GUEST_HELPERS}w(){{ i=0; while [ $i -lt 240 ]; do v=$(cat /sys/devices/system/cpu/cpu0/acpi_cppc/highest_perf); [ \"$v\" $1 {EXTERNAL_PERF} ] && return 0; sleep 0.5; i=$((i+1)); done; return 1; }}\n\
 echo pvmm-mark: api-ready\nw = ; r ext\necho pvmm-mark: api-release\nw != ; r own\n\
 echo pvmm-mark: idle-begin\nsleep {IDLE_SECS}\necho pvmm-mark: idle-end\n"
     )
@@ -132,7 +137,7 @@ fn external_placement_reaches_l1_and_the_guest_and_lapses_with_its_lease() {
     let ext = cppc_line(run.guest, "ext");
     assert_eq!(
         &ext[..2],
-        &[EXTERNAL_CAPACITY; 2],
+        &[EXTERNAL_PERF; 2],
         "guest's highest_perf under external placement"
     );
     let renewals = run.probe.iter().find_map(|l| l.strip_prefix("RENEWALS "));
@@ -150,12 +155,12 @@ fn external_placement_reaches_l1_and_the_guest_and_lapses_with_its_lease() {
             .filter(|t| t.vcpu < 2)
             .all(|t| t.allowed == [EXTERNAL_CPU])
     });
-    assert!(pinned, "L1 never showed vCPUs 0-1 allowed only CPU {EXTERNAL_CPU} before the guest read {EXTERNAL_CAPACITY}:\n{}", trace.describe(0, trace.samples.len()));
+    assert!(pinned, "L1 never showed vCPUs 0-1 allowed only CPU {EXTERNAL_CPU} before the guest read {EXTERNAL_PERF}:\n{}", trace.describe(0, trace.samples.len()));
     // The lease lapses: pvmm places vCPUs 0 and 1 itself again. Its own policy may use any
     // CPU, CPU 3 included; what must go is the balancer's pinning of both to CPU 3. pvmm logs
     // the expiry once.
     let own = cppc_line(run.guest, "own");
-    assert_ne!(own[0], EXTERNAL_CAPACITY);
+    assert_ne!(own[0], EXTERNAL_PERF);
     let released_at = trace.mark("cppc-own").expect("the guest's cppc-own mark");
     let back = trace
         .samples

@@ -1,7 +1,9 @@
 //! What the guest kernel sees through ACPI CPPC, end to end in the rig:
 //! L1 = 2 packages x 2 cores, a 4-vCPU guest under pvmm, read through the guest's own
 //! `/sys/devices/system/cpu/cpuN/acpi_cppc/` and `/proc/interrupts`, compared with pvmm's
-//! `--stats` capacities and with the vCPU threads' placement seen from L1
+//! `--stats` capacities (mapped onto the guest's performance scale as pvmm maps them,
+//! `pvmm::cppc::guest_perfs`: 1024 -> 254, and equal vCPUs told apart by one step) and with
+//! the vCPU threads' placement seen from L1
 //! (`Cpus_allowed_list`). Both runs share one L1 boot. The guest prints a `pvmm-mark:` line
 //! before each read; L1 timestamps it, which places the read among pvmm's ticks (an idle
 //! guest's capacities are not constant: idle vCPUs sharing a CPU get capacities that follow
@@ -31,10 +33,11 @@ const READ_TICKS_BEFORE: usize = 20;
 /// that bound the window reach L1 0.3-0.5 s late, both by about as much).
 const CLEARLY_LESS_SHARE: f64 = 0.25;
 
-/// A capacity change this large (relative to the larger value) cannot be noise nor a change
-/// under the 5 % notification threshold: it comes from a placement change (a busy vCPU now
-/// shares its CPU, or stops sharing it). Idle vCPUs packed together get capacities that follow
-/// their neighbours' noisy utilization; reads have shown such swings of up to about 20 %.
+/// A capacity change this large (relative to the larger value; the guest's scale is
+/// proportional to pvmm's, up to half a step of rounding) cannot be noise nor a change under
+/// the 5 % notification threshold: it comes from a placement change (a busy vCPU now shares
+/// its CPU, or stops sharing it). Idle vCPUs packed together get capacities that follow their
+/// neighbours' noisy utilization; reads have shown such swings of up to about 20 %.
 const PLACEMENT_CHANGE: f64 = 0.25;
 
 /// Live capacities on 3 host CPUs (`--cpus 0-2`): packed idle, vCPUs 2 and 3 busy (reads
@@ -96,7 +99,7 @@ fn reads(outcome: &RigOutcome) -> (Vec<CppcRead>, pvmm_tests::PlacementTrace) {
 
 /// 5.5 a: at the end of a long idle phase, every guest CPU's `highest_perf` equals the
 /// capacity pvmm published for vCPU N when the guest read it (the stats lines around the
-/// read's L1-timestamped mark).
+/// read's L1-timestamped mark), on the guest's scale.
 #[test]
 fn guest_highest_perf_equals_pvmm_capacity() {
     let Some(outcome) = outcome() else { return };
@@ -107,27 +110,29 @@ fn guest_highest_perf_equals_pvmm_capacity() {
         .map(|v| published.iter().any(|c| c[v] == end.highest_perf[v]))
         .collect();
     eprintln!(
-        "guest highest_perf {:?} at the end of the idle phase; pvmm's capacities around the read: {published:?}",
+        "guest highest_perf {:?} at the end of the idle phase; pvmm's capacities on the guest's scale around the read: {published:?}",
         end.highest_perf
     );
     assert!(
         value_matches.iter().all(|&m| m),
-        "guest highest_perf {:?} (cpu0..3) differs from pvmm's stats capacity (vcpu0..3) at the time of the read: {published:?}",
+        "guest highest_perf {:?} (cpu0..3) differs from pvmm's stats capacity (vcpu0..3, on the guest's scale) at the time of the read: {published:?}",
         end.highest_perf
     );
 }
 
-/// pvmm's capacity vectors from [`READ_TICKS_BEFORE`] ticks before the guest's mark passed
-/// L1's console to [`READ_TICKS_AFTER`] ticks after it.
+/// pvmm's capacity vectors on the guest's scale (what its CPPC registers held) from
+/// [`READ_TICKS_BEFORE`] ticks before the guest's mark passed L1's console to
+/// [`READ_TICKS_AFTER`] ticks after it.
 fn published_when_read(trace: &pvmm_tests::PlacementTrace, read: &CppcRead) -> Vec<Vec<u64>> {
     let at = trace
         .mark(&format!("cppc-{}", read.label))
         .unwrap_or_else(|| panic!("no mark for read '{}': {:?}", read.label, trace.marks));
-    trace.capacities_around(at, READ_TICKS_BEFORE, READ_TICKS_AFTER)
+    trace.guest_perfs_around(at, READ_TICKS_BEFORE, READ_TICKS_AFTER)
 }
 
 /// 5.5 b: when the load (and so the placement) changes, the guest reads the new capacities
-/// (each read is a capacity vector pvmm published) and the GED interrupt count grew.
+/// (each read is a capacity vector pvmm published, on the guest's scale) and the GED
+/// interrupt count grew.
 ///
 /// Only changes of [`PLACEMENT_CHANGE`] or more must come with an interrupt: the registers
 /// are live, so a read may catch a small transient value that reverted before pvmm's

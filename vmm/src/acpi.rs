@@ -24,9 +24,10 @@ use pvmm_devices::power::{
 };
 use pvmm_devices::serial::{COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
 
-use pvmm_devices::cppc::CppcRegister;
+use pvmm_devices::cppc::{CppcRegister, CPPC_WINDOW_VCPUS};
 use pvmm_devices::ged::{GED_MMIO_LEN, POWER_BUTTON_STATUS};
-use pvmm_scheduler::capacity::CAPACITY_SCALE;
+
+use crate::cppc::{CppcFrequencies, CPPC_HIGHEST_PERF};
 
 use crate::layout::{
     ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START,
@@ -64,6 +65,10 @@ const MADT_NMI_LINT: u8 = 1;
 const IOAPIC_ID: u8 = 0;
 /// The most vCPUs the MADT can describe: xAPIC ids are 8 bits and 0xff is the broadcast id.
 pub const MAX_VCPUS: u32 = 255;
+const _: () = assert!(
+    MAX_VCPUS as u64 <= CPPC_WINDOW_VCPUS,
+    "the CPPC window holds every vCPU"
+);
 /// FADT IAPC_BOOT_ARCH bit 5: CMOS RTC not present.
 const FADT_BOOT_ARCH_NO_CMOS_RTC: u16 = 1 << 5;
 /// Tables are 16-byte aligned (RSDP must be, the others by convention).
@@ -139,9 +144,9 @@ const OSC_UNRECOGNIZED_UUID: u32 = 1 << 2;
 /// `_CPC` package: 23 entries, revision 3 (ACPI 6.2+).
 const CPC_NUM_ENTRIES: u8 = 23;
 const CPC_REVISION: u8 = 3;
-/// `_CPC` reference performance: the capacity scale's full CPU, the highest performance the
-/// CPPC device reports.
-const CPC_REFERENCE_PERF: u32 = CAPACITY_SCALE;
+/// `_CPC` reference performance, the performance at which the reference counter counts: a
+/// full CPU on the guest's scale, since that counter counts the time the vCPU wanted to run.
+const CPC_REFERENCE_PERF: u32 = CPPC_HIGHEST_PERF;
 /// `_PSD`: 5 entries, revision 0, coordination SW_ANY (0xFD): every vCPU is its own domain,
 /// so the value is irrelevant but must be valid.
 const PSD_NUM_ENTRIES: u8 = 5;
@@ -199,9 +204,10 @@ impl Aml for RawAml {
 }
 
 /// The `_CPC` package of vCPU `index`: live SystemMemory registers in pvmm's CPPC window for
-/// highest, nominal, lowest-nonlinear, lowest, guaranteed and desired performance and both
-/// feedback counters; everything pvmm does not implement is a null register or 0.
-pub fn cpc_package(index: u32) -> Vec<u8> {
+/// highest, nominal, lowest-nonlinear, lowest, guaranteed and desired performance, both
+/// feedback counters and CPPC enable; the reference performance and `freqs` as integers;
+/// everything pvmm does not implement is a null register or 0.
+pub fn cpc_package(index: u32, freqs: &CppcFrequencies) -> Vec<u8> {
     let reg = |r: CppcRegister| RawAml(cpc_register(r.address(CPPC_MMIO_START, index)));
     let null = || RawAml(cpc_null_register());
     let entries: Vec<Box<dyn Aml>> = vec![
@@ -221,13 +227,13 @@ pub fn cpc_package(index: u32) -> Vec<u8> {
         Box::new(reg(CppcRegister::ReferenceCounter)),
         Box::new(reg(CppcRegister::DeliveredCounter)),
         Box::new(null()), // performance limited register
-        Box::new(null()), // CPPC enable register
+        Box::new(reg(CppcRegister::Enable)),
         Box::new(0u8),    // autonomous selection enable
         Box::new(null()), // autonomous activity window register
         Box::new(null()), // energy performance preference register
         Box::new(CPC_REFERENCE_PERF),
-        Box::new(0u8), // lowest frequency: unknown
-        Box::new(0u8), // nominal frequency: unknown
+        Box::new(freqs.lowest_mhz),
+        Box::new(freqs.nominal_mhz),
     ];
     debug_assert_eq!(entries.len(), CPC_NUM_ENTRIES as usize);
     let refs: Vec<&dyn Aml> = entries.iter().map(|b| b.as_ref()).collect();
@@ -339,14 +345,14 @@ pub fn processor_device_name(index: u32) -> String {
     format!("C{index:03X}")
 }
 
-/// The DSDT body (AML after the header) for `vcpus` processors.
-pub fn dsdt_aml(vcpus: u32) -> Vec<u8> {
+/// The DSDT body (AML after the header) for `vcpus` processors whose `_CPC` names `freqs`.
+pub fn dsdt_aml(vcpus: u32, freqs: &CppcFrequencies) -> Vec<u8> {
     let mut body = Vec::new();
     let cpus: Vec<Vec<u8>> = (0..vcpus)
         .map(|i| {
             let hid = aml::Name::new("_HID".into(), &"ACPI0007");
             let uid = aml::Name::new("_UID".into(), &i);
-            let cpc = aml::Name::new("_CPC".into(), &RawAml(cpc_package(i)));
+            let cpc = aml::Name::new("_CPC".into(), &RawAml(cpc_package(i, freqs)));
             let psd = aml::Name::new("_PSD".into(), &RawAml(psd_package(i)));
             aml_bytes(&aml::Device::new(
                 processor_device_name(i).as_str().into(),
@@ -450,8 +456,8 @@ fn align(addr: u64) -> u64 {
     addr.div_ceil(TABLE_ALIGN) * TABLE_ALIGN
 }
 
-/// Builds every table for `vcpus` vCPUs, with their guest addresses.
-pub fn build_tables(vcpus: u32) -> Result<AcpiTables, AcpiError> {
+/// Builds every table for `vcpus` vCPUs whose `_CPC` names `freqs`, with their guest addresses.
+pub fn build_tables(vcpus: u32, freqs: &CppcFrequencies) -> Result<AcpiTables, AcpiError> {
     let mut next = align(ACPI_TABLES_START + Rsdp::len() as u64);
     let mut place = |name: &str, bytes: Vec<u8>| {
         let t = AcpiTable {
@@ -464,7 +470,7 @@ pub fn build_tables(vcpus: u32) -> Result<AcpiTables, AcpiError> {
     };
     let dsdt = place(
         "DSDT",
-        sdt_with_body(*b"DSDT", DSDT_REVISION, &dsdt_aml(vcpus)),
+        sdt_with_body(*b"DSDT", DSDT_REVISION, &dsdt_aml(vcpus, freqs)),
     );
     let fadt = place("FACP", fadt(dsdt.addr));
     let madt = place(
@@ -497,6 +503,11 @@ mod tests {
         bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b))
     }
 
+    /// Frequencies of a host with a 2.45 GHz base clock.
+    fn freqs() -> CppcFrequencies {
+        CppcFrequencies::from_nominal(2450)
+    }
+
     fn table<'a>(t: &'a AcpiTables, name: &str) -> &'a AcpiTable {
         t.tables.iter().find(|x| x.name == name).unwrap()
     }
@@ -504,7 +515,7 @@ mod tests {
     #[test]
     fn checksums_and_lengths() {
         for vcpus in [1, 4, 8, 255] {
-            let t = build_tables(vcpus).unwrap();
+            let t = build_tables(vcpus, &freqs()).unwrap();
             for tab in &t.tables {
                 if tab.name == "RSDP" {
                     assert_eq!(sum(&tab.bytes[..20]), 0);
@@ -533,7 +544,7 @@ mod tests {
 
     #[test]
     fn pointers_chain_rsdp_xsdt_fadt_dsdt() {
-        let t = build_tables(4).unwrap();
+        let t = build_tables(4, &freqs()).unwrap();
         let rsdp = table(&t, "RSDP");
         let xsdt_addr = u64::from_le_bytes(rsdp.bytes[24..32].try_into().unwrap());
         assert_eq!(xsdt_addr, table(&t, "XSDT").addr);
@@ -587,7 +598,7 @@ mod tests {
 
     #[test]
     fn dsdt_declares_each_processor() {
-        let aml = dsdt_aml(3);
+        let aml = dsdt_aml(3, &freqs());
         let text = String::from_utf8_lossy(&aml);
         for i in 0..3 {
             assert!(text.contains(&processor_device_name(i)));
@@ -603,7 +614,7 @@ mod tests {
 
     #[test]
     fn cpc_package_has_23_entries_and_live_registers() {
-        let p = cpc_package(2);
+        let p = cpc_package(2, &freqs());
         // PackageOp, PkgLength (2 bytes for this size), NumElements.
         assert_eq!(p[0], 0x12);
         let pkglen_bytes = 1 + (p[1] >> 6) as usize;
@@ -617,9 +628,25 @@ mod tests {
             .address(CPPC_MMIO_START, 2)
             .to_le_bytes();
         assert!(p.windows(8).any(|w| w == ctr));
-        assert_eq!(
-            CppcRegister::DeliveredCounter.address(0, 1),
-            pvmm_devices::cppc::CPPC_VCPU_STRIDE + 56
-        );
+        let enable = CppcRegister::Enable
+            .address(CPPC_MMIO_START, 2)
+            .to_le_bytes();
+        assert!(p.windows(8).any(|w| w == enable));
+    }
+
+    /// The package ends with the reference performance on the guest's scale and the two
+    /// frequencies, in that order (entries 20 to 22).
+    #[test]
+    fn cpc_package_ends_with_reference_perf_and_frequencies() {
+        let f = CppcFrequencies {
+            lowest_mhz: 9,
+            nominal_mhz: 2450,
+        };
+        let p = cpc_package(0, &f);
+        let mut tail = aml_bytes(&CPC_REFERENCE_PERF);
+        tail.extend(aml_bytes(&f.lowest_mhz));
+        tail.extend(aml_bytes(&f.nominal_mhz));
+        assert!(p.ends_with(&tail), "{p:x?}");
+        assert_eq!(CPC_REFERENCE_PERF, 254);
     }
 }

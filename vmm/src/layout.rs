@@ -1,5 +1,7 @@
 //! Guest physical memory layout. Every fixed guest address pvmm uses is named here, with why.
 
+use pvmm_devices::cppc::CPPC_MMIO_LEN;
+
 /// Where the GDT lives while the boot vCPU enters 64-bit mode: low memory that Linux treats as
 /// scratch once it has set up its own tables.
 pub const BOOT_GDT_START: u64 = 0x500;
@@ -42,12 +44,10 @@ pub const MMIO_GAP_START: u64 = 0xc000_0000;
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
 /// Where pvmm's own MMIO devices start (inside the gap, well below the IOAPIC).
 pub const PVMM_MMIO_START: u64 = 0xd000_0000;
-/// The CPPC register window: 64 bytes per vCPU, room for 256 vCPUs.
+/// The CPPC register window ([`CPPC_MMIO_LEN`] bytes: room for every vCPU).
 pub const CPPC_MMIO_START: u64 = PVMM_MMIO_START;
-/// Size of the CPPC window.
-pub const CPPC_MMIO_SIZE: u64 = 0x4000;
 /// The ACPI Generic Event Device's status register, after the CPPC window.
-pub const GED_MMIO_START: u64 = CPPC_MMIO_START + CPPC_MMIO_SIZE;
+pub const GED_MMIO_START: u64 = CPPC_MMIO_START + CPPC_MMIO_LEN;
 /// The GED's interrupt: ISA line 5, free on pvmm's platform (COM1 uses 4).
 pub const GED_IRQ: u32 = 5;
 /// IOAPIC base address (PC default; KVM's in-kernel IOAPIC answers here).

@@ -2,8 +2,8 @@
 //!
 //! The binary (`src/main.rs`) parses flags ([`cli`]) into a [`config::VmConfig`], and
 //! [`vmm::start`] builds the VM: guest memory ([`memory`], [`layout`]), ACPI tables
-//! ([`acpi`]), the kernel ([`boot`]), KVM objects ([`vstate`]) with per-vCPU CPUID
-//! ([`cpuid`]), and the devices from the `pvmm-devices` crate. How a run ends and its exit
+//! ([`acpi`], with the guest's CPPC performance scale and frequencies from [`cppc`]), the
+//! kernel ([`boot`]), KVM objects ([`vstate`]) with per-vCPU CPUID ([`cpuid`]), and the devices from the `pvmm-devices` crate. How a run ends and its exit
 //! status are in [`exit`]. A started VM is a [`running::RunningVm`]; the control socket
 //! ([`api`]) acts on it through [`api::VmControl`]. [`host`] is `pvmm-host`, the daemon that
 //! places every VM of the host with one engine.
@@ -17,6 +17,7 @@ pub mod api;
 pub mod boot;
 pub mod cli;
 pub mod config;
+pub mod cppc;
 pub mod cpuid;
 pub mod exit;
 pub mod host;

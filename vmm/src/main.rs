@@ -30,7 +30,10 @@ fn main() {
         }
     };
     if let Some(dir) = cli.dump_acpi.clone() {
-        let tables = match pvmm::acpi::build_tables(cli.vcpus) {
+        let tables = match pvmm::acpi::build_tables(
+            cli.vcpus,
+            &pvmm::cppc::CppcFrequencies::host(std::path::Path::new(pvmm::cppc::SYSFS_CPUFREQ)),
+        ) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("pvmm: {e}");

@@ -1,10 +1,16 @@
 //! `pvmm --dump-acpi DIR` writes tables that `iasl -d` (acpica-tools) disassembles without
-//! errors, with one 23-entry `_CPC` per vCPU. Needs iasl: skipped loudly without it, unless
-//! PVMM_REQUIRE_IASL=1 (CI), where its absence fails the test.
+//! errors, with one 23-entry `_CPC` per vCPU (its CPPC enable register in pvmm's window, the
+//! host's frequencies). Needs iasl: skipped loudly without it, unless PVMM_REQUIRE_IASL=1
+//! (CI), where its absence fails the test.
 
 mod common;
 use common::*;
+use std::path::Path;
 use std::process::Command;
+
+use pvmm::cppc::{CppcFrequencies, CPPC_HIGHEST_PERF, SYSFS_CPUFREQ};
+use pvmm::layout::CPPC_MMIO_START;
+use pvmm_devices::cppc::CppcRegister;
 
 fn iasl_available() -> bool {
     let ok = Command::new("iasl").arg("-v").output().is_ok();
@@ -71,6 +77,7 @@ fn dumped_tables_disassemble_cleanly() {
             dsl.matches("Register (SystemMemory").count() as u32,
             vcpus * 16
         );
+        check_cpc_entries(&dsl, vcpus);
         assert!(dsl.contains("Method (_OSC, 4"));
         assert!(dsl.contains("\"ACPI0013\""));
         assert!(dsl.contains("Method (_EVT, 1"));
@@ -92,6 +99,41 @@ fn dumped_tables_disassemble_cleanly() {
             vcpus
         );
         std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// Each vCPU's `_CPC` points its CPPC enable register at its block in pvmm's window and
+/// ends with the reference performance (the guest's scale) and the lowest and nominal
+/// frequencies pvmm computes for this host.
+fn check_cpc_entries(dsl: &str, vcpus: u32) {
+    for vcpu in 0..vcpus {
+        let enable = CppcRegister::Enable.address(CPPC_MMIO_START, vcpu);
+        let line = format!("0x{enable:016X}, // Address");
+        assert_eq!(dsl.matches(&line).count(), 1, "{line}");
+    }
+    let freqs = CppcFrequencies::host(Path::new(SYSFS_CPUFREQ));
+    let want = [
+        u64::from(CPPC_HIGHEST_PERF),
+        u64::from(freqs.lowest_mhz),
+        u64::from(freqs.nominal_mhz),
+    ];
+    let packages: Vec<&str> = dsl.split("Name (_CPC").skip(1).collect();
+    assert_eq!(packages.len() as u32, vcpus);
+    for package in packages {
+        let body = package.split("})").next().unwrap();
+        let last: Vec<u64> = body
+            .lines()
+            .map(|l| l.trim().trim_end_matches(',').trim())
+            .filter(|l| !l.is_empty())
+            .rev()
+            .take(3)
+            .map(|l| u64::from_str_radix(l.trim_start_matches("0x"), 16).unwrap())
+            .collect();
+        assert_eq!(
+            last,
+            want.iter().rev().copied().collect::<Vec<_>>(),
+            "{body}"
+        );
     }
 }
 

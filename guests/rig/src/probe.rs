@@ -19,6 +19,8 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use pvmm::cppc::guest_perfs;
+
 /// Where the placement tests make pvmm write its `--stats` lines inside L1 (L1's tmpfs root).
 pub const L1_STATS_PATH: &str = "/tmp/pvmm-stats.jsonl";
 
@@ -146,7 +148,8 @@ pub struct StatsVcpu {
     pub vcpu: u32,
     /// The host CPU list pvmm applied.
     pub cpus: String,
-    /// The capacity pvmm publishes through CPPC.
+    /// The capacity pvmm placed the vCPU with (1..1024); the guest reads it through CPPC on
+    /// its own scale ([`PlacementTrace::guest_perfs_around`]).
     pub capacity: u64,
     /// pvmm's busy flag.
     pub busy: bool,
@@ -492,6 +495,30 @@ impl PlacementTrace {
             .collect()
     }
 
+    /// What the guest's CPPC registers held at the ticks of [`Self::capacities_around`]: each
+    /// tick's capacities as pvmm maps them onto the guest's performance scale
+    /// ([`guest_perfs`]), the values the guest reads as `highest_perf`.
+    pub fn guest_perfs_around(
+        &self,
+        t: f64,
+        before_ticks: usize,
+        after_ticks: usize,
+    ) -> Vec<Vec<u64>> {
+        self.capacities_around(t, before_ticks, after_ticks)
+            .iter()
+            .map(|tick| {
+                let capacities: Vec<u32> = tick
+                    .iter()
+                    .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
+                    .collect();
+                guest_perfs(&capacities)
+                    .into_iter()
+                    .map(u64::from)
+                    .collect()
+            })
+            .collect()
+    }
+
     /// pvmm's stats clock `t_ms` as L1 uptime.
     pub fn to_l1_time(&self, t_ms: u64) -> f64 {
         self.start + t_ms as f64 / 1000.0
@@ -709,6 +736,27 @@ mod tests {
         assert_eq!(threads, vec![0, 1]);
         assert_eq!(trace.samples[0].cpus[0].cpu, 0);
         assert_eq!(trace.mark("go"), Some(10.15));
+    }
+
+    #[test]
+    fn the_guest_reads_the_capacities_on_its_own_scale() {
+        let lines: Vec<String> = [
+            "START 10.0",
+            r#"{"t_ms":100,"vcpus":[{"vcpu":0,"cpus":"0","capacity":1024,"busy":false},{"vcpu":1,"cpus":"0","capacity":1024,"busy":false}],"capacity_notifications":0,"external":false}"#,
+            r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"0","capacity":512,"busy":true},{"vcpu":1,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":false}"#,
+        ]
+        .map(String::from)
+        .to_vec();
+        let trace = PlacementTrace::parse(&lines);
+        assert_eq!(
+            trace.capacities_around(10.15, 1, 1),
+            [vec![1024, 1024], vec![512, 1024]]
+        );
+        // Equal vCPUs are told apart by one step; otherwise 1024 -> 254, 512 -> 127.
+        assert_eq!(
+            trace.guest_perfs_around(10.15, 1, 1),
+            [vec![254, 253], vec![127, 254]]
+        );
     }
 
     #[test]

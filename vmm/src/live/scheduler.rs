@@ -219,10 +219,8 @@ impl LiveScheduler {
         };
         let own_errors = self.pin_own_threads();
         if let Some(reporter) = self.capacity.as_mut() {
-            let now = Instant::now();
-            for v in &self.vcpus {
-                reporter.publish(v.index, v.capacity, now);
-            }
+            let capacities: Vec<u32> = self.vcpus.iter().map(|v| v.capacity).collect();
+            reporter.publish(&capacities, Instant::now());
         }
         if let Ok(mut t) = self.totals.lock() {
             t.ticks += 1;
@@ -433,6 +431,7 @@ impl LiveScheduler {
             "migrations_total": totals.migrations,
             "policy_changes": totals.policy_changes,
             "capacity_notifications": self.capacity.as_ref().map(|r| r.notifications()),
+            "cppc_enabled": self.capacity.as_ref().map(|r| r.guest_enabled()),
             "guest_register_errors": self.guest_errors.as_ref().map(|e| e.total()),
         })
     }

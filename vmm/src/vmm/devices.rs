@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam::channel::Sender;
 use pvmm_devices::bus::Bus;
-use pvmm_devices::cppc::{CppcDevice, CppcShared};
+use pvmm_devices::cppc::{CppcDevice, CppcShared, CPPC_MMIO_LEN};
 use pvmm_devices::events::{GuestErrorCounter, SharedEvents};
 use pvmm_devices::ged::{GedDevice, GedShared, GED_MMIO_LEN};
 use pvmm_devices::power::{
@@ -17,13 +17,13 @@ use pvmm_devices::power::{
     ACPI_POWER_PORT_LEN, I8042_COMMAND_PORT,
 };
 use pvmm_devices::serial::{SerialConsole, COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
-use pvmm_scheduler::capacity::CAPACITY_SCALE;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::error::{SetupError, VmmError};
 use crate::config::VmConfig;
+use crate::cppc::CPPC_HIGHEST_PERF;
 use crate::exit::VmExit;
-use crate::layout::{CPPC_MMIO_SIZE, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START};
+use crate::layout::{CPPC_MMIO_START, GED_IRQ, GED_MMIO_START};
 use crate::procfs::ProcSchedstat;
 use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::vstate::vcpu::VcpuBuses;
@@ -76,7 +76,7 @@ pub(super) fn build_devices(
     )));
     let pio = port_io_bus(serial.clone(), exit_tx, &events)?;
     // CPPC registers and the GED that announces capacity changes and the power button.
-    let cppc = Arc::new(CppcShared::new(config.vcpus, CAPACITY_SCALE));
+    let cppc = Arc::new(CppcShared::new(config.vcpus, CPPC_HIGHEST_PERF));
     let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(SetupError::EventFd)?;
     vm.register_irq(&ged_irq, GED_IRQ)?;
     let ged = Arc::new(GedShared::new(ged_irq));
@@ -88,7 +88,7 @@ pub(super) fn build_devices(
             events.clone(),
         ))),
         CPPC_MMIO_START,
-        CPPC_MMIO_SIZE,
+        CPPC_MMIO_LEN,
     )?;
     mmio.insert(
         Arc::new(Mutex::new(GedDevice::new(ged.clone(), events))),

@@ -5,6 +5,7 @@
 //! serve the running VM. Why a start fails is in `error`.
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use crate::api::routes::VmShape;
 use crate::api::{ApiServer, ApiSocket};
 use crate::boot::{detect_kernel_format, load_kernel, open_input_file, BootError, BootSpec};
 use crate::config::{PlacementPolicy, StatsTarget, VmConfig};
+use crate::cppc::{CppcFrequencies, SYSFS_CPUFREQ};
 use crate::exit::VmExit;
 use crate::layout::{GED_IRQ, HIMEM_START};
 use crate::live::capacity::CppcReporter;
@@ -140,7 +142,15 @@ fn load_guest(
     let mem = create_guest_memory(config.memory_bytes())?;
     vm.register_memory(&mem)?;
     phases.mark("memory");
-    let tables = build_tables(config.vcpus)?;
+    let freqs = CppcFrequencies::host(Path::new(SYSFS_CPUFREQ));
+    log(
+        config,
+        format!(
+            "CPPC frequencies: nominal {} MHz, lowest {} MHz",
+            freqs.nominal_mhz, freqs.lowest_mhz
+        ),
+    );
+    let tables = build_tables(config.vcpus, &freqs)?;
     for t in &tables.tables {
         mem.write_slice(&t.bytes, GuestAddress(t.addr))
             .map_err(BootError::GuestMemory)?;
