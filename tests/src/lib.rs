@@ -102,6 +102,16 @@ pub fn run_placement_sequence_with_probe(
     runs: &[(&str, Vec<&str>, String)],
     probe_prefix: &str,
 ) -> Option<pvmm_rig::RigOutcome> {
+    run_placement_sequence_on(test, pvmm_rig::GuestKernel::default(), runs, probe_prefix)
+}
+
+/// [`run_placement_sequence_with_probe`] with the guests booting `guest_kernel`.
+pub fn run_placement_sequence_on(
+    test: &str,
+    guest_kernel: pvmm_rig::GuestKernel,
+    runs: &[(&str, Vec<&str>, String)],
+    probe_prefix: &str,
+) -> Option<pvmm_rig::RigOutcome> {
     let _lock = rig_lock();
     let (ws, images) = prepare_rig(
         test,
@@ -109,7 +119,7 @@ pub fn run_placement_sequence_with_probe(
             pvmm: true,
             qemu: false,
             vmlinux: false,
-            ..Default::default()
+            guest_kernel,
         },
     )?;
     let runs: Vec<pvmm_rig::PvmmRun> = runs
@@ -132,7 +142,7 @@ pub fn run_placement_sequence_with_probe(
         progress: false,
         probe: Some(format!("{probe_prefix}{}", placement_probe(PROBE_INTERVAL))),
         tuning: pvmm_rig::L1Tuning::default(),
-        guest_kernel: pvmm_rig::GuestKernel::default(),
+        guest_kernel,
     };
     let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();
     let started = std::time::Instant::now();
