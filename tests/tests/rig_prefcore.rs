@@ -6,17 +6,22 @@
 //! - the driver runs, preferred core is enabled and ITMT is on;
 //! - once the guest is up and idle, the rankings equal the performances pvmm published then
 //!   (its `--stats` capacities, mapped to the guest's scale, around the read);
-//! - while a busy thread moves pvmm's placement (one vCPU gets a CPU of its own, the others
-//!   pack), the ORDER of the rankings follows the order of the highest performances the guest
-//!   reads: a performance order that has held for [`FOLLOW_S`] is the rankings' order. (Only
-//!   the order: pvmm notifies order changes and changes of 5 % or more; a smaller change that
-//!   keeps the order is not notified, and the ranking keeps the older value.)
+//! - when the capacities change, the rankings follow: an outside balancer in L1 (`pvmm ctl
+//!   external`, as `pvmm host` does) gives the four vCPUs capacities in one order, then in the
+//!   opposite order, switching every [`PATTERN_S`]; each time the guest has read a pattern's
+//!   performances for [`FOLLOW_S`], its rankings must be that pattern's.
+//!
+//! pvmm's own placement is not used for the second check: an idle packed guest's effective
+//! capacities move by a few per cent every tick (how much of a shared CPU each vCPU gets
+//! follows its neighbours' timer wake-ups), and the order of such near-equal values changes
+//! faster than a notification per vCPU per second can follow.
 //!
 //! L1 runs on an emulated Zen 2 (`EPYC-Rome`), which amd-pstate needs (the rig picks it for
 //! a 6.12 guest).
 
 use std::sync::OnceLock;
 
+use pvmm::cppc::guest_perfs;
 use pvmm_rig::{GuestKernel, RigOutcome};
 use pvmm_tests::{run_placement_sequence_on, run_trace, GUEST_HELPERS};
 
@@ -25,14 +30,20 @@ const VCPUS: usize = 4;
 /// Seconds between the guest's reads of its rankings and performances.
 const READ_INTERVAL_S: f64 = 0.5;
 /// Reads after the first.
-const READS: u32 = 40;
-/// Seconds the busy thread runs (from the first read on): the placement changes when it starts
-/// and when it ends.
-const BUSY_S: u32 = 8;
-/// How long a performance order must have held before the rankings must show it: pvmm
-/// notifies a vCPU at most once a second, the guest's driver updates the ranking on the
+const READS: u32 = 60;
+/// How long a pattern's performances must have been read before the rankings must show it:
+/// pvmm notifies a vCPU at most once a second, the guest's driver updates the ranking on the
 /// notification, and the guest's reads are [`READ_INTERVAL_S`] apart.
-const FOLLOW_S: f64 = 2.5;
+const FOLLOW_S: f64 = 2.0;
+/// Seconds each capacity pattern holds.
+const PATTERN_S: f64 = 5.0;
+/// The outside balancer's renewal period (s), and pvmm's lease for it (ms).
+const RENEW_S: f64 = 0.5;
+const LEASE_MS: &str = "2000";
+/// The two capacity patterns (by vCPU), in opposite orders; none is a tie.
+const PATTERNS: [[u32; VCPUS]; 2] = [[1024, 768, 512, 256], [256, 512, 768, 1024]];
+/// The socket pvmm serves in L1.
+const SOCKET: &str = "/tmp/pvmm-prefcore.sock";
 /// Ticks around a read in which pvmm's published capacities are looked for (the read and
 /// pvmm's tick are not synchronized; L1's mark of the read also lags by its console).
 const AROUND_TICKS: usize = 3;
@@ -45,8 +56,38 @@ fn guest_command() -> String {
     format!(
         "{GUEST_HELPERS}{READ_HELPER}\
          echo \"PREF status $(cat /sys/devices/system/cpu/amd_pstate/status) prefcore $(cat /sys/devices/system/cpu/amd_pstate/prefcore) itmt $(cat /proc/sys/kernel/sched_itmt_enabled)\"\n\
-         sleep 3\nrd 0\nl 0 {BUSY_S}\ni=0\n\
+         sleep 3\nrd 0\necho pvmm-mark: patterns\ni=0\n\
          while [ $i -lt {READS} ]; do sleep {READ_INTERVAL_S}; i=$((i + 1)); rd $i; done\n"
+    )
+}
+
+/// An outside balancer's assignment giving vCPU v a CPU of its own (L1 CPU v) and
+/// `capacities[v]`.
+fn assignment(capacities: &[u32; VCPUS]) -> String {
+    let each: Vec<String> = capacities
+        .iter()
+        .enumerate()
+        .map(|(v, c)| format!(r#"{{"vcpu":{v},"cpus":"{v}","capacity":{c}}}"#))
+        .collect();
+    format!(r#"{{"assignments":[{}]}}"#, each.join(","))
+}
+
+/// L1 side: once the guest marks `patterns`, the outside balancer renews one pattern every
+/// [`RENEW_S`] and switches patterns every [`PATTERN_S`], until pvmm exits.
+fn probe_prefix() -> String {
+    let per_pattern = (PATTERN_S / RENEW_S).round() as u32;
+    format!(
+        r#"echo '{a}' > /tmp/pattern-0.json
+echo '{b}' > /tmp/pattern-1.json
+( until grep -q patterns /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep 0.2; done
+  i=0
+  while kill -0 $PVMM_PID 2>/dev/null; do
+    /bin/pvmm ctl --socket {SOCKET} external /tmp/pattern-$(( (i / {per_pattern}) % 2 )).json
+    i=$((i + 1)); sleep {RENEW_S}
+  done ) > /dev/null 2>&1 &
+"#,
+        a = assignment(&PATTERNS[0]),
+        b = assignment(&PATTERNS[1]),
     )
 }
 
@@ -59,10 +100,19 @@ fn outcome() -> Option<&'static RigOutcome> {
                 GuestKernel::Linux6_12,
                 &[(
                     "prefcore",
-                    vec!["--vcpus", "4", "--policy", "powersaving"],
+                    vec![
+                        "--vcpus",
+                        "4",
+                        "--policy",
+                        "powersaving",
+                        "--api-socket",
+                        SOCKET,
+                        "--external-lease-ms",
+                        LEASE_MS,
+                    ],
                     guest_command(),
                 )],
-                "",
+                &probe_prefix(),
             )
         })
         .as_ref()
@@ -97,17 +147,6 @@ fn rank_reads(guest: &[String]) -> Vec<RankRead> {
         .collect()
 }
 
-/// The order of `values`: for every pair, how the first compares with the second.
-fn order(values: &[u64]) -> Vec<std::cmp::Ordering> {
-    let mut pairs = Vec::new();
-    for (i, a) in values.iter().enumerate() {
-        for b in &values[i + 1..] {
-            pairs.push(a.cmp(b));
-        }
-    }
-    pairs
-}
-
 #[test]
 fn amd_pstate_ranks_the_guests_cpus_by_pvmms_capacities() {
     let Some(outcome) = outcome() else { return };
@@ -130,7 +169,9 @@ fn amd_pstate_ranks_the_guests_cpus_by_pvmms_capacities() {
         "the guest's reads:\n{guest}"
     );
     let first = &reads[0];
-    let at = trace.mark("rank-0").expect("the guest marks its first read");
+    let at = trace
+        .mark("rank-0")
+        .expect("the guest marks its first read");
     let published = trace.guest_perfs_around(at, AROUND_TICKS, AROUND_TICKS);
     assert!(
         published.contains(&first.ranking),
@@ -140,40 +181,46 @@ fn amd_pstate_ranks_the_guests_cpus_by_pvmms_capacities() {
 }
 
 #[test]
-fn the_rankings_follow_the_order_of_pvmms_capacities() {
+fn the_rankings_follow_pvmms_capacities_when_they_change() {
     let Some(outcome) = outcome() else { return };
     let (run, _) = run_trace(outcome, "prefcore");
     let guest = run.guest.join("\n");
     let reads = rank_reads(run.guest);
     assert!(reads.len() > 10, "the guest's reads:\n{guest}");
+    let perfs: Vec<Vec<u64>> = PATTERNS
+        .iter()
+        .map(|p| guest_perfs(p).into_iter().map(u64::from).collect())
+        .collect();
     let held = (FOLLOW_S / READ_INTERVAL_S).ceil() as usize;
-    let mut checked = 0;
+    let mut followed = [0; 2];
     for (i, read) in reads.iter().enumerate().skip(held) {
-        let now = order(&read.highest);
-        if reads[i - held..i].iter().all(|r| order(&r.highest) == now) {
-            checked += 1;
+        let Some(p) = perfs.iter().position(|p| *p == read.highest) else {
+            continue;
+        };
+        if reads[i - held..i].iter().all(|r| r.highest == perfs[p]) {
             assert_eq!(
-                order(&read.ranking),
-                now,
-                "read {}: the highest performances' order {:?} has held for {FOLLOW_S} s but the rankings are {:?}; the guest's reads:\n{}",
+                read.ranking,
+                perfs[p],
+                "read {}: the guest has read pattern {p}'s performances for {FOLLOW_S} s but ranks its CPUs {:?}; the guest's reads:\n{}",
                 read.n,
-                read.highest,
                 read.ranking,
                 describe(&reads)
             );
+            followed[p] += 1;
         }
     }
-    let changes = reads
+    let switches = reads
         .windows(2)
-        .filter(|w| order(&w[0].highest) != order(&w[1].highest))
+        .filter(|w| w[0].highest != w[1].highest)
+        .filter(|w| perfs.contains(&w[0].highest) && perfs.contains(&w[1].highest))
         .count();
     assert!(
-        changes > 0 && checked > 0,
-        "the busy thread should change the order of the vCPUs' performances at least once ({changes} changes, {checked} settled reads checked):\n{}",
+        switches >= 2 && followed.iter().all(|&n| n > 0),
+        "the guest should have seen both patterns settle and switched between them at least twice ({switches} switches, settled reads per pattern {followed:?}):\n{}",
         describe(&reads)
     );
     eprintln!(
-        "rig_prefcore: {changes} changes of the performance order in {} reads, {checked} settled reads checked",
+        "rig_prefcore: {switches} pattern switches in {} reads; rankings checked at {followed:?} settled reads",
         reads.len()
     );
 }
@@ -181,7 +228,12 @@ fn the_rankings_follow_the_order_of_pvmms_capacities() {
 fn describe(reads: &[RankRead]) -> String {
     reads
         .iter()
-        .map(|r| format!("  {:>2}: ranking {:?} highest {:?}", r.n, r.ranking, r.highest))
+        .map(|r| {
+            format!(
+                "  {:>2}: ranking {:?} highest {:?}",
+                r.n, r.ranking, r.highest
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
