@@ -443,6 +443,14 @@ struct Cases<'a, 'e> {
     out: &'a mut dyn Write,
 }
 
+/// One case of a built-in scenario.
+struct ScenarioCase {
+    vms: Vec<VmSpec>,
+    title: String,
+    /// The measured results printed under its table.
+    measured: String,
+}
+
 impl Cases<'_, '_> {
     /// `--scenario kernbench`: one table per vCPU count, each followed by the
     /// measured 2008 rows. Returns the SVG heading and panels.
@@ -478,18 +486,11 @@ impl Cases<'_, '_> {
             config.step_us,
             config.seed
         );
-        let mut panels = Panels::new();
-        for n in counts {
-            let vms = [kernbench_vm(n, args.scale)];
-            let (results, bound) = self.run_case(&vms, &config, &format!("kernbench N={n}: "))?;
-            let title = format!("Kernbench-like load, {n} busy vCPUs (1 VM)");
-            let _ = write!(self.out, "{}", format_table(&title, &results, Some(&bound)));
-            let _ = writeln!(self.out, "{}", format_measured_rows(n));
-            let _ = self.out.flush();
-            for r in results {
-                panels.push((format!("N={n}, {}", r.placement), r));
-            }
-        }
+        let panels = self.scenario_tables("kernbench", &counts, &config, |n| ScenarioCase {
+            vms: vec![kernbench_vm(n, args.scale)],
+            title: format!("Kernbench-like load, {n} busy vCPUs (1 VM)"),
+            measured: format_measured_rows(n),
+        })?;
         let heading = format!("pvmm-sim kernbench on {}", topology_summary(topology));
         Ok((heading, panels))
     }
@@ -526,19 +527,14 @@ impl Cases<'_, '_> {
             config.step_us,
             config.seed
         );
-        let mut panels = Panels::new();
-        for n in counts {
-            let vms = busy_loop_vms(n);
-            let (results, bound) = self.run_case(&vms, &config, &format!("busyloop N={n}: "))?;
+        let panels = self.scenario_tables("busyloop", &counts, &config, |n| {
             let plural = if n == 1 { "" } else { "s" };
-            let title = format!("Busy loops: {n} always-busy task{plural}, one one-vCPU VM each");
-            let _ = write!(self.out, "{}", format_table(&title, &results, Some(&bound)));
-            let _ = writeln!(self.out, "{}", format_busy_loop_measured(n));
-            let _ = self.out.flush();
-            for r in results {
-                panels.push((format!("N={n}, {}", r.placement), r));
+            ScenarioCase {
+                vms: busy_loop_vms(n),
+                title: format!("Busy loops: {n} always-busy task{plural}, one one-vCPU VM each"),
+                measured: format_busy_loop_measured(n),
             }
-        }
+        })?;
         let heading = format!("pvmm-sim busyloop on {}", topology_summary(topology));
         Ok((heading, panels))
     }
@@ -599,6 +595,33 @@ impl Cases<'_, '_> {
 
     /// Simulates `vms` under every placement, with progress lines, and
     /// computes their clairvoyant bound.
+    /// A scenario's tables: for each count `n`, `case(n)`'s VMs under every placement, its
+    /// table and the measurements printed under it. Returns the SVG panels.
+    fn scenario_tables(
+        &mut self,
+        name: &str,
+        counts: &[usize],
+        config: &SimConfig,
+        case: impl Fn(usize) -> ScenarioCase,
+    ) -> Result<Panels, Failure> {
+        let mut panels = Panels::new();
+        for &n in counts {
+            let ScenarioCase {
+                vms,
+                title,
+                measured,
+            } = case(n);
+            let (results, bound) = self.run_case(&vms, config, &format!("{name} N={n}: "))?;
+            let _ = write!(self.out, "{}", format_table(&title, &results, Some(&bound)));
+            let _ = writeln!(self.out, "{measured}");
+            let _ = self.out.flush();
+            for r in results {
+                panels.push((format!("N={n}, {}", r.placement), r));
+            }
+        }
+        Ok(panels)
+    }
+
     fn run_case(
         &mut self,
         vms: &[VmSpec],
