@@ -99,6 +99,8 @@ pub struct PlacementBenchOptions {
     pub topology: Topology,
     /// Print every rig line.
     pub echo: bool,
+    /// The guests' kernel.
+    pub guest_kernel: crate::GuestKernel,
 }
 
 /// One measured case.
@@ -230,7 +232,7 @@ pub fn run_placement_bench(
         progress: false,
         probe: Some(bench_probe()),
         tuning: crate::tuning::L1Tuning::default(),
-        guest_kernel: crate::GuestKernel::default(),
+        guest_kernel: options.guest_kernel,
     };
     crate::images::progress(&format!(
         "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",
@@ -473,6 +475,7 @@ mod tests {
             policies: vec!["none".into()],
             topology: Topology::default(),
             echo: false,
+            guest_kernel: crate::GuestKernel::default(),
         };
         let command = guest_command(&options, 2);
         assert!(command.contains("pvmm-mark: load-begin"));

@@ -29,15 +29,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 mod guest_soak;
+mod placement;
 
 use clap::{Args, Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
 use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
 use pvmm_rig::images::{self, L1Needs, Workspace};
-use pvmm_rig::placement_bench::{
-    format_bench_table, run_placement_bench, PlacementBenchOptions, BENCH_POLICIES,
-    KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS,
-};
+use pvmm_rig::placement_bench::{KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::soak::{format_tallies, run_soak, BusyLoops, SoakOptions};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
@@ -86,7 +84,7 @@ enum Task {
     /// Placement benchmark: the simulator's kernbench-like load (N busy guest threads with a
     /// kernbench duty cycle) under every policy and `none`, in one L1 boot; one table per N
     /// with package idle, work done, migrations and modelled energy (performance = 1.00).
-    BenchPlacement(PlacementBenchArgs),
+    BenchPlacement(placement::PlacementBenchArgs),
     /// Host-wide placement benchmark: 1, 2 and 4 VMs side by side in one L1, each guest with
     /// one kernbench-like thread, under `pvmm host` (pvmm-host), each pvmm on its own (pvmm)
     /// and QEMU unpinned (qemu); one L1 boot per case, one table per VM count (package idle,
@@ -132,34 +130,6 @@ struct BootBenchArgs {
     /// The guests' kernel: 6.1 (L1's own) or 6.12 (Debian 13's; bzimage only).
     #[arg(long, default_value = "6.1", value_name = "6.1|6.12")]
     guest_kernel: GuestKernel,
-}
-
-#[derive(Debug, Args)]
-struct PlacementBenchArgs {
-    /// Busy guest thread counts, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-    threads: Vec<u32>,
-    /// Guest vCPUs.
-    #[arg(long, default_value_t = 4)]
-    vcpus: u32,
-    /// Seconds of load per case.
-    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=3600))]
-    seconds: u32,
-    /// pvmm-load duty cycle in percent (default: the simulator's kernbench busy fraction, 29 %).
-    #[arg(long, default_value_t = KERNBENCH_DUTY_PERCENT, value_parser = clap::value_parser!(u32).range(0..=100))]
-    duty: u32,
-    /// pvmm-load period in ms (default 70: 20 ms bursts at 29 %, as the simulator's kernbench).
-    #[arg(long, default_value_t = KERNBENCH_PERIOD_MS, value_parser = clap::value_parser!(u32).range(1..=60000))]
-    period_ms: u32,
-    /// Policies, comma-separated (pvmm --policy values; `none` = no pinning).
-    #[arg(long, value_delimiter = ',', default_values_t = BENCH_POLICIES.map(String::from))]
-    policies: Vec<String>,
-    /// L1 CPU topology.
-    #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
-    topology: Topology,
-    /// Print every rig line.
-    #[arg(long)]
-    verbose: bool,
 }
 
 #[derive(Debug, Args)]
@@ -665,66 +635,6 @@ fn dump_outcome(outcome: &RigOutcome, name: &str) {
     }
 }
 
-/// `cargo xtask bench-placement`.
-fn bench_placement(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCode {
-    if let Some(bad) = args.threads.iter().find(|&&n| n == 0 || n > 1024) {
-        eprintln!("xtask: error: invalid --threads value {bad}: expected 1-1024");
-        return ExitCode::from(2);
-    }
-    let needs = L1Needs {
-        pvmm: true,
-        qemu: false,
-        vmlinux: false,
-        ..Default::default()
-    };
-    let images = match build_l1(ws, needs) {
-        Ok(images) => images,
-        Err(code) => return code,
-    };
-    let options = PlacementBenchOptions {
-        threads: args.threads,
-        vcpus: args.vcpus,
-        seconds: args.seconds,
-        duty_percent: args.duty,
-        period_ms: args.period_ms,
-        policies: args.policies,
-        topology: args.topology,
-        echo: args.verbose,
-    };
-    let (results, failures, outcome) = match run_placement_bench(ws, &images, &options) {
-        Ok(measured) => measured,
-        Err(error) => {
-            eprintln!("xtask: error: {error}");
-            return ExitCode::from(rig_error_exit(&error));
-        }
-    };
-    dump_outcome(&outcome, "bench-placement");
-    for &n in &options.threads {
-        let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
-        let title = format!(
-            "N = {n}: pvmm-load --threads {n} --duty {} --period-ms {} --seconds {}, {} vCPUs, L1 {}",
-            options.duty_percent, options.period_ms, options.seconds, options.vcpus, options.topology
-        );
-        println!("{}", format_bench_table(&title, &rows));
-    }
-    for failure in &failures {
-        eprintln!(
-            "xtask: {} with N = {} not measured: {}",
-            failure.policy, failure.threads, failure.reason
-        );
-    }
-    eprintln!(
-        "xtask: {} (bench took {:.0} s)",
-        outcome.summary("last pvmm"),
-        started.elapsed().as_secs_f64()
-    );
-    if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_RIG_FAILURE as u8)
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ws = match Workspace::locate() {
@@ -742,7 +652,7 @@ fn main() -> ExitCode {
         Task::RigGuestSoak(args) => guest_soak::run(&ws, args),
         Task::BenchBoot(args) => bench_boot(&ws, args),
         Task::BenchHost(args) => bench_host(&ws, args),
-        Task::BenchPlacement(args) => bench_placement(&ws, started, args),
+        Task::BenchPlacement(args) => placement::run(&ws, started, args),
     }
 }
 
