@@ -14,6 +14,9 @@ use serde_json::Value;
 
 /// How long a started pvmm may take to create its socket.
 const SOCKET_WAIT: Duration = Duration::from_secs(20);
+/// pvmm's own threads that are there once a VM serves its socket (console-in ends at once:
+/// stdin is /dev/null).
+const OWN_THREADS: [&str; 3] = ["pvmm", "pvmm-sched", "pvmm-api"];
 /// How long to wait for a state that the next few ticks should reach.
 const TICKS_WAIT: Duration = Duration::from_secs(10);
 
@@ -58,6 +61,15 @@ impl Vmm {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        // A thread names itself when it first runs, so on a busy host one just started may
+        // still show its parent's name; the tests read names, so they wait for them.
+        vmm.until("/v1/vcpus", "pvmm's own threads named", |v| {
+            let names: Vec<&str> = v["threads"]
+                .as_array()
+                .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+                .unwrap_or_default();
+            OWN_THREADS.iter().all(|want| names.contains(want))
+        });
         Some(vmm)
     }
 
@@ -149,25 +161,7 @@ fn query_change_policy_pause_resume_and_shut_down() {
     assert_eq!(vm["policy"], "powersaving:1");
     assert_eq!(vm["pid"], vmm.child.id());
 
-    // A thread names itself when it first runs, so on a busy host a thread just started may
-    // still show its parent's name; its name is waited for, not its existence.
-    // (console-in has already ended: stdin is /dev/null.)
-    let names = |v: &Value| -> Vec<String> {
-        v["threads"]
-            .as_array()
-            .map(|t| {
-                t.iter()
-                    .filter_map(|t| t["name"].as_str())
-                    .map(String::from)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let vcpus = vmm.until("/v1/vcpus", "pvmm's own threads named", |v| {
-        ["pvmm", "pvmm-sched", "pvmm-api"]
-            .iter()
-            .all(|want| names(v).iter().any(|n| n == want))
-    });
+    let vcpus = vmm.ok("GET", "/v1/vcpus", None);
     let tids: Vec<i64> = vcpus["vcpus"]
         .as_array()
         .unwrap()
@@ -175,6 +169,15 @@ fn query_change_policy_pause_resume_and_shut_down() {
         .map(|v| v["tid"].as_i64().unwrap())
         .collect();
     assert_eq!(tids.len(), 2, "{vcpus}");
+    let names: Vec<&str> = vcpus["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for want in OWN_THREADS {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
 
     vmm.ok("PUT", "/v1/policy", Some(r#"{"policy":"performance"}"#));
     let p = vmm.until("/v1/placement", "policy change", |p| {
