@@ -171,6 +171,9 @@ impl RunLines<'_> {
     }
 }
 
+/// The guest command's lines: between its markers, less the guest kernel's own messages, which
+/// the console interleaves with them (a warning the kernel prints while the command runs,
+/// such as its clocksource watchdog's under a loaded host, is not the command's output).
 fn command_output(guest: &[String]) -> Vec<&str> {
     guest
         .iter()
@@ -178,7 +181,15 @@ fn command_output(guest: &[String]) -> Vec<&str> {
         .skip_while(|l| !l.starts_with("pvmm-guest: command begin"))
         .skip(1)
         .take_while(|l| !l.starts_with("pvmm-guest: command exit status"))
+        .filter(|l| !is_kernel_message(l))
         .collect()
+}
+
+/// Whether `line` is a kernel log line: `[<seconds since boot>] ...`.
+fn is_kernel_message(line: &str) -> bool {
+    line.strip_prefix('[')
+        .and_then(|rest| rest.split_once(']'))
+        .is_some_and(|(stamp, _)| stamp.trim().parse::<f64>().is_ok())
 }
 
 fn command_status(guest: &[String]) -> Option<i32> {
@@ -347,7 +358,9 @@ mod tests {
             l1_lines: vec![],
             guest_lines: [
                 "pvmm-guest: command begin",
+                "[   15.657831] tsc: Marking TSC unstable due to clocksource watchdog",
                 "4",
+                "[not a time] 5",
                 "pvmm-guest: command exit status 0",
             ]
             .map(String::from)
@@ -373,7 +386,8 @@ mod tests {
             runs: vec![],
             stall_threads: vec![],
         };
-        assert_eq!(outcome.guest_command_output(), ["4"]);
+        // The kernel's message is not the command's; a line merely in brackets is.
+        assert_eq!(outcome.guest_command_output(), ["4", "[not a time] 5"]);
         assert_eq!(outcome.guest_command_status(), Some(0));
         assert_eq!(outcome.boot_to_init_seconds("a"), Some(2.5));
         assert_eq!(outcome.boot_to_init_seconds("b"), None);
