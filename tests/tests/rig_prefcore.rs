@@ -162,13 +162,12 @@ fn amd_pstate_ranks_the_guests_cpus_by_pvmms_capacities() {
         ["status", "passive", "prefcore", "enabled", "itmt", "1"],
         "amd-pstate should run passive with preferred cores and ITMT on; the guest's console:\n{guest}"
     );
+    // A kernel message the console prints into the middle of a line spoils that one read.
     let reads = rank_reads(run.guest);
-    assert_eq!(
-        reads.len(),
-        READS as usize + 1,
-        "the guest's reads:\n{guest}"
-    );
-    let first = &reads[0];
+    let first = reads
+        .iter()
+        .find(|r| r.n == 0)
+        .unwrap_or_else(|| panic!("the guest's first read is missing:\n{guest}"));
     let at = trace
         .mark("rank-0")
         .expect("the guest marks its first read");
@@ -186,7 +185,10 @@ fn the_rankings_follow_pvmms_capacities_when_they_change() {
     let (run, _) = run_trace(outcome, "prefcore");
     let guest = run.guest.join("\n");
     let reads = rank_reads(run.guest);
-    assert!(reads.len() > 10, "the guest's reads:\n{guest}");
+    assert!(
+        reads.len() > READS as usize / 2,
+        "too few of the guest's reads parse:\n{guest}"
+    );
     let perfs: Vec<Vec<u64>> = PATTERNS
         .iter()
         .map(|p| guest_perfs(p).into_iter().map(u64::from).collect())
