@@ -27,6 +27,10 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 read -r uptime idle < /proc/uptime
 echo "pvmm-guest: init reached, uptime $uptime"
+# From here on the console is the command's: the kernel prints only errors and worse on it
+# (console loglevel 4), not the warnings a loaded host brings (clocksource watchdog, slow
+# timer interrupts), which would land in the middle of the command's lines. dmesg keeps them.
+echo 4 > /proc/sys/kernel/printk
 if [ -n "$pvmm_cmd_b64" ]; then
     echo "$pvmm_cmd_b64" | base64 -d > /tmp/pvmm-cmd.sh \
         || echo "pvmm-guest: error: pvmm_cmd_b64 is not valid base64"
