@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Wake-ups and CPU time per second of pvmm's own (non-vCPU) threads with an idle 4-vCPU guest:
-# a tiny PVH guest that halts forever, run on this machine's /dev/kvm. Needs GNU as/ld.
-#   vmm/scripts/own-thread-wakeups.sh SECONDS [PVMM ARGS...]
-#   e.g. vmm/scripts/own-thread-wakeups.sh 20 --tick-ms 1000
+# Wake-ups and CPU time per second of pvmm's own (non-vCPU) threads with an idle guest of
+# $VCPUS vCPUs (default 4): a tiny PVH guest that halts forever, run on this machine's /dev/kvm.
+# pvmm-sched's CPU ms per second over 10 is its cost per 100 ms tick. Needs GNU as/ld.
+#   [VCPUS=N] vmm/scripts/own-thread-wakeups.sh SECONDS [PVMM ARGS...]
+#   e.g. vmm/scripts/own-thread-wakeups.sh 20 --tick-ms 1000; VCPUS=255 ... 20
 # Prints, per thread, voluntary+involuntary context switches per second (/proc/.../status) and
 # CPU ms per second (schedstat run time).
 set -euo pipefail
@@ -24,8 +25,9 @@ _start:
     jmp 1b
 ASM
 as --64 "$dir/halt.s" -o "$dir/halt.o"
-ld -m elf_x86_64 -Ttext=0x100000 "$dir/halt.o" -o "$dir/halt.elf"
-./target/release/pvmm --vcpus 4 --memory 64 --api-socket "$dir/s.sock" "$@" "$dir/halt.elf" \
+# -N: one segment from 1 MiB, no ELF headers loaded below it (pvmm refuses segments under 1 MiB).
+ld -m elf_x86_64 -N --no-warn-rwx-segments -Ttext=0x100000 "$dir/halt.o" -o "$dir/halt.elf"
+./target/release/pvmm --vcpus "${VCPUS:-4}" --memory 64 --api-socket "$dir/s.sock" "$@" "$dir/halt.elf" \
     </dev/null >/dev/null 2>&1 &
 pid=$!
 sleep 3

@@ -265,7 +265,7 @@ pub fn findings(runs: &[GuestRun]) -> Vec<String> {
             SLAB_DRIFT_KIB_PER_GUEST * guests,
         ),
         (
-            "memory no longer available (KiB, MemAvailable)",
+            "unavailable memory (KiB, from MemAvailable)",
             |s| u64::MAX - s.mem_available_kib,
             MEM_DRIFT_KIB_PER_GUEST * guests,
         ),
@@ -390,7 +390,7 @@ mod tests {
         let found = findings(&runs);
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].starts_with("KVM VMs grew"), "{found:?}");
-        assert!(found[1].starts_with("memory no longer"), "{found:?}");
+        assert!(found[1].starts_with("unavailable memory"), "{found:?}");
     }
 
     #[test]
