@@ -293,6 +293,48 @@ pub fn run_trace<'a>(
 pub const GUEST_HELPERS: &str = "l(){ taskset -c $1 pvmm-load --threads 1 --duty 100 --seconds $2 >/dev/null & }\n\
 r(){ echo pvmm-mark: cppc-$1; echo \"CPPC $1 $(cat /sys/devices/system/cpu/cpu[0-9]*/acpi_cppc/highest_perf | tr '\\n' ' ')GED $(grep Ged /proc/interrupts | awk '{s=0; for(i=2;i<=NF;i++) if ($i ~ /^[0-9]+$/) s+=$i; print s}')\"; }\n";
 
+/// The body of `pvmm ctl external` giving vCPU `v` the L1 CPUs and capacity
+/// `placements[v]` (a CPU list and 1..1024).
+pub fn external_assignment(placements: &[(String, u32)]) -> String {
+    let each: Vec<String> = placements
+        .iter()
+        .enumerate()
+        .map(|(v, (cpus, capacity))| {
+            format!(r#"{{"vcpu":{v},"cpus":"{cpus}","capacity":{capacity}}}"#)
+        })
+        .collect();
+    format!(r#"{{"assignments":[{}]}}"#, each.join(","))
+}
+
+/// L1 shell for a probe prefix: an outside balancer, as `pvmm host` is one, that waits until
+/// the guest marks `start_mark` (`pvmm-mark: START_MARK`), then renews `bodies`
+/// ([`external_assignment`]) on pvmm's control socket `socket`, one every `renew_s` seconds,
+/// each body for `renewals_each` renewals in turn, until pvmm exits. pvmm keeps an outside
+/// placement only while it is renewed within its `--external-lease-ms`.
+pub fn outside_balancer(
+    socket: &str,
+    start_mark: &str,
+    bodies: &[String],
+    renew_s: f64,
+    renewals_each: u32,
+) -> String {
+    let files: String = bodies
+        .iter()
+        .enumerate()
+        .map(|(k, body)| format!("echo '{body}' > /tmp/pattern-{k}.json\n"))
+        .collect();
+    format!(
+        r#"{files}( until grep -q {start_mark} /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep 0.2; done
+  i=0
+  while kill -0 $PVMM_PID 2>/dev/null; do
+    /bin/pvmm ctl --socket {socket} external /tmp/pattern-$(( (i / {renewals_each}) % {n} )).json
+    i=$((i + 1)); sleep {renew_s}
+  done ) > /dev/null 2>&1 &
+"#,
+        n = bodies.len(),
+    )
+}
+
 /// One `r LABEL` line of [`GUEST_HELPERS`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct CppcRead {

@@ -24,7 +24,9 @@ use std::sync::OnceLock;
 
 use pvmm::cppc::guest_perfs;
 use pvmm_rig::{GuestKernel, RigOutcome};
-use pvmm_tests::{run_placement_sequence_on, run_trace, GUEST_HELPERS};
+use pvmm_tests::{
+    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, GUEST_HELPERS,
+};
 
 /// The guest's vCPUs.
 const VCPUS: usize = 4;
@@ -65,31 +67,20 @@ fn guest_command() -> String {
 /// An outside balancer's assignment giving vCPU v a CPU of its own (L1 CPU v) and
 /// `capacities[v]`.
 fn assignment(capacities: &[u32; VCPUS]) -> String {
-    let each: Vec<String> = capacities
+    let placements: Vec<(String, u32)> = capacities
         .iter()
         .enumerate()
-        .map(|(v, c)| format!(r#"{{"vcpu":{v},"cpus":"{v}","capacity":{c}}}"#))
+        .map(|(v, &c)| (v.to_string(), c))
         .collect();
-    format!(r#"{{"assignments":[{}]}}"#, each.join(","))
+    external_assignment(&placements)
 }
 
 /// L1 side: once the guest marks `patterns`, the outside balancer renews one pattern every
 /// [`RENEW_S`] and switches patterns every [`PATTERN_S`], until pvmm exits.
 fn probe_prefix() -> String {
     let per_pattern = (PATTERN_S / RENEW_S).round() as u32;
-    format!(
-        r#"echo '{a}' > /tmp/pattern-0.json
-echo '{b}' > /tmp/pattern-1.json
-( until grep -q patterns /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep 0.2; done
-  i=0
-  while kill -0 $PVMM_PID 2>/dev/null; do
-    /bin/pvmm ctl --socket {SOCKET} external /tmp/pattern-$(( (i / {per_pattern}) % 2 )).json
-    i=$((i + 1)); sleep {RENEW_S}
-  done ) > /dev/null 2>&1 &
-"#,
-        a = assignment(&PATTERNS[0]),
-        b = assignment(&PATTERNS[1]),
-    )
+    let bodies: Vec<String> = PATTERNS.iter().map(assignment).collect();
+    outside_balancer(SOCKET, "patterns", &bodies, RENEW_S, per_pattern)
 }
 
 fn outcome() -> Option<&'static RigOutcome> {
