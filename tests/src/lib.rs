@@ -73,7 +73,7 @@ pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> 
 // build on.
 pub use pvmm_rig::probe::{
     parse_cpu_list, placement_probe, CpuTimes, PlacementTrace, ProbeSample, StatsTick, StatsVcpu,
-    ThreadSample, BUSY_SHARE, L1_STATS_PATH, L1_USER_HZ, PROBE_SAMPLE,
+    ThreadSample, ThreadSeccomp, BUSY_SHARE, L1_STATS_PATH, L1_USER_HZ, PROBE_SAMPLE,
 };
 
 /// Hard limit for one L1 boot of placement runs: each pvmm run takes 25-45 s in the rig on an
@@ -389,8 +389,9 @@ mod tests {
         (boots, last)
     }
 
-    /// The probe's sample, run by busybox against this process with two threads named like
-    /// pvmm's vCPU threads, parses into one sample with those threads as /proc shows them.
+    /// The probe's sample, run by busybox against this process with three threads named like
+    /// pvmm's and QEMU's vCPU threads, parses into one sample with those threads as /proc shows
+    /// them, and writes each one's seccomp mode to `$PROBE_THREADS`.
     #[test]
     fn probe_sample_reads_vcpu_threads_and_cpus() {
         if !Path::new(BUSYBOX).is_file() {
@@ -420,6 +421,7 @@ mod tests {
         started.wait();
         // What /proc says about them, read here.
         let mut expected = Vec::new();
+        let mut expected_seccomp = Vec::new();
         for entry in std::fs::read_dir("/proc/self/task").unwrap() {
             let dir = entry.unwrap().path();
             let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
@@ -436,6 +438,16 @@ mod tests {
                     .map(|l| parse_cpu_list(l.trim()).unwrap())
                     .unwrap();
                 let tid: u32 = dir.file_name().unwrap().to_str().unwrap().parse().unwrap();
+                let mode = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Seccomp:"))
+                    .map(|m| m.trim().parse().unwrap())
+                    .unwrap();
+                expected_seccomp.push(ThreadSeccomp {
+                    tid,
+                    mode,
+                    name: format!("vcpu{n}"),
+                });
                 expected.push((n.parse::<u32>().unwrap(), tid, allowed));
             }
         }
@@ -443,9 +455,12 @@ mod tests {
         assert_eq!(expected.len(), 3);
         // A thread that exits between the glob and the read must not cost the sample.
         let gone = "/proc/$PVMM_PID/task/999999999/stat /proc/$PVMM_PID/task/999999999/status";
+        let threads_file =
+            std::env::temp_dir().join(format!("probe-threads-{}", std::process::id()));
         let out = std::process::Command::new(BUSYBOX)
             .args(["sh", "-c", &format!("{PROBE_SAMPLE} {gone}")])
             .env("PVMM_PID", std::process::id().to_string())
+            .env("PROBE_THREADS", &threads_file)
             .output()
             .unwrap();
         drop(stop_tx);
@@ -473,6 +488,21 @@ mod tests {
             .count();
         assert_eq!(sample.cpus.len(), cpus, "{lines:?}");
         assert!(sample.t > 0.0);
+        // Every thread of the process, the test harness's own included, as /proc showed it.
+        let threads_lines: Vec<String> = std::fs::read_to_string(&threads_file)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        std::fs::remove_file(&threads_file).unwrap();
+        let seccomp = PlacementTrace::parse(&threads_lines).seccomp;
+        expected_seccomp.sort();
+        let mut seen: Vec<ThreadSeccomp> = seccomp
+            .into_iter()
+            .filter(|t| t.name.starts_with("vcpu"))
+            .collect();
+        seen.sort();
+        assert_eq!(seen, expected_seccomp, "{threads_lines:?}");
     }
 
     #[test]

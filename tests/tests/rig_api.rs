@@ -10,6 +10,8 @@
 //!    guest's `highest_perf` leaves 74, the threads leave CPU 3), and says so once.
 //! 3. The guest idles, consolidated on package 0, for 25 s: none of pvmm's own threads may run
 //!    on package 1 (their `Cpus_allowed_list` and last CPU in L1, sampled every 0.5 s).
+//! 4. Under the default `--seccomp kill`, every pvmm thread L1 showed (the placement probe
+//!    reads each one's `Seccomp:` every 0.1 s) ran under a seccomp filter.
 
 use std::sync::OnceLock;
 
@@ -226,5 +228,39 @@ fn pvmm_own_threads_stay_off_the_idle_package() {
     assert!(
         checked >= 20,
         "only {checked} own-thread samples in the idle window"
+    );
+}
+
+/// pvmm's threads in this run, by name: the main thread (named after the binary), the vCPUs,
+/// the scheduler, the signal thread and the control socket's.
+const PVMM_THREADS: [&str; 8] = [
+    "pvmm",
+    "pvmm-api",
+    "pvmm-sched",
+    "pvmm-signals",
+    "vcpu0",
+    "vcpu1",
+    "vcpu2",
+    "vcpu3",
+];
+
+#[test]
+fn every_pvmm_thread_runs_under_a_seccomp_filter() {
+    let Some(outcome) = outcome() else {
+        return;
+    };
+    let (_, trace) = run_trace(outcome, "api");
+    let names = trace.thread_names();
+    for name in PVMM_THREADS {
+        assert!(
+            names.iter().any(|n| n == name),
+            "the probe never saw pvmm's {name} thread; it saw {names:?}"
+        );
+    }
+    assert_eq!(
+        trace.threads_without_filter(),
+        Vec::<String>::new(),
+        "pvmm threads never seen under a seccomp filter (Seccomp: 2); every line seen: {:?}",
+        trace.seccomp
     );
 }

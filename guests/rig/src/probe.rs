@@ -8,6 +8,8 @@
 //! - `T <L1 uptime>`: a sample begins; its `C` and `V` lines follow;
 //! - `C cpuN <the /proc/stat counters>`: an L1 CPU's times at the sample;
 //! - `V vcpuN <tid> <Cpus_allowed_list> <utime> <stime> <last CPU>`: a vCPU thread at the sample;
+//! - `F <tid> <seccomp mode> <name>`: a pvmm thread's `Seccomp:` field (2: a filter), each
+//!   distinct line once per run;
 //! - `M <L1 uptime> TEXT`: the guest printed `pvmm-mark: TEXT` then (see [`crate::scripts`]);
 //! - `S <t_ms> <migrations_total>`: a pvmm `--stats` line, reduced to its migrations;
 //! - `{...}`: a pvmm `--stats` line (JSON).
@@ -43,6 +45,11 @@ pub const BUSY_SHARE: f64 = 0.5;
 ///   VMM parses the same. The fields after the name count from the `)` that ends it (a name
 ///   may hold spaces).
 ///
+/// When `$PROBE_THREADS` names a file, it also appends `F <tid> <Seccomp> <name>` there for
+/// every thread of the VMM (vCPU threads named as above), from the `status` files it reads
+/// anyway: the placement probe prints that file's distinct lines once, at the end, instead of
+/// a line per thread in every sample.
+///
 /// One process reading whole files, not the shell's `read` builtin: `read` takes a byte per
 /// system call (it must not read past a line), about 16,000 system calls a sample for a
 /// 4-vCPU pvmm, 8 ms natively and several times that in a TCG L1 whose CPU 0 the probe
@@ -52,7 +59,7 @@ pub const BUSY_SHARE: f64 = 0.5;
 /// the shell expanded the glob), where busybox awk would abort on an input file operand; a
 /// thread whose `stat` or `status` could not be read is left out (the parser then drops the
 /// sample as incomplete).
-pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
+pub const PROBE_SAMPLE: &str = r#"awk -v threads="$PROBE_THREADS" 'BEGIN {
   if ((getline line < "/proc/uptime") > 0) { split(line, w, " "); print "T", w[1] }
   while ((getline line < "/proc/stat") > 0) if (line ~ /^cpu[0-9]/) print "C", line
   for (i = 1; i < ARGC; i++) {
@@ -62,14 +69,19 @@ pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
         lp = index(line, "("); rest = substr(line, lp + 1); rp = match(rest, /\) [A-Za-z] /)
         name = substr(rest, 1, rp - 1); split(substr(rest, rp + 2), w, " ")
         if (name ~ /^CPU [0-9]+\/KVM$/) { split(name, q, "[ /]"); name = "vcpu" q[2] }
+        names[tid] = name
         if (name ~ /^vcpu[0-9]+$/) { comm[tid] = name; times[tid] = w[12] " " w[13] " " w[37] }
       }
     } else {
-      while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
+      while ((getline line < f) > 0) {
+        if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
+        else if (line ~ /^Seccomp:/) { split(line, w, " "); mode[tid] = w[2] }
+      }
     }
     close(f)
   }
   for (tid in comm) if (tid in allowed) print "V", comm[tid], tid, allowed[tid], times[tid]
+  if (threads != "") for (tid in mode) if (tid in names) print "F", tid, mode[tid], names[tid] >> threads
 }' /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status"#;
 
 /// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
@@ -78,13 +90,16 @@ pub const PROBE_SAMPLE: &str = r#"awk 'BEGIN {
 ///
 /// It starts with `START <L1 uptime>` (pvmm's start, the origin of its stats `t_ms` within
 /// a few milliseconds) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
-/// exited prints the samples, the guest's marks (`M <L1 uptime> TEXT` for each guest line
+/// exited prints the samples, each distinct `F` line of the samples (every pvmm thread's seccomp
+/// mode as it was seen; a mode never goes back down), the guest's marks (`M <L1 uptime> TEXT` for each guest line
 /// `pvmm-mark: TEXT`, see [`crate::scripts`]), then pvmm's `--stats` file
 /// ([`L1_STATS_PATH`]) with the fields the tests do not read removed (less console traffic).
 pub fn placement_probe(interval_s: &str) -> String {
     format!(
         r#"taskset -p 1 $$ >/dev/null 2>&1 || echo "probe: cannot pin to CPU 0"
 out=/tmp/pvmm-samples
+export PROBE_THREADS=/tmp/pvmm-threads
+rm -f $PROBE_THREADS
 read -r up rest < /proc/uptime
 echo "START $up" > $out
 for c in /sys/devices/system/cpu/cpu[0-9]*; do
@@ -96,6 +111,8 @@ while kill -0 $PVMM_PID 2>/dev/null; do
   sleep {interval_s}
 done
 cat $out
+[ -f $PROBE_THREADS ] && sort -u $PROBE_THREADS
+rm -f $PROBE_THREADS
 sleep 1
 [ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
 rm -f /tmp/rig-marks
@@ -117,6 +134,17 @@ pub struct ThreadSample {
     pub cpu_ticks: u64,
     /// The CPU it last ran on.
     pub last_cpu: u32,
+}
+
+/// A VMM thread's seccomp mode as the probe saw it (an `F` line).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ThreadSeccomp {
+    /// Thread id in L1.
+    pub tid: u32,
+    /// The `Seccomp:` field of its `/proc/<pid>/task/<tid>/status`: 0 none, 1 strict, 2 filter.
+    pub mode: u32,
+    /// Its name (`comm`; vCPU threads as `vcpuN`).
+    pub name: String,
 }
 
 /// One L1 CPU's `/proc/stat` counters at a sample.
@@ -181,6 +209,8 @@ pub struct PlacementTrace {
     pub ticks: Vec<StatsTick>,
     /// The guest's `pvmm-mark:` lines: L1 uptime and text.
     pub marks: Vec<(f64, String)>,
+    /// Each thread's seccomp modes seen over the run, each (thread, mode) once.
+    pub seccomp: Vec<ThreadSeccomp>,
 }
 
 /// Expands a Linux CPU list (`0-2,5`); None when malformed.
@@ -218,6 +248,8 @@ pub enum ProbeLine {
     Cpu(CpuTimes),
     /// `V`: a vCPU thread.
     Thread(ThreadSample),
+    /// `F`: a VMM thread's seccomp mode.
+    Seccomp(ThreadSeccomp),
     /// `M`: a guest mark, its L1 uptime and text.
     Mark(f64, String),
     /// `S`: pvmm's `migrations_total` at its stats clock `t_ms`.
@@ -287,6 +319,11 @@ impl ProbeLine {
                 allowed: parse_cpu_list(words[3]).ok_or_else(|| MalformedLine(line.to_string()))?,
                 cpu_ticks: field::<u64>(&words, 4, line)? + field::<u64>(&words, 5, line)?,
                 last_cpu: field(&words, 6, line)?,
+            }),
+            Some("F") if words.len() >= 4 => ProbeLine::Seccomp(ThreadSeccomp {
+                tid: field(&words, 1, line)?,
+                mode: field(&words, 2, line)?,
+                name: words[3..].join(" "),
             }),
             Some("M") if words.len() >= 3 => {
                 ProbeLine::Mark(field(&words, 1, line)?, words[2..].join(" "))
@@ -370,6 +407,7 @@ impl PlacementTrace {
                 }
                 Some(ProbeLine::Cpu(cpu)) => open_sample(&mut current, line).cpus.push(cpu),
                 Some(ProbeLine::Stats(tick)) => trace.ticks.push(tick),
+                Some(ProbeLine::Seccomp(thread)) => trace.seccomp.push(thread),
                 Some(ProbeLine::Migrations { .. }) | None => {}
             }
         }
@@ -389,6 +427,29 @@ impl PlacementTrace {
             .samples
             .retain(|s| s.threads.len() == vcpus && !s.cpus.is_empty());
         trace
+    }
+
+    /// The names of the threads seen, each once, sorted.
+    pub fn thread_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.seccomp.iter().map(|t| t.name.clone()).collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The threads (`name/tid`) never seen under a seccomp filter (mode 2). Once a thread has
+    /// a filter it keeps one, so a thread seen without one only before is not listed.
+    pub fn threads_without_filter(&self) -> Vec<String> {
+        let filtered = |tid: u32| self.seccomp.iter().any(|t| t.tid == tid && t.mode == 2);
+        let mut without: Vec<String> = self
+            .seccomp
+            .iter()
+            .filter(|t| !filtered(t.tid))
+            .map(|t| format!("{}/{}", t.name, t.tid))
+            .collect();
+        without.sort();
+        without.dedup();
+        without
     }
 
     /// L1 uptime of the guest's first `pvmm-mark: TEXT` line with this text.
@@ -615,153 +676,4 @@ impl PlacementTrace {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(line: &str) -> Option<ProbeLine> {
-        ProbeLine::parse(line).unwrap()
-    }
-
-    #[test]
-    fn every_kind_parses() {
-        assert_eq!(parse("START 12.5"), Some(ProbeLine::Start(12.5)));
-        assert_eq!(
-            parse("PKG 3 1"),
-            Some(ProbeLine::Package {
-                cpu: 3,
-                package: 1,
-                core: None
-            })
-        );
-        assert_eq!(
-            parse("PKG 3 1 0"),
-            Some(ProbeLine::Package {
-                cpu: 3,
-                package: 1,
-                core: Some(0)
-            })
-        );
-        assert_eq!(parse("T 13.01"), Some(ProbeLine::Sample(13.01)));
-        assert_eq!(
-            parse("C cpu2 10 0 5 100 7 0 1 0 0 0"),
-            Some(ProbeLine::Cpu(CpuTimes {
-                cpu: 2,
-                idle: 107,
-                total: 123
-            }))
-        );
-        assert_eq!(
-            parse("V vcpu1 120 0-1,3 40 2 3"),
-            Some(ProbeLine::Thread(ThreadSample {
-                vcpu: 1,
-                tid: 120,
-                allowed: vec![0, 1, 3],
-                cpu_ticks: 42,
-                last_cpu: 3
-            }))
-        );
-        assert_eq!(
-            parse("M 20.25 load-begin"),
-            Some(ProbeLine::Mark(20.25, "load-begin".into()))
-        );
-        assert_eq!(
-            parse("S 18330 24"),
-            Some(ProbeLine::Migrations {
-                t_ms: 18330,
-                total: 24
-            })
-        );
-        let Some(ProbeLine::Stats(tick)) = parse(
-            r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":true}"#,
-        ) else {
-            panic!("a stats line");
-        };
-        assert_eq!(
-            (
-                tick.t_ms,
-                tick.vcpus.len(),
-                tick.capacity_notifications,
-                tick.external
-            ),
-            (200, 1, 2, true)
-        );
-    }
-
-    #[test]
-    fn other_lines_are_none_and_bad_fields_malformed() {
-        assert_eq!(parse("probe: cannot pin to CPU 0"), None);
-        assert_eq!(parse("M 20.25"), None);
-        assert_eq!(parse("V vcpu1 120"), None);
-        assert_eq!(parse(r#"{"not":"stats"}"#), None);
-        for bad in [
-            "START",
-            "START x",
-            "T soon",
-            "V cpu1 120 0 1 2 3",
-            "S 1 x",
-            "C cpu1 a 0 0 0 0 0 0 0",
-        ] {
-            assert_eq!(
-                ProbeLine::parse(bad),
-                Err(MalformedLine(bad.into())),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_trace_keeps_complete_samples_in_order() {
-        let lines: Vec<String> = [
-            "START 10.0",
-            "PKG 0 0",
-            "PKG 1 1",
-            "T 10.1",
-            "C cpu1 0 0 0 50 0 0 0 0",
-            "C cpu0 0 0 0 50 0 0 0 0",
-            "V vcpu1 101 1 5 0 1",
-            "V vcpu0 100 0 5 0 0",
-            "T 10.2",
-            "C cpu0 0 0 0 60 0 0 0 0",
-            "V vcpu0 100 0 9 0 0",
-            "M 10.15 go",
-        ]
-        .map(String::from)
-        .to_vec();
-        let trace = PlacementTrace::parse(&lines);
-        assert_eq!(trace.start, 10.0);
-        assert_eq!(trace.package_cpus(1), vec![1]);
-        // The second sample lost a thread (pvmm exiting): dropped.
-        assert_eq!(trace.samples.len(), 1);
-        let threads: Vec<u32> = trace.samples[0].threads.iter().map(|t| t.vcpu).collect();
-        assert_eq!(threads, vec![0, 1]);
-        assert_eq!(trace.samples[0].cpus[0].cpu, 0);
-        assert_eq!(trace.mark("go"), Some(10.15));
-    }
-
-    #[test]
-    fn the_guest_reads_the_capacities_on_its_own_scale() {
-        let lines: Vec<String> = [
-            "START 10.0",
-            r#"{"t_ms":100,"vcpus":[{"vcpu":0,"cpus":"0","capacity":1024,"busy":false},{"vcpu":1,"cpus":"0","capacity":1024,"busy":false}],"capacity_notifications":0,"external":false}"#,
-            r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"0","capacity":512,"busy":true},{"vcpu":1,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":false}"#,
-        ]
-        .map(String::from)
-        .to_vec();
-        let trace = PlacementTrace::parse(&lines);
-        assert_eq!(
-            trace.capacities_around(10.15, 1, 1),
-            [vec![1024, 1024], vec![512, 1024]]
-        );
-        // Equal vCPUs are told apart by one step; otherwise 1024 -> 254, 512 -> 127.
-        assert_eq!(
-            trace.guest_perfs_around(10.15, 1, 1),
-            [vec![254, 253], vec![127, 254]]
-        );
-    }
-
-    #[test]
-    #[should_panic(expected = "malformed probe line")]
-    fn a_sample_line_before_any_sample_is_malformed() {
-        PlacementTrace::parse(&["V vcpu0 100 0 5 0 0".to_string()]);
-    }
-}
+mod tests;

@@ -1,0 +1,185 @@
+//! Unit tests of the probe lines' parser and of [`PlacementTrace`].
+
+use super::*;
+
+fn parse(line: &str) -> Option<ProbeLine> {
+    ProbeLine::parse(line).unwrap()
+}
+
+#[test]
+fn every_kind_parses() {
+    assert_eq!(parse("START 12.5"), Some(ProbeLine::Start(12.5)));
+    assert_eq!(
+        parse("PKG 3 1"),
+        Some(ProbeLine::Package {
+            cpu: 3,
+            package: 1,
+            core: None
+        })
+    );
+    assert_eq!(
+        parse("PKG 3 1 0"),
+        Some(ProbeLine::Package {
+            cpu: 3,
+            package: 1,
+            core: Some(0)
+        })
+    );
+    assert_eq!(parse("T 13.01"), Some(ProbeLine::Sample(13.01)));
+    assert_eq!(
+        parse("C cpu2 10 0 5 100 7 0 1 0 0 0"),
+        Some(ProbeLine::Cpu(CpuTimes {
+            cpu: 2,
+            idle: 107,
+            total: 123
+        }))
+    );
+    assert_eq!(
+        parse("V vcpu1 120 0-1,3 40 2 3"),
+        Some(ProbeLine::Thread(ThreadSample {
+            vcpu: 1,
+            tid: 120,
+            allowed: vec![0, 1, 3],
+            cpu_ticks: 42,
+            last_cpu: 3
+        }))
+    );
+    assert_eq!(
+        parse("M 20.25 load-begin"),
+        Some(ProbeLine::Mark(20.25, "load-begin".into()))
+    );
+    assert_eq!(
+        parse("S 18330 24"),
+        Some(ProbeLine::Migrations {
+            t_ms: 18330,
+            total: 24
+        })
+    );
+    let Some(ProbeLine::Stats(tick)) = parse(
+        r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":true}"#,
+    ) else {
+        panic!("a stats line");
+    };
+    assert_eq!(
+        (
+            tick.t_ms,
+            tick.vcpus.len(),
+            tick.capacity_notifications,
+            tick.external
+        ),
+        (200, 1, 2, true)
+    );
+}
+
+#[test]
+fn other_lines_are_none_and_bad_fields_malformed() {
+    assert_eq!(parse("probe: cannot pin to CPU 0"), None);
+    assert_eq!(parse("M 20.25"), None);
+    assert_eq!(parse("V vcpu1 120"), None);
+    assert_eq!(parse(r#"{"not":"stats"}"#), None);
+    for bad in [
+        "START",
+        "START x",
+        "T soon",
+        "V cpu1 120 0 1 2 3",
+        "S 1 x",
+        "C cpu1 a 0 0 0 0 0 0 0",
+    ] {
+        assert_eq!(
+            ProbeLine::parse(bad),
+            Err(MalformedLine(bad.into())),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn a_trace_keeps_complete_samples_in_order() {
+    let lines: Vec<String> = [
+        "START 10.0",
+        "PKG 0 0",
+        "PKG 1 1",
+        "T 10.1",
+        "C cpu1 0 0 0 50 0 0 0 0",
+        "C cpu0 0 0 0 50 0 0 0 0",
+        "V vcpu1 101 1 5 0 1",
+        "V vcpu0 100 0 5 0 0",
+        "T 10.2",
+        "C cpu0 0 0 0 60 0 0 0 0",
+        "V vcpu0 100 0 9 0 0",
+        "M 10.15 go",
+    ]
+    .map(String::from)
+    .to_vec();
+    let trace = PlacementTrace::parse(&lines);
+    assert_eq!(trace.start, 10.0);
+    assert_eq!(trace.package_cpus(1), vec![1]);
+    // The second sample lost a thread (pvmm exiting): dropped.
+    assert_eq!(trace.samples.len(), 1);
+    let threads: Vec<u32> = trace.samples[0].threads.iter().map(|t| t.vcpu).collect();
+    assert_eq!(threads, vec![0, 1]);
+    assert_eq!(trace.samples[0].cpus[0].cpu, 0);
+    assert_eq!(trace.mark("go"), Some(10.15));
+}
+
+#[test]
+fn the_guest_reads_the_capacities_on_its_own_scale() {
+    let lines: Vec<String> = [
+        "START 10.0",
+        r#"{"t_ms":100,"vcpus":[{"vcpu":0,"cpus":"0","capacity":1024,"busy":false},{"vcpu":1,"cpus":"0","capacity":1024,"busy":false}],"capacity_notifications":0,"external":false}"#,
+        r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"0","capacity":512,"busy":true},{"vcpu":1,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":false}"#,
+    ]
+    .map(String::from)
+    .to_vec();
+    let trace = PlacementTrace::parse(&lines);
+    assert_eq!(
+        trace.capacities_around(10.15, 1, 1),
+        [vec![1024, 1024], vec![512, 1024]]
+    );
+    // Equal vCPUs are told apart by one step; otherwise 1024 -> 254, 512 -> 127.
+    assert_eq!(
+        trace.guest_perfs_around(10.15, 1, 1),
+        [vec![254, 253], vec![127, 254]]
+    );
+}
+
+#[test]
+#[should_panic(expected = "malformed probe line")]
+fn a_sample_line_before_any_sample_is_malformed() {
+    PlacementTrace::parse(&["V vcpu0 100 0 5 0 0".to_string()]);
+}
+
+#[test]
+fn seccomp_lines_name_the_threads_never_filtered() {
+    assert_eq!(
+        parse("F 120 2 CPU 0/KVM"),
+        Some(ProbeLine::Seccomp(ThreadSeccomp {
+            tid: 120,
+            mode: 2,
+            name: "CPU 0/KVM".into()
+        }))
+    );
+    assert_eq!(
+        ProbeLine::parse("F x 2 pvmm"),
+        Err(MalformedLine("F x 2 pvmm".into()))
+    );
+    let lines: Vec<String> = [
+        "F 100 0 pvmm",
+        "F 100 2 pvmm",
+        "F 101 2 vcpu0",
+        "F 102 0 pvmm-sched",
+        "F 103 0 pvmm-signals",
+    ]
+    .map(String::from)
+    .to_vec();
+    let trace = PlacementTrace::parse(&lines);
+    assert_eq!(
+        trace.thread_names(),
+        ["pvmm", "pvmm-sched", "pvmm-signals", "vcpu0"]
+    );
+    // pvmm's main thread was seen before and after its filter: filtered.
+    assert_eq!(
+        trace.threads_without_filter(),
+        ["pvmm-sched/102", "pvmm-signals/103"]
+    );
+}
