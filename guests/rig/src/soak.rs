@@ -1,6 +1,6 @@
 //! Counting the rig's outcomes by kind over many boots (`cargo xtask rig-soak`): each round
-//! boots every variant once, in turn, so load that comes and goes on a shared machine falls
-//! on all variants alike.
+//! boots every arm (a variant with a guest kernel) once, in turn, so load that comes and goes
+//! on a shared machine falls on all arms alike.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::guest_kernel::GuestKernel;
 use crate::images::{L1Images, Workspace};
 use crate::rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
 use crate::tuning::L1Tuning;
@@ -139,7 +140,9 @@ pub fn vm_kind(outcome: &RigOutcome, vmm: InnerVmm, label: &str) -> BootKind {
 pub struct SoakOptions {
     /// The variants, booted in turn.
     pub variants: Vec<L1Tuning>,
-    /// Boots per variant.
+    /// The guest kernels, booted in turn with every variant (6.1 alone by default).
+    pub guest_kernels: Vec<GuestKernel>,
+    /// Boots per arm.
     pub boots: u32,
     /// The VMs of every boot, side by side in one L1.
     pub vms: Vec<VmSpec>,
@@ -147,14 +150,55 @@ pub struct SoakOptions {
     pub topology: Topology,
     /// Hard limit of one boot.
     pub timeout: Duration,
-    /// Where each boot's full log goes (`NNN-VARIANT.log`).
+    /// Where each boot's full log goes (`NNN-ARM.log`, [`SoakArm::name`]).
     pub log_dir: PathBuf,
 }
 
-/// One variant's counts.
+/// One thing a soak compares: a variant whose guests boot one kernel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SoakArm {
+    /// L1's settings as given (the rig adds the CPU model a kernel needs when it boots).
+    pub tuning: L1Tuning,
+    /// The guests' kernel.
+    pub guest_kernel: GuestKernel,
+    /// The arm's name in the table and the log files: L1's settings as the boot runs them
+    /// ([`L1Tuning::for_guest_kernel`]), with `@KERNEL` when the soak's kernels are other than
+    /// 6.1 alone (`npt0+epyc-rome@6.12`).
+    pub name: String,
+}
+
+impl SoakOptions {
+    /// The arms in the order each round boots them: every variant with every guest kernel,
+    /// the kernels taking turns within a variant.
+    pub fn arms(&self) -> Vec<SoakArm> {
+        let default_only = self
+            .guest_kernels
+            .iter()
+            .all(|&k| k == GuestKernel::default());
+        let mut arms = Vec::new();
+        for tuning in &self.variants {
+            for &guest_kernel in &self.guest_kernels {
+                let runs = tuning.for_guest_kernel(guest_kernel).name;
+                let name = if default_only {
+                    runs
+                } else {
+                    format!("{runs}@{guest_kernel}")
+                };
+                arms.push(SoakArm {
+                    tuning: tuning.clone(),
+                    guest_kernel,
+                    name,
+                });
+            }
+        }
+        arms
+    }
+}
+
+/// One arm's counts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tally {
-    /// The variant's name.
+    /// The arm's name ([`SoakArm::name`]).
     pub variant: String,
     /// Boots made.
     pub boots: u32,
@@ -185,10 +229,11 @@ pub fn median(values: &[f64]) -> Option<f64> {
     }
 }
 
-/// Runs the soak, calling `progress` with one line per boot; returns one tally per variant.
-pub fn run_soak(
+/// Runs the soak, calling `progress` with one line per boot; returns one tally per arm
+/// ([`SoakOptions::arms`]). `images(kernel)` gives the L1 images for guests booting `kernel`.
+pub fn run_soak<'a>(
     ws: &Workspace,
-    images: &L1Images,
+    images: impl Fn(GuestKernel) -> &'a L1Images,
     options: &SoakOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<Tally>, RigError> {
@@ -196,28 +241,27 @@ pub fn run_soak(
         path: options.log_dir.clone(),
         source,
     })?;
-    let mut tallies: Vec<Tally> = options
-        .variants
+    let arms = options.arms();
+    let mut tallies: Vec<Tally> = arms
         .iter()
-        .map(|v| Tally {
-            variant: v.name.clone(),
+        .map(|arm| Tally {
+            variant: arm.name.clone(),
             ..Tally::default()
         })
         .collect();
-    let total = options.boots as usize * options.variants.len();
+    let total = options.boots as usize * arms.len();
     for round in 0..options.boots as usize {
-        for (index, variant) in options.variants.iter().enumerate() {
-            let boot = round * options.variants.len() + index + 1;
+        for (index, arm) in arms.iter().enumerate() {
+            let boot = round * arms.len() + index + 1;
             let rig = Rig::with_vms(options.vms.clone())
                 .topology(options.topology)
                 .timeout(options.timeout)
-                .tuning(variant.clone());
+                .tuning(arm.tuning.clone())
+                .guest_kernel(arm.guest_kernel);
             let labels = rig.labels();
-            let outcome = rig.run(ws, images)?;
+            let outcome = rig.run(ws, images(arm.guest_kernel))?;
             let (kind, detail) = classify(&outcome, &options.vms, &labels);
-            let log = options
-                .log_dir
-                .join(format!("{boot:03}-{}.log", variant.name));
+            let log = options.log_dir.join(format!("{boot:03}-{}.log", arm.name));
             let text = format!("{}\nkind: {}\n", outcome_log(&outcome), kind.name());
             std::fs::write(&log, text).map_err(|source| RigError::Io { path: log, source })?;
             let tally = &mut tallies[index];
@@ -238,7 +282,7 @@ pub fn run_soak(
                 .join("/");
             progress(&format!(
                 "boot {boot}/{total} {}: {} (boot-to-init {times} s, rig {:.1} s){}",
-                variant.name,
+                arm.name,
                 kind.name(),
                 outcome.elapsed.as_secs_f64(),
                 if kind == BootKind::Clean {
@@ -432,6 +476,37 @@ mod tests {
         assert!(BootKind::L1Lockup.is_known_rig_failure());
         assert!(!BootKind::Other.is_known_rig_failure());
         assert!(!BootKind::Clean.is_known_rig_failure());
+    }
+
+    #[test]
+    fn arms_alternate_the_kernels_within_each_variant() {
+        let options = |kernels: Vec<GuestKernel>| SoakOptions {
+            variants: vec![L1Tuning::default(), "base".parse().unwrap()],
+            guest_kernels: kernels,
+            boots: 1,
+            vms: vec![VmSpec::new(InnerVmm::Pvmm)],
+            topology: Topology::default(),
+            timeout: Duration::from_secs(300),
+            log_dir: PathBuf::new(),
+        };
+        let names = |arms: Vec<SoakArm>| arms.into_iter().map(|a| a.name).collect::<Vec<_>>();
+        assert_eq!(
+            names(options(vec![GuestKernel::Linux6_1]).arms()),
+            ["npt0", "base"]
+        );
+        let both = options(vec![GuestKernel::Linux6_1, GuestKernel::Linux6_12]).arms();
+        assert_eq!(
+            names(both.clone()),
+            [
+                "npt0@6.1",
+                "npt0+epyc-rome@6.12",
+                "base@6.1",
+                "base+epyc-rome@6.12"
+            ]
+        );
+        // The arm keeps the variant as given; the rig adds the CPU model when it boots.
+        assert_eq!(both[1].tuning, L1Tuning::default());
+        assert_eq!(both[1].guest_kernel, GuestKernel::Linux6_12);
     }
 
     #[test]

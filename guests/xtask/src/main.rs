@@ -8,8 +8,9 @@
 //!   `--vm "VMM [ARGS] [-- CMD]"` (repeatable) runs several VMs side by side instead;
 //!   `--variant` picks L1's settings; `--guest-kernel 6.12` boots the guests on Debian 13's
 //!   kernel (L1 stays on 6.1).
-//! - `cargo xtask rig-soak [--boots N] [--variant A,B] [--vms K] [--load N]`: boots the rig
-//!   many times, the variants taking turns, and counts the outcomes by kind.
+//! - `cargo xtask rig-soak [--boots N] [--variant A,B] [--guest-kernel 6.1,6.12] [--vms K]
+//!   [--load N]`: boots the rig many times, the variants (each with each guest kernel) taking
+//!   turns, and counts the outcomes by kind.
 //! - `cargo xtask rig-guest-soak [--guests N] [--load N]`: N guests one after another in one
 //!   L1, and L1's levels after each (what pvmm leaves behind).
 //! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--kernels bzimage,pvh]
@@ -288,6 +289,16 @@ struct SoakArgs {
     /// Variants, comma-separated, each presets joined with '+'.
     #[arg(long = "variant", value_delimiter = ',', default_value = DEFAULT_VARIANT, value_name = "NAME[+NAME...],...")]
     variants: Vec<L1Tuning>,
+    /// The guests' kernels, comma-separated (6.1, 6.12), booted in turn with every variant like
+    /// the variants; a 6.12 boot's L1 gets the CPU model 6.12 needs (EPYC-Rome). Unless the
+    /// list is 6.1 alone, rows are named VARIANT@KERNEL.
+    #[arg(
+        long = "guest-kernel",
+        value_delimiter = ',',
+        default_value = "6.1",
+        value_name = "6.1|6.12,..."
+    )]
+    guest_kernels: Vec<GuestKernel>,
     /// VMs side by side in each boot.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     vms: u32,
@@ -397,8 +408,14 @@ fn run_rig(ws: &Workspace, images: &images::L1Images, rig: &Rig, vms: &[VmSpec])
     ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
 }
 
-/// Runs `cargo xtask rig-soak` under `load` busy loops and prints the table.
-fn soak(ws: &Workspace, images: &images::L1Images, options: &SoakOptions, load: u32) -> ExitCode {
+/// Runs `cargo xtask rig-soak` under `load` busy loops and prints the table; `images` holds
+/// the L1 images for each of the soak's guest kernels.
+fn soak(
+    ws: &Workspace,
+    images: &[(GuestKernel, images::L1Images)],
+    options: &SoakOptions,
+    load: u32,
+) -> ExitCode {
     let loops = match BusyLoops::start(load) {
         Ok(loops) => loops,
         Err(error) => {
@@ -412,9 +429,9 @@ fn soak(ws: &Workspace, images: &images::L1Images, options: &SoakOptions, load: 
         .map(|vm| format!("{} {}", vm.vmm.name(), vm.args.join(" ")))
         .collect();
     eprintln!(
-        "xtask: soak: {} boots of each of {} variants, VMs [{}], L1 {}, {load} busy loops; logs in {}",
+        "xtask: soak: {} boots of each of {} arms, VMs [{}], L1 {}, {load} busy loops; logs in {}",
         options.boots,
-        options.variants.len(),
+        options.arms().len(),
         vms.join("; "),
         options.topology,
         options.log_dir.display()
@@ -422,7 +439,15 @@ fn soak(ws: &Workspace, images: &images::L1Images, options: &SoakOptions, load: 
     for variant in &options.variants {
         eprintln!("xtask: variant {variant}");
     }
-    let result = run_soak(ws, images, options, |line| eprintln!("xtask: {line}"));
+    // Every kernel of the soak has its images; a kernel without them would get the first
+    // kernel's, which the rig refuses when they lack its layer.
+    let images_for = |kernel: GuestKernel| {
+        images
+            .iter()
+            .find(|(k, _)| *k == kernel)
+            .map_or(&images[0].1, |(_, i)| i)
+    };
+    let result = run_soak(ws, images_for, options, |line| eprintln!("xtask: {line}"));
     drop(loops);
     match result {
         Ok(tallies) => {
@@ -508,6 +533,7 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
     let SoakArgs {
         boots,
         variants,
+        guest_kernels,
         vms,
         vmm,
         vcpus,
@@ -531,10 +557,16 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
             guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
         })
         .collect();
-    let images = match l1_images(ws, &specs, GuestKernel::default(), KernelForm::BzImage) {
-        Ok(images) => images,
-        Err(code) => return code,
-    };
+    let mut images = Vec::new();
+    for &kernel in &guest_kernels {
+        if images.iter().any(|(k, _)| *k == kernel) {
+            continue;
+        }
+        match l1_images(ws, &specs, kernel, KernelForm::BzImage) {
+            Ok(built) => images.push((kernel, built)),
+            Err(code) => return code,
+        }
+    }
     let log_dir = log_dir.unwrap_or_else(|| {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -543,6 +575,7 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
     });
     let options = SoakOptions {
         variants,
+        guest_kernels,
         boots,
         vms: specs,
         topology,
