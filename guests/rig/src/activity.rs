@@ -162,6 +162,54 @@ impl Activity {
     }
 }
 
+impl Activity {
+    /// Seconds from L1 time `from` until package `package` is idle for good: the first sample
+    /// at or after `from` from which, in every sample interval up to `until`, each of the
+    /// package's CPUs was busy at most `max_busy` of the time. Some(0) when it never woke after
+    /// `from`'s sample; None when it was not idle in the last interval before `until` (or the
+    /// samples do not cover the span). The time is that of the sample that ends the last busy
+    /// interval, so it overstates by up to one sampling interval.
+    pub fn idle_for_good_after(
+        &self,
+        package: u32,
+        from: f64,
+        until: f64,
+        max_busy: f64,
+    ) -> Option<f64> {
+        let cpus: Vec<u32> = self
+            .cores
+            .iter()
+            .filter(|(_, &(p, _))| p == package)
+            .map(|(&c, _)| c)
+            .collect();
+        let inside: Vec<&CpuSample> = self
+            .samples
+            .iter()
+            .filter(|s| s.t >= from && s.t <= until && s.cpus.len() == self.cores.len())
+            .collect();
+        if cpus.is_empty() || inside.len() < 2 {
+            return None;
+        }
+        // Walk back from the last interval while the package stays idle.
+        let mut idle_since = inside.len() - 1;
+        for i in (1..inside.len()).rev() {
+            let busy = busy_shares(inside[i - 1], inside[i]);
+            if cpus
+                .iter()
+                .any(|c| busy.get(c).copied().unwrap_or(0.0) > max_busy)
+            {
+                break;
+            }
+            idle_since = i - 1;
+        }
+        match idle_since {
+            i if i == inside.len() - 1 => None,
+            0 => Some(0.0),
+            i => Some(inside[i].t - from),
+        }
+    }
+}
+
 /// Busy share of each CPU between two samples.
 fn busy_shares(a: &CpuSample, b: &CpuSample) -> BTreeMap<u32, f64> {
     b.cpus
@@ -208,5 +256,28 @@ mod tests {
         assert!((w.package_idle[1] - 1.0).abs() < 1e-9, "{w:?}");
         assert!(w.energy_j > 0.0);
         assert!(a.window(20.0, 30.0, &PowerModel::default()).is_err());
+        // Package 1 never woke; package 0 was busy to the end.
+        assert_eq!(a.idle_for_good_after(1, 10.0, 13.0, 0.1), Some(0.0));
+        assert_eq!(a.idle_for_good_after(0, 10.0, 13.0, 0.1), None);
+        assert_eq!(a.idle_for_good_after(1, 20.0, 30.0, 0.1), None);
+    }
+
+    #[test]
+    fn a_package_idle_for_good_from_the_sample_after_its_last_busy_interval() {
+        let mut a = Activity::default();
+        for line in ["PKG 0 0 0", "PKG 1 1 0"] {
+            assert!(a.parse_line(line));
+        }
+        // CPU 1 busy in the intervals ending at 11 and 13, idle from 13 on.
+        let busy_until = [0, 100, 100, 200, 200, 200, 200];
+        for (s, &busy) in busy_until.iter().enumerate() {
+            let s = s as u64;
+            assert!(a.parse_line(&format!("T {}", 10 + s)));
+            assert!(a.parse_line(&format!("C cpu0 0 0 0 {} 0 0 0 0", 100 * s)));
+            let idle = 100 * s - busy;
+            assert!(a.parse_line(&format!("C cpu1 {busy} 0 0 {idle} 0 0 0 0")));
+        }
+        assert_eq!(a.idle_for_good_after(1, 10.0, 16.0, 0.1), Some(3.0));
+        assert_eq!(a.idle_for_good_after(1, 12.0, 16.0, 0.1), Some(1.0));
     }
 }

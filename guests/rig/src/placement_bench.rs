@@ -14,6 +14,12 @@
 //!   assumed to overlap, the same assumption as the simulator's `thread_overlap`);
 //! - **Work**: pvmm-load's total iterations;
 //! - **Migrations**: pvmm's `migrations_total` (stats) over the window;
+//! - **Pkg1 idle after start(s)**, **after end(s)**: the seconds from the load's start until
+//!   package 1 is idle for the rest of the load, and from its end until package 1 is idle for
+//!   the rest of an idle tail of [`IDLE_TAIL_SECS`] (the guest idles after the load): idle for
+//!   good, every sample interval from then on with each of its CPUs busy at most
+//!   [`IDLE_MAX_BUSY`] of the time; 0.0 when it did not wake at all, `-` when it was still awake
+//!   in the last interval (or the topology has one package);
 //! - **Energy**: the measured per-CPU activity fed, interval by interval, into the
 //!   simulator's power model ([`PowerModel`], default constants: Len Brown's SNB-EP
 //!   figures), so `Energy` = modelled joules per unit of work relative to `performance`.
@@ -120,6 +126,11 @@ pub struct CaseResult {
     pub energy_j: f64,
     /// pvmm's migrations during the window.
     pub migrations: u64,
+    /// Seconds from the load's start until package 1 was idle for the rest of the load (None:
+    /// awake at its end, or no package 1).
+    pub package1_idle_after_start_s: Option<f64>,
+    /// Seconds from the load's end until package 1 was idle for the rest of the idle tail.
+    pub package1_idle_after_end_s: Option<f64>,
 }
 
 impl CaseResult {
@@ -181,6 +192,16 @@ fn label(policy: &str, threads: u32) -> String {
     format!("{policy}-n{threads}")
 }
 
+/// Seconds the guest idles after its load, between the `load-end` and `idle-end` marks: past
+/// pvmm's 5 s consolidation ramp-down plus the decay of the vCPUs' demand (about 1 s), so
+/// that a packing policy can put package 1 to sleep within it.
+pub const IDLE_TAIL_SECS: u32 = 9;
+
+/// Busy share (per probe sample interval) at or below which an L1 CPU counts as idle for
+/// the "Pkg1 idle after" columns: two of the 20 USER_HZ ticks of a 0.2 s interval, room for a timer tick
+/// or a kernel worker.
+pub const IDLE_MAX_BUSY: f64 = 0.1;
+
 /// Seconds the guest stays idle after init before its load starts: longer than pvmm's 5 s
 /// consolidation ramp-down (scheduler's `DEFAULT_RAMP_DOWN_WINDOW_MS`), so every policy starts
 /// from its steady idle placement rather than from the spread the guest's own boot caused.
@@ -189,7 +210,7 @@ pub const SETTLE_SECS: u32 = 6;
 /// The guest command of one case.
 pub fn guest_command(options: &PlacementBenchOptions, threads: u32) -> String {
     format!(
-        "sleep {SETTLE_SECS}\necho pvmm-mark: load-begin\npvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}\necho pvmm-mark: load-end\n",
+        "sleep {SETTLE_SECS}\necho pvmm-mark: load-begin\npvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}\necho pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\necho pvmm-mark: idle-end\n",
         options.duty_percent, options.period_ms, options.seconds
     )
 }
@@ -220,8 +241,9 @@ pub fn run_placement_bench(
             });
         }
     }
-    let per_run =
-        RUN_OVERHEAD_SECS + u64::from(SETTLE_SECS) + LOAD_TIME_FACTOR * u64::from(options.seconds);
+    let per_run = RUN_OVERHEAD_SECS
+        + u64::from(SETTLE_SECS + IDLE_TAIL_SECS)
+        + LOAD_TIME_FACTOR * u64::from(options.seconds);
     let sequence = SequenceOptions {
         topology: options.topology,
         timeout: Duration::from_secs(
@@ -238,7 +260,7 @@ pub fn run_placement_bench(
         "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",
         runs.len(),
         options.seconds,
-        (runs.len() as u64 * (u64::from(options.seconds + SETTLE_SECS) + PER_RUN_QUIET_OVERHEAD_SECS)).div_ceil(60),
+        (runs.len() as u64 * (u64::from(options.seconds + SETTLE_SECS + IDLE_TAIL_SECS) + PER_RUN_QUIET_OVERHEAD_SECS)).div_ceil(60),
         sequence.timeout.as_secs().div_ceil(60)
     ));
     let outcome = run_pvmm_sequence(ws, images, &sequence, &runs)?;
@@ -249,17 +271,17 @@ pub fn run_placement_bench(
         for policy in &options.policies {
             let label = label(policy, threads);
             match measure_case(&outcome, &label, &model) {
-                Ok((window_s, work, package_idle, energy_j, migrations)) => {
-                    results.push(CaseResult {
-                        policy: policy.clone(),
-                        threads,
-                        window_s,
-                        work,
-                        package_idle,
-                        energy_j,
-                        migrations,
-                    })
-                }
+                Ok(measured) => results.push(CaseResult {
+                    policy: policy.clone(),
+                    threads,
+                    window_s: measured.window_s,
+                    work: measured.work,
+                    package_idle: measured.package_idle,
+                    energy_j: measured.energy_j,
+                    migrations: measured.migrations,
+                    package1_idle_after_start_s: measured.package1_idle_after_start_s,
+                    package1_idle_after_end_s: measured.package1_idle_after_end_s,
+                }),
                 Err(reason) => failures.push(CaseFailure {
                     policy: policy.clone(),
                     threads,
@@ -271,7 +293,16 @@ pub fn run_placement_bench(
     Ok((results, failures, outcome))
 }
 
-type Measured = (f64, u64, Vec<f64>, f64, u64);
+/// What one run measured ([`CaseResult`] without the case's name).
+struct Measured {
+    window_s: f64,
+    work: u64,
+    package_idle: Vec<f64>,
+    energy_j: f64,
+    migrations: u64,
+    package1_idle_after_start_s: Option<f64>,
+    package1_idle_after_end_s: Option<f64>,
+}
 
 fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result<Measured, String> {
     let run = outcome
@@ -317,14 +348,47 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
             .next_back()
             .unwrap_or(0)
     };
-    let migrations = at(end).saturating_sub(at(begin));
-    Ok((
-        window.seconds,
+    let package1_idle_after_end_s = marks
+        .get("idle-end")
+        .and_then(|&idle_end| activity.idle_for_good_after(1, end, idle_end, IDLE_MAX_BUSY));
+    Ok(Measured {
+        window_s: window.seconds,
         work,
-        window.package_idle,
-        window.energy_j,
-        migrations,
-    ))
+        package_idle: window.package_idle,
+        energy_j: window.energy_j,
+        migrations: at(end).saturating_sub(at(begin)),
+        package1_idle_after_start_s: activity.idle_for_good_after(1, begin, end, IDLE_MAX_BUSY),
+        package1_idle_after_end_s,
+    })
+}
+
+/// One row of [`format_bench_table`]: `r` with its Energy and Power relative to `reference`.
+fn bench_row(r: &CaseResult, reference: &CaseResult) -> [String; 11] {
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 && a.is_finite() && b.is_finite() {
+            format!("{:.2}", a / b)
+        } else {
+            "-".to_string()
+        }
+    };
+    let seconds = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{s:.1}"));
+    [
+        r.policy.clone(),
+        r.work.to_string(),
+        r.package_idle
+            .iter()
+            .map(|f| format!("{:6.2}", f * 100.0))
+            .collect::<Vec<_>>()
+            .join(" "),
+        ratio(r.energy_per_work(), reference.energy_per_work()),
+        ratio(r.power_w(), reference.power_w()),
+        format!("{:.1}", r.energy_j),
+        format!("{:.2}", r.power_w()),
+        r.migrations.to_string(),
+        format!("{:.0}", r.work as f64 / r.energy_j.max(f64::MIN_POSITIVE)),
+        seconds(r.package1_idle_after_start_s),
+        seconds(r.package1_idle_after_end_s),
+    ]
 }
 
 /// The results for `threads` busy threads as a table in the sched_mc_power_savings kernbench
@@ -339,13 +403,6 @@ pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
         out.push_str("(no runs)\n");
         return out;
     };
-    let ratio = |a: f64, b: f64| {
-        if b > 0.0 && a.is_finite() && b.is_finite() {
-            format!("{:.2}", a / b)
-        } else {
-            "-".to_string()
-        }
-    };
     let headers = [
         "Policy",
         "Work(iter)",
@@ -356,28 +413,11 @@ pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
         "Power(W)",
         "Migrations",
         "Work/J",
+        "Pkg1 idle after start(s)",
+        "after end(s)",
     ]
     .map(String::from);
-    let rows: Vec<[String; 9]> = results
-        .iter()
-        .map(|r| {
-            [
-                r.policy.clone(),
-                r.work.to_string(),
-                r.package_idle
-                    .iter()
-                    .map(|f| format!("{:6.2}", f * 100.0))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                ratio(r.energy_per_work(), reference.energy_per_work()),
-                ratio(r.power_w(), reference.power_w()),
-                format!("{:.1}", r.energy_j),
-                format!("{:.2}", r.power_w()),
-                r.migrations.to_string(),
-                format!("{:.0}", r.work as f64 / r.energy_j.max(f64::MIN_POSITIVE)),
-            ]
-        })
-        .collect();
+    let rows: Vec<[String; 11]> = results.iter().map(|r| bench_row(r, reference)).collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -420,6 +460,8 @@ mod tests {
             package_idle: vec![0.5, 0.9],
             energy_j: energy,
             migrations: 3,
+            package1_idle_after_start_s: (policy == "powersaving").then_some(1.2),
+            package1_idle_after_end_s: (policy == "powersaving").then_some(5.6),
         }
     }
 
@@ -437,6 +479,8 @@ mod tests {
         let ps_cells: Vec<&str> = lines[3].split_whitespace().collect();
         assert_eq!(ps_cells[4], "0.75");
         assert_eq!(ps_cells[5], "0.75");
+        assert_eq!(perf_cells[perf_cells.len() - 2..], ["-", "-"]);
+        assert_eq!(ps_cells[ps_cells.len() - 2..], ["1.2", "5.6"]);
         assert!(lines[4].contains("relative to performance"));
     }
 
@@ -479,6 +523,9 @@ mod tests {
         };
         let command = guest_command(&options, 2);
         assert!(command.contains("pvmm-mark: load-begin"));
+        assert!(command.contains(&format!(
+            "pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\necho pvmm-mark: idle-end"
+        )));
         assert!(command.contains("--threads 2 --duty 29 --period-ms 70 --seconds 10"));
     }
 }
