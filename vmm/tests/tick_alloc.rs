@@ -9,13 +9,14 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pvmm::config::PlacementPolicy;
 use pvmm::live::capacity::CppcReporter;
-use pvmm::live::control::PlacementControl;
+use pvmm::live::control::{ExternalAssignment, PlacementControl};
 use pvmm::live::hotplug::OnlineCpus;
 use pvmm::live::idle::{IdleError, IdleSource};
 use pvmm::live::own_threads::OwnThreads;
@@ -162,8 +163,9 @@ struct Run {
 }
 
 /// Runs a scheduler under `policy` with every part a VM's has, counting the allocations of
-/// its warm ticks.
-fn run(policy: PlacementPolicy, dir: &std::path::Path) -> Run {
+/// its warm ticks; with `outside`, an outside balancer places the vCPUs (its lease renewed
+/// between the warm-up and the counted ticks).
+fn run(policy: PlacementPolicy, outside: Option<&[ExternalAssignment]>, dir: &Path) -> Run {
     let online = dir.join("online");
     std::fs::write(&online, "0-7\n").unwrap();
     let topology = HostTopology::from_spec("2x4x1").unwrap();
@@ -218,8 +220,15 @@ fn run(policy: PlacementPolicy, dir: &std::path::Path) -> Run {
     };
     const WARM: u32 = 3 * CYCLE;
     const MEASURED: u32 = 5 * CYCLE;
+    if let Some(a) = outside {
+        control.set_external(a.to_vec());
+    }
     for t in 0..WARM {
         tick(t);
+    }
+    if let Some(a) = outside {
+        control.set_external(a.to_vec());
+        tick(WARM);
     }
     let changes_before = calls.lock().unwrap().len();
     let before = allocations();
@@ -256,7 +265,7 @@ fn a_warm_tick_allocates_nothing() {
     .into_iter()
     .chain([PlacementPolicy::None]);
     for policy in policies {
-        let r = run(policy, &dir);
+        let r = run(policy, None, &dir);
         assert_eq!(
             r.allocations, 0,
             "{policy}: {} warm ticks allocated {} times ({} affinity changes)",
@@ -272,5 +281,23 @@ fn a_warm_tick_allocates_nothing() {
             );
         }
     }
+    // An outside balancer's assignments, one of them a CPU set that is not one range.
+    let outside: Vec<ExternalAssignment> = (0..VCPUS)
+        .map(|vcpu| ExternalAssignment {
+            vcpu,
+            cpus: if vcpu == 0 {
+                "0,2".parse().unwrap()
+            } else {
+                CpuSet::single(vcpu % 8)
+            },
+            capacity: 512,
+        })
+        .collect();
+    let r = run(PlacementPolicy::default(), Some(&outside), &dir);
+    assert_eq!(
+        r.allocations, 0,
+        "outside placement: {} warm ticks allocated {} times",
+        r.ticks, r.allocations
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -28,16 +28,29 @@ pub struct ExternalAssignment {
 pub enum ExternalState {
     /// pvmm's own policy.
     Own,
-    /// An outside balancer ([`PlacementControl::external`] copied its assignments).
+    /// An outside balancer, with the assignments in the caller's [`ExternalCopy`].
     Active,
     /// The outside balancer's lease just ran out (reported once); pvmm places again.
     Expired,
+}
+
+/// The scheduler's copy of an outside balancer's assignments, copied again only when the
+/// balancer has sent assignments since (a CPU set that is not one range is a heap bitmap, so a
+/// copy at every tick would allocate).
+#[derive(Debug, Default)]
+pub struct ExternalCopy {
+    /// Which `set_external` call the copy is of (0: none).
+    version: u64,
+    /// The assignments.
+    pub assignments: Vec<ExternalAssignment>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     policy_request: Option<PlacementPolicy>,
     external: Option<(Vec<ExternalAssignment>, Instant)>,
+    /// Counts `set_external` calls.
+    external_version: u64,
     /// The latest tick's snapshot (`--stats` text); empty before the first tick.
     snapshot: Vec<u8>,
 }
@@ -70,7 +83,9 @@ impl PlacementControl {
     /// Hands placement to an outside balancer (or renews its lease) with `assignments`; vCPUs
     /// they do not name keep their CPUs and capacity.
     pub fn set_external(&self, assignments: Vec<ExternalAssignment>) {
-        self.state().external = Some((assignments, Instant::now()));
+        let mut state = self.state();
+        state.external = Some((assignments, Instant::now()));
+        state.external_version += 1;
     }
 
     /// Gives placement back to pvmm's own policy; `true` if an outside balancer had it.
@@ -105,14 +120,10 @@ impl PlacementControl {
         self.state().policy_request.take()
     }
 
-    /// Scheduler side: who places at this tick, with an outside balancer's assignments
-    /// copied into `assignments` (whose room is reused). An expired lease is dropped here and
-    /// reported as [`ExternalState::Expired`] exactly once.
-    pub fn external(
-        &self,
-        now: Instant,
-        assignments: &mut Vec<ExternalAssignment>,
-    ) -> ExternalState {
+    /// Scheduler side: who places at this tick, with an outside balancer's assignments in
+    /// `copy` (copied when they changed, into the room it has). An expired lease is dropped
+    /// here and reported as [`ExternalState::Expired`] exactly once.
+    pub fn external(&self, now: Instant, copy: &mut ExternalCopy) -> ExternalState {
         let mut state = self.state();
         match &state.external {
             None => ExternalState::Own,
@@ -121,7 +132,10 @@ impl PlacementControl {
                 ExternalState::Expired
             }
             Some((a, _)) => {
-                assignments.clone_from(a);
+                if copy.version != state.external_version {
+                    copy.assignments.clone_from(a);
+                    copy.version = state.external_version;
+                }
                 ExternalState::Active
             }
         }
@@ -151,11 +165,18 @@ mod tests {
     fn a_lease_expires_once_and_renewal_keeps_it() {
         let c = PlacementControl::new(Duration::from_millis(100));
         let t0 = Instant::now();
-        let mut got = Vec::new();
+        let mut got = ExternalCopy::default();
         assert_eq!(c.external(t0, &mut got), ExternalState::Own);
         c.set_external(one());
         assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Active);
-        assert_eq!(got, one());
+        assert_eq!(got.assignments, one());
+        // The same assignments are not copied again at the next tick; new ones are.
+        got.assignments.clear();
+        assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Active);
+        assert!(got.assignments.is_empty());
+        c.set_external(one());
+        assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Active);
+        assert_eq!(got.assignments, one());
         assert!(c.external_active());
         let later = Instant::now() + Duration::from_millis(150);
         assert_eq!(c.external(later, &mut got), ExternalState::Expired);

@@ -14,7 +14,7 @@ use pvmm_scheduler::{
 };
 
 use super::capacity::CapacityReporter;
-use super::control::{ExternalAssignment, ExternalState, PlacementControl};
+use super::control::{ExternalCopy, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::hotplug::OnlineCpus;
 use super::idle::IdleSource;
@@ -150,7 +150,7 @@ pub struct LiveScheduler {
     loads: Vec<VcpuLoad>,
     decision: Decision,
     capacities: Vec<u32>,
-    assignments: Vec<ExternalAssignment>,
+    external_copy: ExternalCopy,
     /// The snapshot's text, written anew each tick.
     line: Vec<u8>,
 }
@@ -219,7 +219,7 @@ impl LiveScheduler {
             loads: Vec::new(),
             decision: Decision::default(),
             capacities: Vec::new(),
-            assignments: Vec::new(),
+            external_copy: ExternalCopy::default(),
             line: Vec::new(),
         };
         s.topology_changed();
@@ -300,12 +300,12 @@ impl LiveScheduler {
     }
 
     /// Takes the control socket's requests; whether an outside balancer places at this tick
-    /// (its assignments then in `self.assignments`).
+    /// (its assignments then in `self.external_copy`).
     fn outside_places(&mut self) -> bool {
         let (policy, who) = match &self.control {
             Some(c) => (
                 c.take_policy_request(),
-                c.external(Instant::now(), &mut self.assignments),
+                c.external(Instant::now(), &mut self.external_copy),
             ),
             None => (None, ExternalState::Own),
         };
@@ -389,7 +389,7 @@ impl LiveScheduler {
     /// Applies an outside balancer's assignments; vCPUs they do not name stay as they are.
     fn apply_external(&mut self) -> (u64, u64) {
         let mut counts = (0, 0);
-        for a in &self.assignments {
+        for a in &self.external_copy.assignments {
             let Some(v) = self.vcpus.get_mut(a.vcpu as usize) else {
                 continue;
             };

@@ -1,6 +1,7 @@
 //! Tests of the live scheduler.
 
 use super::*;
+use crate::live::control::ExternalAssignment;
 use pvmm_scheduler::{IdleSample, Policy, RecordingExecutor};
 
 struct Scripted {
