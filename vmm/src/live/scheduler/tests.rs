@@ -326,13 +326,3 @@ fn the_snapshot_is_serde_jsons_text_byte_for_byte() {
     );
     assert_eq!(control.snapshot().unwrap()["policy"], "none");
 }
-
-/// The JSON string writer escapes as `serde_json` does.
-#[test]
-fn snapshot_strings_are_escaped_as_serde_json_escapes_them() {
-    let all: String = (0u8..0x80).map(char::from).chain("é€".chars()).collect();
-    assert_eq!(
-        snapshot::json_string(&all),
-        serde_json::to_string(&all).unwrap()
-    );
-}
