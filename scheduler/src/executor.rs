@@ -49,13 +49,24 @@ pub struct LinuxExecutor;
 
 /// Mask size tried first by `read` (bits): glibc's `CPU_SETSIZE`.
 const INITIAL_MASK_BITS: usize = 1024;
+/// Masks `apply` builds on the stack (bits); larger CPU ids take a heap buffer.
+const STACK_MASK_BITS: usize = 1024;
 
 impl Executor for LinuxExecutor {
     fn apply(&mut self, tid: i32, cpus: &CpuSet) -> Result<(), ExecutorError> {
         let Some(last) = cpus.last() else {
             return Err(ExecutorError::EmptySet { tid });
         };
-        let mut mask = vec![0u64; (last as usize / 64) + 1];
+        let words = (last as usize / 64) + 1;
+        // Masks of up to STACK_MASK_BITS CPUs live on the stack: placing allocates nothing.
+        let mut on_stack = [0u64; STACK_MASK_BITS / 64];
+        let mut on_heap = Vec::new();
+        let mask: &mut [u64] = if words <= on_stack.len() {
+            &mut on_stack[..words]
+        } else {
+            on_heap.resize(words, 0);
+            &mut on_heap
+        };
         for cpu in cpus {
             mask[cpu as usize / 64] |= 1u64 << (cpu % 64);
         }
@@ -65,7 +76,7 @@ impl Executor for LinuxExecutor {
         let rc = unsafe {
             libc::sched_setaffinity(
                 tid,
-                mask.len() * std::mem::size_of::<u64>(),
+                std::mem::size_of_val(mask),
                 mask.as_ptr().cast::<libc::cpu_set_t>(),
             )
         };

@@ -5,7 +5,8 @@
 #   [VCPUS=N] vmm/scripts/own-thread-wakeups.sh SECONDS [PVMM ARGS...]
 #   e.g. vmm/scripts/own-thread-wakeups.sh 20 --tick-ms 1000; VCPUS=255 ... 20
 # Prints, per thread, voluntary+involuntary context switches per second (/proc/.../status) and
-# CPU ms per second (schedstat run time).
+# CPU ms per second (schedstat run time); then pvmm's `-v` line of the scheduler's CPU time per
+# tick by phase (over the whole run, its first tick included).
 set -euo pipefail
 secs=${1:?usage: own-thread-wakeups.sh SECONDS [PVMM ARGS...]}; shift
 cd "$(dirname "$0")/../.."
@@ -27,8 +28,8 @@ ASM
 as --64 "$dir/halt.s" -o "$dir/halt.o"
 # -N: one segment from 1 MiB, no ELF headers loaded below it (pvmm refuses segments under 1 MiB).
 ld -m elf_x86_64 -N --no-warn-rwx-segments -Ttext=0x100000 "$dir/halt.o" -o "$dir/halt.elf"
-./target/release/pvmm --vcpus "${VCPUS:-4}" --memory 64 --api-socket "$dir/s.sock" "$@" "$dir/halt.elf" \
-    </dev/null >/dev/null 2>&1 &
+./target/release/pvmm -v --vcpus "${VCPUS:-4}" --memory 64 --api-socket "$dir/s.sock" "$@" \
+    "$dir/halt.elf" </dev/null >/dev/null 2>"$dir/err" &
 pid=$!
 sleep 3
 vcpus=$(./target/release/pvmm ctl --socket "$dir/s.sock" --json vcpus |
@@ -44,3 +45,4 @@ snap > "$dir/a"; sleep "$secs"; snap > "$dir/b"
 kill "$pid"; wait "$pid" 2>/dev/null || true
 join "$dir/a" "$dir/b" | awk -v s="$secs" \
     '{printf "%-16s wakeups/s %6.1f  cpu ms/s %7.3f\n", $2, ($6-$3)/s, ($7-$4)/s/1e6}'
+grep -h 'scheduler tick:' "$dir/err" || true

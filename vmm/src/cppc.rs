@@ -82,7 +82,15 @@ pub const fn perf_of_capacity(capacity: u32) -> u32 {
 /// capacities, where any order is right. Ties among some of the vCPUs are left alone: the
 /// guest's scheduler treats equal priorities as equal.
 pub fn guest_perfs(capacities: &[u32]) -> Vec<u32> {
-    let mut perfs: Vec<u32> = capacities.iter().map(|&c| perf_of_capacity(c)).collect();
+    let mut perfs = Vec::with_capacity(capacities.len());
+    guest_perfs_into(capacities, &mut perfs);
+    perfs
+}
+
+/// [`guest_perfs`] written into `perfs`, whose room is reused.
+pub fn guest_perfs_into(capacities: &[u32], perfs: &mut Vec<u32>) {
+    perfs.clear();
+    perfs.extend(capacities.iter().map(|&c| perf_of_capacity(c)));
     if let [first, rest @ ..] = perfs.as_mut_slice() {
         if !rest.is_empty() && rest.iter().all(|p| p == first) {
             if *first > CPPC_LOWEST_PERF {
@@ -92,7 +100,6 @@ pub fn guest_perfs(capacities: &[u32]) -> Vec<u32> {
             }
         }
     }
-    perfs
 }
 
 /// The frequencies `_CPC` gives the guest: its "Lowest Frequency" and "Nominal Frequency"

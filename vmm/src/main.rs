@@ -74,5 +74,8 @@ fn main() {
         eprintln!("pvmm: {}", exit.reason());
     }
     eprintln!("pvmm: {}", vm.placement_summary());
+    if config.verbose {
+        eprintln!("pvmm: {}", vm.tick_cost());
+    }
     std::process::exit(exit.status());
 }

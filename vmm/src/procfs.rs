@@ -102,9 +102,14 @@ impl DemandCounters for ProcSchedstat {
     }
 }
 
+/// `/proc/self/task/<tid>/stat` of thread `tid`.
+pub fn stat_path(tid: i32) -> String {
+    format!("/proc/self/task/{tid}/stat")
+}
+
 /// The CPU thread `tid` of this process last ran on (field 39 of its `stat`).
 pub fn last_cpu_of_thread(tid: i32) -> Option<u32> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let text = std::fs::read_to_string(stat_path(tid)).ok()?;
     parse_last_cpu(&text)
 }
 

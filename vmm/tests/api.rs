@@ -97,14 +97,19 @@ impl Vmm {
     }
 
     /// Waits for pvmm to exit; returns its status and stderr.
-    fn finish(mut self) -> (Option<i32>, String) {
+    fn finish(self) -> (Option<i32>, String) {
+        self.finish_within(TICKS_WAIT)
+    }
+
+    /// [`Vmm::finish`], failing the test if pvmm has not exited within `limit`.
+    fn finish_within(mut self, limit: Duration) -> (Option<i32>, String) {
         use std::io::Read;
         let start = Instant::now();
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("wait") {
                 break s;
             }
-            if start.elapsed() > TICKS_WAIT {
+            if start.elapsed() > limit {
                 self.child.kill().ok();
                 panic!("pvmm did not exit after shutdown");
             }
@@ -440,6 +445,38 @@ const LISTEN_FOR_GED: [u8; 20] = [
     0x00, // IOWIN = vector 0x25, unmasked
 ];
 
+/// 32-bit code: listen for the power button, then poll the GED's status register until it
+/// reports the button, and power off (S5), as an ACPI guest does on the button's notification.
+fn power_off_on_the_button() -> Vec<u8> {
+    let status = (pvmm::layout::GED_MMIO_START as u32).to_le_bytes();
+    let button = pvmm_devices::ged::POWER_BUTTON_STATUS.to_le_bytes();
+    let mut code = LISTEN_FOR_GED.to_vec();
+    code.extend([0xa1, status[0], status[1], status[2], status[3]]); // mov eax, [status]
+    code.extend([0x3d, button[0], button[1], button[2], button[3]]); // cmp eax, button
+    code.extend([0x75, 0xf4]); // jne back to the read
+    code.extend(out_code(0x600, POWER_OFF_VALUE));
+    code.extend(HALT_LOOP);
+    code
+}
+
+/// A pvmm running `code`, once its guest listens for the power button.
+fn listening_vmm(name: &str, code: &[u8], extra: &[&str]) -> Option<Vmm> {
+    let vmm = Vmm::start_with(name, code, extra)?;
+    // The guest unmasks its GED interrupt almost at once (a few emulated instructions); a
+    // shutdown asked before that would stop the VM, so wait until it listens.
+    vmm.until("/v1/vm", "the guest listening to its GED", |v| {
+        v["power_button_listening"] == true
+    });
+    Some(vmm)
+}
+
+/// A guest that listens for the power button and ignores it.
+fn ignoring_the_button() -> Vec<u8> {
+    let mut code = LISTEN_FOR_GED.to_vec();
+    code.extend(HALT_LOOP);
+    code
+}
+
 fn signal(vmm: &Vmm, sig: i32) {
     // SAFETY: kill on a child's pid; the result is checked.
     assert_eq!(unsafe { libc::kill(vmm.child.id() as i32, sig) }, 0);
@@ -465,19 +502,13 @@ fn sigterm_stops_a_guest_that_does_not_listen_and_sighup_is_ignored() {
 
 #[test]
 fn a_listening_guest_gets_the_power_button_and_a_second_sigint_stops_at_once() {
-    if !kvm_available("signals-int") {
-        return;
-    }
-    let mut code = LISTEN_FOR_GED.to_vec();
-    code.extend(HALT_LOOP);
-    let Some(vmm) = Vmm::start_with("signals-int", &code, &["--shutdown-timeout", "600"]) else {
+    let Some(vmm) = listening_vmm(
+        "signals-int",
+        &ignoring_the_button(),
+        &["--shutdown-timeout", "600"],
+    ) else {
         return;
     };
-    // The guest unmasks its GED interrupt almost at once (a few emulated instructions); a
-    // shutdown asked before that would stop the VM, so wait until it listens.
-    vmm.until("/v1/vm", "the guest listening to its GED", |v| {
-        v["power_button_listening"] == true
-    });
     let a = vmm.call("PUT", "/v1/vm/shutdown", Some(r#"{"timeout_ms":600000}"#));
     assert_eq!(a.status, 202);
     assert_eq!(a.body["power_button"], true, "{}", a.body);
@@ -493,6 +524,64 @@ fn a_listening_guest_gets_the_power_button_and_a_second_sigint_stops_at_once() {
         "{err}"
     );
     assert!(err.contains("SIGINT again: stopping the VM now"), "{err}");
+}
+
+#[test]
+fn sigterm_presses_the_power_button_and_a_guest_that_powers_off_ends_pvmm_with_0() {
+    let Some(vmm) = listening_vmm("signals-term-off", &power_off_on_the_button(), &[]) else {
+        return;
+    };
+    assert_eq!(vmm.ok("GET", "/v1/vm", None)["state"], "running");
+    signal(&vmm, libc::SIGTERM);
+    let socket = vmm.socket.clone();
+    let (status, err) = vmm.finish();
+    assert_eq!(status, Some(0), "{err}");
+    assert!(
+        err.contains("SIGTERM: pressed the guest's power button"),
+        "{err}"
+    );
+    assert!(err.contains("placement summary"), "{err}");
+    assert!(!socket.exists());
+}
+
+#[test]
+fn sigint_stops_a_guest_that_ignores_the_button_once_the_shutdown_timeout_has_passed() {
+    let Some(vmm) = listening_vmm(
+        "signals-int-timeout",
+        &ignoring_the_button(),
+        &["--shutdown-timeout", "1"],
+    ) else {
+        return;
+    };
+    let asked = Instant::now();
+    signal(&vmm, libc::SIGINT);
+    let (status, err) = vmm.finish();
+    assert_eq!(status, Some(6), "{err}");
+    assert!(
+        asked.elapsed() >= Duration::from_secs(1),
+        "stopped before --shutdown-timeout 1 had passed: {err}"
+    );
+    assert!(
+        err.contains("SIGINT: pressed the guest's power button; stopping it in 1000 ms"),
+        "{err}"
+    );
+    assert!(err.contains("placement summary"), "{err}");
+}
+
+#[test]
+fn without_shutdown_timeout_a_signalled_guest_gets_10_s_to_power_off() {
+    let Some(vmm) = listening_vmm("signals-default-timeout", &ignoring_the_button(), &[]) else {
+        return;
+    };
+    let asked = Instant::now();
+    signal(&vmm, libc::SIGTERM);
+    let (status, err) = vmm.finish_within(Duration::from_secs(40));
+    assert_eq!(status, Some(6), "{err}");
+    assert!(
+        asked.elapsed() >= Duration::from_secs(10),
+        "stopped before the default 10 s had passed: {err}"
+    );
+    assert!(err.contains("stopping it in 10000 ms"), "{err}");
 }
 
 /// Threads of `pid` named `name`, from /proc.

@@ -91,6 +91,31 @@ fn every_other_kind_of_thread_is_confined_too() {
 }
 
 #[test]
+fn no_guest_code_runs_before_the_main_thread_is_confined() {
+    if !kvm_available("seccomp_main_first") {
+        return;
+    }
+    // The main thread installs its filter last; the test hook ends pvmm right after it. A
+    // guest whose first instructions print would have printed had it run by then.
+    let dir = scratch("seccomp-main-first");
+    let kernel = write_kernel(&dir, &print_and_power_off(b"ran\n"));
+    for _ in 0..3 {
+        let out = run(
+            &["--memory", "64", kernel.to_str().unwrap()],
+            Some(ThreadKind::Main),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_SECCOMP), "{err}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "",
+            "the guest ran before the main thread was confined"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn log_mode_and_off_let_the_forbidden_call_run() {
     if !kvm_available("seccomp_log_off") {
         return;

@@ -126,6 +126,29 @@ fn engine_sees_utilization_from_simulated_busy_time() {
 }
 
 #[test]
+fn vcpus_waiting_for_a_shared_cpu_are_packed_on_what_they_ran() {
+    // Two vCPUs with 30 ms bursts in step every 100 ms: 0.6 of a CPU, which fits one CPU with
+    // the fit rule's headroom. Packed together, each waits for the other through every
+    // burst: not halted 60 % of the time, but running 30 %. The engine packs on what they
+    // ran (the live VMM reads the wait from the threads' scheduler statistics), so the pair
+    // stays on package 0; counted whole, the wait would make the shared CPU look full and
+    // open package 1 again and again.
+    let duty = VmSpec::uniform(
+        2,
+        LoadSpec::Duty {
+            busy_ms: 30,
+            period_ms: 100,
+            phase_ms: 0,
+        },
+        None,
+    );
+    let r = sim("2x1x1", &[duty], POWERSAVING_1, &config(30_000));
+    assert!(r.migrations <= 1, "{} migrations", r.migrations);
+    assert!(r.package_idle[1] > 0.99, "{:?}", r.package_idle);
+    assert!(close(r.work_done_s, 18.0, 1e-3), "{}", r.work_done_s);
+}
+
+#[test]
 fn a_job_ends_the_run() {
     // 2 CPU-seconds shared by two busy vCPUs on two cores of one package.
     let vm = VmSpec::uniform(2, LoadSpec::Constant { demand: 1.0 }, Some(2.0));

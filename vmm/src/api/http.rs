@@ -214,7 +214,6 @@ pub fn write_response(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
     /// A reader that hands out its bytes in fixed-size pieces, as a socket may.
     struct Trickle<'a> {
@@ -316,19 +315,5 @@ mod tests {
         assert!(String::from_utf8(out)
             .unwrap()
             .contains("Connection: keep-alive\r\n"));
-    }
-
-    proptest! {
-        #[test]
-        fn any_bytes_give_a_request_or_a_clean_failure(
-            data in proptest::collection::vec(any::<u8>(), 0..2048),
-            piece in 1usize..64,
-        ) {
-            match read_all(&data, piece) {
-                Ok(r) => prop_assert!(r.body.len() <= MAX_BODY_BYTES),
-                Err(ReadFailure::Bad(resp)) => prop_assert_eq!(resp.status, 400),
-                Err(ReadFailure::Gone) => {}
-            }
-        }
     }
 }

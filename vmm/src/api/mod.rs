@@ -329,6 +329,15 @@ fn accept_loop(
 /// something pvmm refuses to frame, goes away, is silent for [`IO_TIMEOUT`], or the server
 /// stops (which shuts the socket down under it).
 fn serve_connection(stream: &UnixStream, vm: &dyn VmControl, answering: &AtomicUsize) {
+    serve_requests(stream, vm, answering);
+    // The accept thread holds the socket until it reaps the connection, which may be long
+    // after: shut it down now, so that a client that went quiet or left mid-request sees its
+    // connection end.
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// [`serve_connection`]'s requests, until one of the ends it lists.
+fn serve_requests(stream: &UnixStream, vm: &dyn VmControl, answering: &AtomicUsize) {
     if stream.set_read_timeout(Some(IO_TIMEOUT)).is_err()
         || stream.set_write_timeout(Some(IO_TIMEOUT)).is_err()
     {

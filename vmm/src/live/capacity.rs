@@ -16,7 +16,7 @@ use pvmm_devices::cppc::CppcShared;
 use pvmm_devices::ged::GedShared;
 use pvmm_scheduler::capacity::CAPACITY_SCALE;
 
-use crate::cppc::guest_perfs;
+use crate::cppc::{guest_perfs, guest_perfs_into};
 
 /// A change of at least 5 % is worth telling the guest: Linux's `capacity_greater()` treats
 /// capacities within about 5 % (1078/1024) as equal, so smaller changes would not alter any of
@@ -48,10 +48,18 @@ pub fn significant_change(last: u32, new: u32) -> bool {
 /// it was `told` than from what it has `now` (both performances, by vCPU index): some other
 /// vCPU compares with it otherwise (greater, equal or less).
 pub fn out_of_order(told: &[u32], now: &[u32]) -> Vec<bool> {
+    let mut out = Vec::with_capacity(now.len());
+    out_of_order_into(told, now, &mut out);
+    out
+}
+
+/// [`out_of_order`] written into `out`, whose room is reused.
+pub fn out_of_order_into(told: &[u32], now: &[u32], out: &mut Vec<bool>) {
     let order = |p: &[u32], v: usize, w: usize| -> Ordering { p[v].cmp(&p[w]) };
-    (0..now.len())
-        .map(|v| (0..now.len()).any(|w| order(told, v, w) != order(now, v, w)))
-        .collect()
+    out.clear();
+    out.extend(
+        (0..now.len()).map(|v| (0..now.len()).any(|w| order(told, v, w) != order(now, v, w))),
+    );
 }
 
 /// Tells whether the guest is ready for GED interrupts (its GED driver unmasked the line).
@@ -69,6 +77,10 @@ pub struct CppcReporter {
     /// Per vCPU: when it was last notified.
     when: Vec<Option<Instant>>,
     notifications: u64,
+    /// The performances of the capacities being published, reused at each publication.
+    perfs: Vec<u32>,
+    /// Per vCPU, whether its order changed ([`out_of_order`]), reused likewise.
+    reordered: Vec<bool>,
 }
 
 impl CppcReporter {
@@ -91,6 +103,8 @@ impl CppcReporter {
             when: vec![None; told.len()],
             told,
             notifications: 0,
+            perfs: Vec::new(),
+            reordered: Vec::new(),
         }
     }
 
@@ -106,8 +120,8 @@ impl CapacityReporter for CppcReporter {
         if capacities.len() != self.told.len() {
             return; // not one capacity per vCPU: nothing to go by
         }
-        let perfs = guest_perfs(capacities);
-        for (vcpu, &perf) in (0..).zip(&perfs) {
+        guest_perfs_into(capacities, &mut self.perfs);
+        for (vcpu, &perf) in (0..).zip(&self.perfs) {
             self.cppc.set_perf(vcpu, perf);
         }
         // Until the guest listens, `told` keeps the values it booted with, so the first
@@ -115,14 +129,14 @@ impl CapacityReporter for CppcReporter {
         if !self.guest_listens() {
             return;
         }
-        let reordered = out_of_order(&self.told, &perfs);
-        for (vcpu, &perf) in (0..).zip(&perfs) {
+        out_of_order_into(&self.told, &self.perfs, &mut self.reordered);
+        for (vcpu, &perf) in (0..).zip(&self.perfs) {
             let i = vcpu as usize;
             let due = self.when[i].is_none_or(|t| now.duration_since(t) >= NOTIFY_MIN_INTERVAL);
             // A change held back by the rate limit stays pending: `told` is only updated when
             // the guest is told, so the next eligible tick notifies the latest value.
             if due
-                && (reordered[i] || significant_change(self.told[i], perf))
+                && (self.reordered[i] || significant_change(self.told[i], perf))
                 && self.ged.notify_capacity_changed(vcpu).is_ok()
             {
                 self.told[i] = perf;

@@ -24,21 +24,35 @@ pub struct ExternalAssignment {
 }
 
 /// Who places the vCPUs at a tick.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExternalState {
     /// pvmm's own policy.
     Own,
-    /// An outside balancer, with these assignments.
-    Active(Vec<ExternalAssignment>),
+    /// An outside balancer, with the assignments in the caller's [`ExternalCopy`].
+    Active,
     /// The outside balancer's lease just ran out (reported once); pvmm places again.
     Expired,
+}
+
+/// The scheduler's copy of an outside balancer's assignments, copied again only when the
+/// balancer has sent assignments since (a CPU set that is not one range is a heap bitmap, so a
+/// copy at every tick would allocate).
+#[derive(Debug, Default)]
+pub struct ExternalCopy {
+    /// Which `set_external` call the copy is of (0: none).
+    version: u64,
+    /// The assignments.
+    pub assignments: Vec<ExternalAssignment>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     policy_request: Option<PlacementPolicy>,
     external: Option<(Vec<ExternalAssignment>, Instant)>,
-    snapshot: Option<serde_json::Value>,
+    /// Counts `set_external` calls.
+    external_version: u64,
+    /// The latest tick's snapshot (`--stats` text); empty before the first tick.
+    snapshot: Vec<u8>,
 }
 
 /// Requests from the control socket to the scheduler, and the scheduler's latest snapshot.
@@ -69,7 +83,9 @@ impl PlacementControl {
     /// Hands placement to an outside balancer (or renews its lease) with `assignments`; vCPUs
     /// they do not name keep their CPUs and capacity.
     pub fn set_external(&self, assignments: Vec<ExternalAssignment>) {
-        self.state().external = Some((assignments, Instant::now()));
+        let mut state = self.state();
+        state.external = Some((assignments, Instant::now()));
+        state.external_version += 1;
     }
 
     /// Gives placement back to pvmm's own policy; `true` if an outside balancer had it.
@@ -87,7 +103,11 @@ impl PlacementControl {
 
     /// The latest tick's snapshot (the `--stats` line), if a tick has run.
     pub fn snapshot(&self) -> Option<serde_json::Value> {
-        self.state().snapshot.clone()
+        let state = self.state();
+        if state.snapshot.is_empty() {
+            return None;
+        }
+        serde_json::from_slice(&state.snapshot).ok()
     }
 
     /// The lease.
@@ -100,9 +120,10 @@ impl PlacementControl {
         self.state().policy_request.take()
     }
 
-    /// Scheduler side: who places at this tick. An expired lease is dropped here and reported
-    /// as [`ExternalState::Expired`] exactly once.
-    pub fn external(&self, now: Instant) -> ExternalState {
+    /// Scheduler side: who places at this tick, with an outside balancer's assignments in
+    /// `copy` (copied when they changed, into the room it has). An expired lease is dropped
+    /// here and reported as [`ExternalState::Expired`] exactly once.
+    pub fn external(&self, now: Instant, copy: &mut ExternalCopy) -> ExternalState {
         let mut state = self.state();
         match &state.external {
             None => ExternalState::Own,
@@ -110,13 +131,21 @@ impl PlacementControl {
                 state.external = None;
                 ExternalState::Expired
             }
-            Some((a, _)) => ExternalState::Active(a.clone()),
+            Some((a, _)) => {
+                if copy.version != state.external_version {
+                    copy.assignments.clone_from(a);
+                    copy.version = state.external_version;
+                }
+                ExternalState::Active
+            }
         }
     }
 
-    /// Scheduler side: the snapshot of the tick just run.
-    pub fn publish(&self, snapshot: serde_json::Value) {
-        self.state().snapshot = Some(snapshot);
+    /// Scheduler side: the snapshot text of the tick just run. The control keeps `snapshot`'s
+    /// text and leaves the previous one's buffer in its place, so that the two buffers are
+    /// reused turn about.
+    pub fn publish(&self, snapshot: &mut Vec<u8>) {
+        std::mem::swap(&mut self.state().snapshot, snapshot);
     }
 }
 
@@ -136,18 +165,27 @@ mod tests {
     fn a_lease_expires_once_and_renewal_keeps_it() {
         let c = PlacementControl::new(Duration::from_millis(100));
         let t0 = Instant::now();
-        assert_eq!(c.external(t0), ExternalState::Own);
+        let mut got = ExternalCopy::default();
+        assert_eq!(c.external(t0, &mut got), ExternalState::Own);
         c.set_external(one());
-        assert_eq!(c.external(Instant::now()), ExternalState::Active(one()));
+        assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Active);
+        assert_eq!(got.assignments, one());
+        // The same assignments are not copied again at the next tick; new ones are.
+        got.assignments.clear();
+        assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Active);
+        assert!(got.assignments.is_empty());
+        c.set_external(one());
+        assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Active);
+        assert_eq!(got.assignments, one());
         assert!(c.external_active());
         let later = Instant::now() + Duration::from_millis(150);
-        assert_eq!(c.external(later), ExternalState::Expired);
-        assert_eq!(c.external(later), ExternalState::Own);
+        assert_eq!(c.external(later, &mut got), ExternalState::Expired);
+        assert_eq!(c.external(later, &mut got), ExternalState::Own);
         assert!(!c.external_active());
         c.set_external(one());
         assert!(c.clear_external());
         assert!(!c.clear_external());
-        assert_eq!(c.external(Instant::now()), ExternalState::Own);
+        assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Own);
     }
 
     #[test]
@@ -157,5 +195,21 @@ mod tests {
         c.request_policy(PlacementPolicy::None);
         assert_eq!(c.take_policy_request(), Some(PlacementPolicy::None));
         assert_eq!(c.take_policy_request(), None);
+    }
+
+    #[test]
+    fn a_published_snapshot_is_read_back_and_its_buffer_reused() {
+        let c = PlacementControl::new(Duration::from_secs(3));
+        assert_eq!(c.snapshot(), None);
+        let mut line = br#"{"t_ms":1}"#.to_vec();
+        c.publish(&mut line);
+        assert!(
+            line.is_empty(),
+            "the previous (empty) snapshot's buffer comes back"
+        );
+        line.extend_from_slice(br#"{"t_ms":2}"#);
+        c.publish(&mut line);
+        assert_eq!(line, br#"{"t_ms":1}"#);
+        assert_eq!(c.snapshot(), Some(serde_json::json!({ "t_ms": 2 })));
     }
 }

@@ -18,12 +18,16 @@ use crate::procfs::ProcFile;
 /// The host's online CPUs.
 pub const SYSFS_ONLINE: &str = "/sys/devices/system/cpu/online";
 
-/// Which of the CPUs pvmm may use are online, read from a kept-open sysfs file.
+/// Which of the CPUs pvmm may use are online, read from a kept-open sysfs file. The file's
+/// text is parsed only when it differs from the last reading's, so that a tick where nothing
+/// changed allocates nothing.
 #[derive(Debug)]
 pub struct OnlineCpus {
     file: ProcFile,
     bound: HostTopology,
     current: CpuSet,
+    /// The text of the last reading.
+    last_text: String,
 }
 
 /// What [`OnlineCpus::check`] found.
@@ -44,12 +48,14 @@ impl OnlineCpus {
     /// nothing to follow.
     pub fn watch(bound: HostTopology, path: PathBuf) -> Option<Self> {
         let mut file = ProcFile::new(path);
-        let online: CpuSet = file.read()?.trim().parse().ok()?;
+        let last_text = file.read()?.to_string();
+        let online: CpuSet = last_text.trim().parse().ok()?;
         let current = bound.cpu_set();
         current.difference(&online).is_empty().then_some(Self {
             file,
             current,
             bound,
+            last_text,
         })
     }
 
@@ -58,8 +64,11 @@ impl OnlineCpus {
     /// With none of them online it says that once and returns None: placing goes on as
     /// before.
     pub fn follow(&mut self, who: &str) -> Option<HostTopology> {
+        if !self.text_changed() {
+            return None;
+        }
         let was = self.current.clone();
-        match self.check() {
+        match self.usable_change() {
             OnlineChange::Same => None,
             OnlineChange::NoneLeft => {
                 eprintln!(
@@ -77,13 +86,32 @@ impl OnlineCpus {
         }
     }
 
+    /// Reads the file; whether its text differs from the last reading's (which it replaces).
+    /// An unreadable file is no change.
+    fn text_changed(&mut self) -> bool {
+        let Some(text) = self.file.read() else {
+            return false;
+        };
+        if text == self.last_text {
+            return false;
+        }
+        self.last_text.clear();
+        self.last_text.push_str(text);
+        true
+    }
+
     /// Reads the online CPUs and says whether the usable ones changed since the last call.
+    #[cfg(test)]
     fn check(&mut self) -> OnlineChange {
-        let Some(online) = self
-            .file
-            .read()
-            .and_then(|t| t.trim().parse::<CpuSet>().ok())
-        else {
+        if !self.text_changed() {
+            return OnlineChange::Same;
+        }
+        self.usable_change()
+    }
+
+    /// Whether the usable CPUs in the last reading differ from those of the one before.
+    fn usable_change(&mut self) -> OnlineChange {
+        let Ok(online) = self.last_text.trim().parse::<CpuSet>() else {
             return OnlineChange::Same;
         };
         let usable = self.bound.cpu_set().intersection(&online);

@@ -7,10 +7,17 @@
 //! threads are listed from `/proc/self/task` at each tick rather than registered, so threads
 //! a library starts (the API's connection threads) are covered too.
 
-use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
 use pvmm_scheduler::{CpuSet, Executor};
+
+/// Room for `getdents64` records: at most 32 bytes for a thread id's entry, so one call lists
+/// about 500 threads.
+const DIRENTS_BUF: usize = 16 * 1024;
+/// Where a `linux_dirent64`'s name starts (after inode, offset, record length and type).
+const DIRENT_NAME_AT: usize = 19;
 
 /// One of pvmm's own threads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,13 +29,26 @@ pub struct OwnThread {
 }
 
 /// Lists and pins the process's threads other than its vCPUs.
+///
+/// Pinning runs every tick, so it keeps what it needs: the task directory open (read again
+/// from its start with `getdents64` into a kept buffer) and sorted lists of thread ids that are
+/// reused, so that a tick where no thread started allocates nothing.
 #[derive(Debug)]
 pub struct OwnThreads {
     task_dir: PathBuf,
+    /// `task_dir`, opened at the first pinning (again after a failed read).
+    dir: Option<File>,
+    dirents: Vec<u8>,
+    /// The vCPU threads, sorted.
     vcpu_tids: Vec<i32>,
-    pinned: HashMap<i32, CpuSet>,
-    /// Threads whose affinity the host refused: tried once, not every tick.
-    refused: HashSet<i32>,
+    /// The threads alive at the last listing, sorted.
+    alive: Vec<i32>,
+    /// The CPUs the threads in `pinned` are restricted to.
+    target: CpuSet,
+    /// Threads restricted to `target`, sorted.
+    pinned: Vec<i32>,
+    /// Threads whose affinity the host refused, sorted: tried once, not every tick.
+    refused: Vec<i32>,
 }
 
 impl OwnThreads {
@@ -38,31 +58,28 @@ impl OwnThreads {
     }
 
     /// The same, listing threads from `task_dir` (tests point it at a fake tree).
-    pub fn in_dir(task_dir: PathBuf, vcpu_tids: Vec<i32>) -> Self {
+    pub fn in_dir(task_dir: PathBuf, mut vcpu_tids: Vec<i32>) -> Self {
+        vcpu_tids.sort_unstable();
         Self {
             task_dir,
+            dir: None,
+            dirents: Vec::new(),
             vcpu_tids,
-            pinned: HashMap::new(),
-            refused: HashSet::new(),
+            alive: Vec::new(),
+            target: CpuSet::new(),
+            pinned: Vec::new(),
+            refused: Vec::new(),
         }
-    }
-
-    /// The ids of the threads alive now (no names: this runs every tick).
-    fn tids(&self) -> Vec<i32> {
-        let Ok(entries) = std::fs::read_dir(&self.task_dir) else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|tid| !self.vcpu_tids.contains(tid))
-            .collect()
     }
 
     /// The threads alive now, by thread id; a thread that ends while being listed is left out.
     pub fn list(&self) -> Vec<OwnThread> {
-        let mut threads: Vec<OwnThread> = self
-            .tids()
-            .into_iter()
+        let Ok(entries) = std::fs::read_dir(&self.task_dir) else {
+            return Vec::new();
+        };
+        let mut threads: Vec<OwnThread> = entries
+            .filter_map(|e| parse_tid(e.ok()?.file_name().as_encoded_bytes()))
+            .filter(|tid| self.vcpu_tids.binary_search(tid).is_err())
             .filter_map(|tid| {
                 let comm =
                     std::fs::read_to_string(self.task_dir.join(tid.to_string()).join("comm"));
@@ -79,26 +96,109 @@ impl OwnThreads {
     /// Restricts every own thread to `cpus`, touching only threads not already there.
     /// Returns how many threads the host newly refused; a refused thread is not tried again.
     pub fn pin(&mut self, cpus: &CpuSet, executor: &mut dyn Executor) -> u64 {
-        let alive = self.tids();
-        self.pinned.retain(|tid, _| alive.contains(tid));
-        self.refused.retain(|tid| alive.contains(tid));
+        if !self.read_alive() {
+            return 0;
+        }
+        if self.target != *cpus {
+            self.target.clone_from(cpus);
+            self.pinned.clear();
+        }
+        let alive = &self.alive;
+        self.pinned.retain(|tid| alive.binary_search(tid).is_ok());
+        self.refused.retain(|tid| alive.binary_search(tid).is_ok());
         let mut refused = 0;
-        for &tid in &alive {
-            if self.pinned.get(&tid) == Some(cpus) || self.refused.contains(&tid) {
+        for &tid in &self.alive {
+            let Err(at) = self.pinned.binary_search(&tid) else {
                 continue;
-            }
+            };
+            let Err(refused_at) = self.refused.binary_search(&tid) else {
+                continue;
+            };
             match executor.apply(tid, cpus) {
-                Ok(()) => {
-                    self.pinned.insert(tid, cpus.clone());
-                }
+                Ok(()) => self.pinned.insert(at, tid),
                 Err(_) => {
-                    self.refused.insert(tid);
+                    self.refused.insert(refused_at, tid);
                     refused += 1;
                 }
             }
         }
         refused
     }
+
+    /// Lists the threads alive now, but the vCPUs, into `self.alive`; false when the task
+    /// directory cannot be read.
+    fn read_alive(&mut self) -> bool {
+        self.alive.clear();
+        if self.dir.is_none() {
+            self.dir = File::open(&self.task_dir).ok();
+            self.dirents.resize(DIRENTS_BUF, 0);
+        }
+        let Some(dir) = &self.dir else {
+            return false;
+        };
+        let fd = dir.as_raw_fd();
+        // SAFETY: lseek on a descriptor this struct owns; no memory is involved.
+        let mut ok = unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } == 0;
+        while ok {
+            // SAFETY: the kernel writes at most `dirents.len()` bytes into the live buffer.
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_getdents64,
+                    fd,
+                    self.dirents.as_mut_ptr(),
+                    self.dirents.len(),
+                )
+            };
+            if n <= 0 {
+                ok = n == 0;
+                break;
+            }
+            let records = &self.dirents[..n as usize];
+            for name in DirentNames(records) {
+                match parse_tid(name) {
+                    Some(tid) if self.vcpu_tids.binary_search(&tid).is_err() => {
+                        self.alive.push(tid)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !ok {
+            // Opened again at the next pinning.
+            self.dir = None;
+            self.alive.clear();
+            return false;
+        }
+        self.alive.sort_unstable();
+        true
+    }
+}
+
+/// The names in a buffer of `linux_dirent64` records, as `getdents64` returns them.
+struct DirentNames<'a>(&'a [u8]);
+
+impl<'a> Iterator for DirentNames<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let len = usize::from(u16::from_ne_bytes([*self.0.get(16)?, *self.0.get(17)?]));
+        if len <= DIRENT_NAME_AT || len > self.0.len() {
+            return None;
+        }
+        let (record, rest) = self.0.split_at(len);
+        self.0 = rest;
+        let name = &record[DIRENT_NAME_AT..];
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        Some(&name[..end])
+    }
+}
+
+/// A thread id from a directory entry's name (None for `.`, `..` and anything else).
+fn parse_tid(name: &[u8]) -> Option<i32> {
+    if name.is_empty() || !name.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(name).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -137,6 +237,35 @@ mod tests {
         assert_eq!(exec.read(12).unwrap(), p1);
         assert_eq!(exec.calls().len(), 4);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The kept-open task directory, read again from its start, sees threads that started
+    /// and ended since the last pinning.
+    #[test]
+    fn pinning_follows_threads_started_and_ended_since_the_last_tick() {
+        let mut own = OwnThreads::new(vec![]);
+        let mut exec = RecordingExecutor::new();
+        let cpus = CpuSet::single(0);
+        own.pin(&cpus, &mut exec);
+        let (up, is_up) = std::sync::mpsc::channel();
+        let (done, finish) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            up.send(unsafe { libc::gettid() }).unwrap();
+            finish.recv().ok();
+        });
+        let tid = is_up.recv().unwrap();
+        assert!(exec.read(tid).is_err());
+        own.pin(&cpus, &mut exec);
+        assert_eq!(exec.read(tid).unwrap(), cpus, "a new thread is pinned");
+        assert!(own.pinned.contains(&tid));
+        drop(done);
+        t.join().unwrap();
+        let ended = std::time::Instant::now();
+        while own.pinned.contains(&tid) {
+            assert!(ended.elapsed() < std::time::Duration::from_secs(5));
+            own.pin(&cpus, &mut exec);
+        }
     }
 
     #[test]

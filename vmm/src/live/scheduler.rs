@@ -12,17 +12,18 @@ use pvmm_scheduler::{
     CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LoadTracker, PlaceError,
     UtilConfig, VcpuId, VcpuLoad,
 };
-use serde_json::json;
 
 use super::capacity::CapacityReporter;
-use super::control::{ExternalAssignment, ExternalState, PlacementControl};
+use super::control::{ExternalCopy, ExternalState, PlacementControl};
 use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
 use super::hotplug::OnlineCpus;
 use super::idle::IdleSource;
 use super::own_threads::OwnThreads;
 use crate::config::PlacementPolicy;
-use crate::procfs::last_cpu_of_thread;
+use crate::procfs::{parse_last_cpu, stat_path, ProcFile};
 use crate::seccomp::{SeccompFilters, ThreadKind};
+
+mod snapshot;
 
 /// The single VM a `pvmm` process runs is VM 0 in the engine's numbering.
 const THIS_VM: u32 = 0;
@@ -50,6 +51,8 @@ pub struct LiveVcpu {
     last_cpus: Option<CpuSet>,
     package: Option<u32>,
     capacity: u32,
+    /// Its thread's `stat`, for where the host last ran it (`--policy none`), opened then.
+    stat: Option<ProcFile>,
 }
 
 impl LiveVcpu {
@@ -63,7 +66,39 @@ impl LiveVcpu {
             last_cpus: None,
             package: None,
             capacity: CAPACITY_SCALE,
+            stat: None,
         }
+    }
+
+    /// The CPU the host last ran the thread on.
+    fn last_cpu(&mut self) -> Option<u32> {
+        let tid = self.tid;
+        let stat = self
+            .stat
+            .get_or_insert_with(|| ProcFile::new(stat_path(tid).into()));
+        parse_last_cpu(stat.read()?)
+    }
+}
+
+/// The ticks' CPU time by phase, in ns summed over the ticks (the scheduler thread's own CPU
+/// clock).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TickTimes {
+    /// Reading each vCPU's idle signal (`/proc` schedstat, KVM's statistics) and the host's
+    /// online CPUs.
+    pub read_ns: u64,
+    /// Control requests and the engine's decision.
+    pub decide_ns: u64,
+    /// Affinity of vCPUs and of pvmm's own threads, and publishing capacities (CPPC).
+    pub apply_ns: u64,
+    /// The snapshot: `--stats` and the control socket's copy.
+    pub report_ns: u64,
+}
+
+impl TickTimes {
+    /// All phases.
+    pub fn total_ns(&self) -> u64 {
+        self.read_ns + self.decide_ns + self.apply_ns + self.report_ns
     }
 }
 
@@ -78,9 +113,15 @@ pub struct PlacementTotals {
     pub apply_errors: u64,
     /// Policy changes asked for at run time (control socket).
     pub policy_changes: u64,
+    /// CPU time of the ticks, by phase.
+    pub time: TickTimes,
 }
 
 /// The live scheduler of one VM.
+///
+/// Every per-tick buffer (the engine's input and decision, the capacities, an outside
+/// balancer's assignments, the snapshot) lives here and is reused, so that a tick allocates
+/// nothing once warm; the topology's CPU sets are computed when the topology changes.
 pub struct LiveScheduler {
     policy: PlacementPolicy,
     topology: HostTopology,
@@ -100,8 +141,18 @@ pub struct LiveScheduler {
     guest_errors: Option<Arc<GuestErrorCounter>>,
     /// Each package's capacity (SMT counted as the engine counts it), in package order.
     package_capacity: Vec<u32>,
+    /// Each package's CPUs, in package order.
+    package_cpus: Vec<CpuSet>,
+    /// All the topology's CPUs.
+    all_cpus: CpuSet,
     /// The host's online CPUs, when watched: the topology follows them.
     online: Option<OnlineCpus>,
+    loads: Vec<VcpuLoad>,
+    decision: Decision,
+    capacities: Vec<u32>,
+    external_copy: ExternalCopy,
+    /// The snapshot's text, written anew each tick.
+    line: Vec<u8>,
 }
 
 impl LiveScheduler {
@@ -145,9 +196,11 @@ impl LiveScheduler {
         vcpus: Vec<LiveVcpu>,
         stats: Option<Box<dyn Write + Send>>,
     ) -> Self {
-        Self {
+        let mut s = Self {
             engine: make_engine(policy, &topology, &engine_config),
-            package_capacity: package_capacities(&topology),
+            package_capacity: Vec::new(),
+            package_cpus: Vec::new(),
+            all_cpus: CpuSet::new(),
             policy,
             topology,
             engine_config,
@@ -163,7 +216,14 @@ impl LiveScheduler {
             capacity: None,
             guest_errors: None,
             online: None,
-        }
+            loads: Vec::new(),
+            decision: Decision::default(),
+            capacities: Vec::new(),
+            external_copy: ExternalCopy::default(),
+            line: Vec::new(),
+        };
+        s.topology_changed();
+        s
     }
 
     /// Shared totals for the exit summary.
@@ -175,60 +235,59 @@ impl LiveScheduler {
         self.start.elapsed().as_nanos() as u64
     }
 
+    /// Recomputes what the scheduler keeps of the topology.
+    fn topology_changed(&mut self) {
+        let packages = self.topology.packages();
+        self.package_cpus = packages
+            .iter()
+            .map(|p| self.topology.package_cpus(p.id))
+            .collect();
+        self.package_capacity = self
+            .package_cpus
+            .iter()
+            .map(|cpus| group_capacity(&self.topology, cpus).capacity)
+            .collect();
+        self.all_cpus = self.topology.cpu_set();
+    }
+
     /// One tick: sample, take control requests, place (pvmm's policy or an outside
     /// balancer's assignments), apply, publish capacities, report. Returns the engine's
     /// decision (None for the `none` policy and under outside placement).
-    pub fn tick(&mut self) -> Result<Option<Decision>, LiveError> {
+    pub fn tick(&mut self) -> Result<Option<&Decision>, LiveError> {
+        let mut clock = PhaseClock::start();
+        let mut time = TickTimes::default();
         let now_ns = self.now_ns();
         self.sample(now_ns);
         self.follow_online_cpus();
-        if let Some(policy) = self.control.as_ref().and_then(|c| c.take_policy_request()) {
-            self.set_policy(policy);
-        }
-        let who = match &self.control {
-            Some(c) => c.external(Instant::now()),
-            None => ExternalState::Own,
-        };
-        let (decision, (moved, apply_errors)) = match who {
-            ExternalState::Active(assignments) => {
-                self.external = true;
-                (None, self.apply_external(&assignments))
-            }
-            own => {
-                if own == ExternalState::Expired {
-                    eprintln!(
-                        "pvmm: external placement lease expired; placing under policy {} again",
-                        self.policy
-                    );
-                }
-                if std::mem::take(&mut self.external) {
-                    // The engine's view of where vCPUs are is stale: start it afresh, from
-                    // where the outside balancer left them.
-                    self.restart_engine();
-                }
-                let decision = self.decide(now_ns)?;
-                let counts = match &decision {
-                    Some(d) => self.apply_decision(d),
-                    None => {
-                        self.follow_unpinned();
-                        (0, 0)
-                    }
-                };
-                (decision, counts)
-            }
+        time.read_ns = clock.lap();
+        let outside = self.outside_places();
+        let decided = !outside && self.decide(now_ns)?;
+        time.decide_ns = clock.lap();
+        let (moved, apply_errors) = if outside {
+            self.apply_external()
+        } else if decided {
+            self.apply_decision()
+        } else {
+            self.follow_unpinned();
+            (0, 0)
         };
         let own_errors = self.pin_own_threads();
-        if let Some(reporter) = self.capacity.as_mut() {
-            let capacities: Vec<u32> = self.vcpus.iter().map(|v| v.capacity).collect();
-            reporter.publish(&capacities, Instant::now());
-        }
+        self.publish_capacities();
         if let Ok(mut t) = self.totals.lock() {
             t.ticks += 1;
             t.migrations += moved;
             t.apply_errors += apply_errors + own_errors;
         }
+        time.apply_ns = clock.lap();
         self.report(now_ns, moved);
-        Ok(decision)
+        time.report_ns = clock.lap();
+        if let Ok(mut t) = self.totals.lock() {
+            t.time.read_ns += time.read_ns;
+            t.time.decide_ns += time.decide_ns;
+            t.time.apply_ns += time.apply_ns;
+            t.time.report_ns += time.report_ns;
+        }
+        Ok(decided.then_some(&self.decision))
     }
 
     fn sample(&mut self, now_ns: u64) {
@@ -240,30 +299,57 @@ impl LiveScheduler {
         }
     }
 
-    fn decide(&mut self, now_ns: u64) -> Result<Option<Decision>, LiveError> {
-        let Some(engine) = &mut self.engine else {
-            return Ok(None);
+    /// Takes the control socket's requests; whether an outside balancer places at this tick
+    /// (its assignments then in `self.external_copy`).
+    fn outside_places(&mut self) -> bool {
+        let (policy, who) = match &self.control {
+            Some(c) => (
+                c.take_policy_request(),
+                c.external(Instant::now(), &mut self.external_copy),
+            ),
+            None => (None, ExternalState::Own),
         };
-        let loads: Vec<VcpuLoad> = self
-            .vcpus
-            .iter()
-            .map(|v| {
-                v.tracker.load(VcpuId {
-                    vm: THIS_VM,
-                    vcpu: v.index,
-                })
+        if let Some(policy) = policy {
+            self.set_policy(policy);
+        }
+        if who == ExternalState::Active {
+            self.external = true;
+            return true;
+        }
+        if who == ExternalState::Expired {
+            eprintln!(
+                "pvmm: external placement lease expired; placing under policy {} again",
+                self.policy
+            );
+        }
+        if std::mem::take(&mut self.external) {
+            // The engine's view of where vCPUs are is stale: start it afresh, from where the
+            // outside balancer left them.
+            self.restart_engine();
+        }
+        false
+    }
+
+    /// Runs the engine into `self.decision`; false under the `none` policy.
+    fn decide(&mut self, now_ns: u64) -> Result<bool, LiveError> {
+        let Some(engine) = &mut self.engine else {
+            return Ok(false);
+        };
+        self.loads.clear();
+        self.loads.extend(self.vcpus.iter().map(|v| {
+            v.tracker.load(VcpuId {
+                vm: THIS_VM,
+                vcpu: v.index,
             })
-            .collect();
-        engine
-            .place(now_ns / 1_000_000, &loads)
-            .map(Some)
-            .map_err(LiveError::Engine)
+        }));
+        engine.place_into(now_ns / 1_000_000, &self.loads, &mut self.decision)?;
+        Ok(true)
     }
 
     /// Applies the engine's decision; returns (moves, refused affinity changes).
-    fn apply_decision(&mut self, d: &Decision) -> (u64, u64) {
+    fn apply_decision(&mut self) -> (u64, u64) {
         let mut counts = (0, 0);
-        for (v, a) in self.vcpus.iter_mut().zip(&d.assignments) {
+        for (v, a) in self.vcpus.iter_mut().zip(&self.decision.assignments) {
             pin_vcpu(v, &a.cpus, self.executor.as_mut(), &mut counts);
             v.package = Some(a.package);
             v.capacity = a.capacity;
@@ -294,16 +380,16 @@ impl LiveScheduler {
     /// only the vCPUs of CPUs gone move, and a CPU that returns is used again.
     fn follow_online_cpus(&mut self) {
         if let Some(topology) = self.online.as_mut().and_then(|o| o.follow("pvmm")) {
-            self.package_capacity = package_capacities(&topology);
             self.topology = topology;
+            self.topology_changed();
             self.restart_engine();
         }
     }
 
     /// Applies an outside balancer's assignments; vCPUs they do not name stay as they are.
-    fn apply_external(&mut self, assignments: &[ExternalAssignment]) -> (u64, u64) {
+    fn apply_external(&mut self) -> (u64, u64) {
         let mut counts = (0, 0);
-        for a in assignments {
+        for a in &self.external_copy.assignments {
             let Some(v) = self.vcpus.get_mut(a.vcpu as usize) else {
                 continue;
             };
@@ -317,7 +403,7 @@ impl LiveScheduler {
     /// Under `none`, reports where the host scheduler last ran each thread.
     fn follow_unpinned(&mut self) {
         for v in &mut self.vcpus {
-            v.package = last_cpu_of_thread(v.tid).and_then(|c| self.topology.package_of(c));
+            v.package = v.last_cpu().and_then(|c| self.topology.package_of(c));
         }
     }
 
@@ -332,15 +418,14 @@ impl LiveScheduler {
             t.policy_changes += 1;
         }
         if policy == PlacementPolicy::None {
-            let all = self.topology.cpu_set();
             for v in &mut self.vcpus {
-                if self.executor.apply(v.tid, &all).is_ok() {
+                if self.executor.apply(v.tid, &self.all_cpus).is_ok() {
                     v.last_cpus = None;
                 }
                 v.capacity = CAPACITY_SCALE;
             }
             if let Some(own) = self.own_threads.as_mut() {
-                own.pin(&all, self.executor.as_mut());
+                own.pin(&self.all_cpus, self.executor.as_mut());
             }
         }
     }
@@ -357,11 +442,27 @@ impl LiveScheduler {
         let Some(home) = self.vcpus.iter().filter_map(|v| v.package).min() else {
             return 0;
         };
-        let cpus = self.topology.package_cpus(home);
+        let packages = self.topology.packages().iter();
+        let Some(cpus) = packages
+            .zip(&self.package_cpus)
+            .find_map(|(p, cpus)| (p.id == home).then_some(cpus))
+        else {
+            return 0;
+        };
         if cpus.is_empty() {
             return 0;
         }
-        own.pin(&cpus, self.executor.as_mut())
+        own.pin(cpus, self.executor.as_mut())
+    }
+
+    /// Tells the guest each vCPU's capacity.
+    fn publish_capacities(&mut self) {
+        if let Some(reporter) = self.capacity.as_mut() {
+            self.capacities.clear();
+            self.capacities
+                .extend(self.vcpus.iter().map(|v| v.capacity));
+            reporter.publish(&self.capacities, Instant::now());
+        }
     }
 
     /// Writes this tick's snapshot to `--stats` and to the control socket's view.
@@ -369,71 +470,29 @@ impl LiveScheduler {
         if self.stats.is_none() && self.control.is_none() {
             return;
         }
-        let line = self.snapshot(now_ns, moved);
+        let mut line = std::mem::take(&mut self.line);
+        self.write_snapshot(&mut line, now_ns, moved);
         if let Some(out) = self.stats.as_mut() {
+            line.push(b'\n');
             // A stats reader that went away must not stop the VM.
-            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            if out.write_all(&line).and_then(|_| out.flush()).is_err() {
                 self.stats = None;
             }
+            line.pop();
         }
         if let Some(control) = &self.control {
-            control.publish(line);
+            // The control keeps this text and hands back the buffer of the one it replaces.
+            control.publish(&mut line);
         }
+        self.line = line;
     }
 
-    /// The `--stats` line of this tick.
+    /// The `--stats` line of this tick, parsed.
+    #[cfg(test)]
     fn snapshot(&self, now_ns: u64, moved: u64) -> serde_json::Value {
-        let all_cpus = self.topology.cpu_set();
-        let vcpus: Vec<_> = self
-            .vcpus
-            .iter()
-            .map(|v| {
-                json!({
-                    "vcpu": v.index,
-                    "tid": v.tid,
-                    "util": round3(f64::from(v.tracker.util().util()) / f64::from(CAPACITY_SCALE)),
-                    "busy": v.tracker.util().is_busy(),
-                    "waited": round3(f64::from(v.tracker.waited()) / f64::from(CAPACITY_SCALE)),
-                    "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
-                    "package": v.package,
-                    "capacity": v.capacity,
-                    "desired": self.capacity.as_ref().map(|r| r.guest_desired(v.index)),
-                })
-            })
-            .collect();
-        let packages: Vec<_> = self
-            .topology
-            .packages()
-            .iter()
-            .zip(&self.package_capacity)
-            .map(|(p, &capacity)| {
-                let on: Vec<&LiveVcpu> = self
-                    .vcpus
-                    .iter()
-                    .filter(|v| v.package == Some(p.id))
-                    .collect();
-                let demand: u32 = on.iter().map(|v| v.tracker.util().util()).sum();
-                json!({
-                    "id": p.id,
-                    "util": round3(f64::from(demand) / f64::from(capacity.max(1))),
-                    "active": !on.is_empty(),
-                })
-            })
-            .collect();
-        let totals = self.totals.lock().map(|t| t.clone()).unwrap_or_default();
-        json!({
-            "t_ms": now_ns / 1_000_000,
-            "policy": self.policy.to_string(),
-            "external": self.external,
-            "vcpus": vcpus,
-            "packages": packages,
-            "migrations": moved,
-            "migrations_total": totals.migrations,
-            "policy_changes": totals.policy_changes,
-            "capacity_notifications": self.capacity.as_ref().map(|r| r.notifications()),
-            "cppc_enabled": self.capacity.as_ref().map(|r| r.guest_enabled()),
-            "guest_register_errors": self.guest_errors.as_ref().map(|e| e.total()),
-        })
+        let mut line = Vec::new();
+        self.write_snapshot(&mut line, now_ns, moved);
+        serde_json::from_slice(&line).expect("the snapshot is JSON")
     }
 
     /// Runs ticks every `tick` on a thread named `pvmm-sched`, confined by the scheduler
@@ -495,19 +554,26 @@ impl LiveScheduler {
         )
     }
 
+    /// The `-v` exit line: the ticks' CPU time per tick, by phase ([`TickTimes`]).
+    pub fn tick_cost_line(totals: &PlacementTotals) -> String {
+        let t = &totals.time;
+        let per_tick = |ns: u64| ns as f64 / totals.ticks.max(1) as f64 / 1000.0;
+        format!(
+            "scheduler tick: {:.1} us of CPU per tick over {} ticks (read {:.1}, decide {:.1}, \
+             apply {:.1}, report {:.1} us)",
+            per_tick(t.total_ns()),
+            totals.ticks,
+            per_tick(t.read_ns),
+            per_tick(t.decide_ns),
+            per_tick(t.apply_ns),
+            per_tick(t.report_ns),
+        )
+    }
+
     /// /proc/stat at start, for the summary.
     pub fn host_stat_at_start(&self) -> Vec<(u32, CpuTimes)> {
         self.host_stat_at_start.clone()
     }
-}
-
-/// Each package's capacity (SMT counted as the engine counts it), in package order.
-fn package_capacities(topology: &HostTopology) -> Vec<u32> {
-    topology
-        .packages()
-        .iter()
-        .map(|p| group_capacity(topology, &topology.package_cpus(p.id)).capacity)
-        .collect()
 }
 
 fn make_engine(
@@ -542,218 +608,39 @@ fn single_cpu(cpus: &CpuSet) -> Option<u32> {
     (cpus.len() == 1).then(|| cpus.first()).flatten()
 }
 
+/// The calling thread's CPU clock, read phase by phase.
+struct PhaseClock(u64);
+
+impl PhaseClock {
+    fn start() -> Self {
+        Self(thread_cpu_ns())
+    }
+
+    /// The thread's CPU time since the last lap (or the start).
+    fn lap(&mut self) -> u64 {
+        let now = thread_cpu_ns();
+        now.saturating_sub(std::mem::replace(&mut self.0, now))
+    }
+}
+
+/// CPU time of the calling thread, in ns (0 if the clock cannot be read).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call writes only to it.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use pvmm_scheduler::{IdleSample, Policy, RecordingExecutor};
-
-    struct Scripted {
-        busy_fraction: f64,
-    }
-
-    /// `n` vCPUs on threads `first_tid..`, each busy `busy_fraction` of the time.
-    fn scripted_vcpus(n: u32, first_tid: i32, busy_fraction: f64) -> Vec<LiveVcpu> {
-        (0..n)
-            .map(|i| {
-                LiveVcpu::new(
-                    i,
-                    first_tid + i as i32,
-                    Box::new(Scripted { busy_fraction }),
-                )
-            })
-            .collect()
-    }
-    impl IdleSource for Scripted {
-        fn sample(&mut self, now_ns: u64) -> Result<IdleSample, super::super::idle::IdleError> {
-            let busy = (now_ns as f64 * self.busy_fraction) as u64;
-            Ok(IdleSample {
-                t_ns: now_ns,
-                busy_ns: busy,
-                idle_ns: now_ns - busy,
-            })
-        }
-    }
-
-    #[test]
-    fn idle_vcpus_are_packed_and_reported() {
-        let topo = HostTopology::from_spec("2x2x1").unwrap();
-        let vcpus = scripted_vcpus(4, 1000, 0.0);
-        let buf = Arc::new(Mutex::new(Vec::<u8>::new()));
-        struct Shared(Arc<Mutex<Vec<u8>>>);
-        impl Write for Shared {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let mut s = LiveScheduler::new(
-            PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
-            topo,
-            EngineConfig {
-                ramp_down_window_ms: 0,
-                ..Default::default()
-            },
-            Box::new(RecordingExecutor::new()),
-            vcpus,
-            Some(Box::new(Shared(buf.clone()))),
-        );
-        for _ in 0..3 {
-            s.tick().unwrap();
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let text = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
-        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-        assert_eq!(text.lines().count(), 3);
-        let vcpus = last["vcpus"].as_array().unwrap();
-        assert_eq!(vcpus.len(), 4);
-        for v in vcpus {
-            assert_eq!(v["package"], 0, "{last}");
-            assert!(v["capacity"].as_u64().unwrap() >= 1);
-        }
-        assert_eq!(last["packages"][1]["active"], false);
-        assert_eq!(last["packages"][0]["active"], true);
-    }
-
-    /// A host CPU going offline moves only the vCPU that was on it, onto CPUs still online;
-    /// when the CPU comes back it is used again.
-    #[test]
-    fn vcpus_leave_a_cpu_going_offline_and_use_it_again_when_it_returns() {
-        let dir = std::env::temp_dir().join(format!("pvmm-hotplug-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let online = dir.join("online");
-        std::fs::write(&online, "0-3\n").unwrap();
-        let topo = HostTopology::from_spec("2x2x1").unwrap();
-        let vcpus = scripted_vcpus(4, 5000, 1.0);
-        let mut s = LiveScheduler::new(
-            PlacementPolicy::Managed(Policy::Performance),
-            topo.clone(),
-            EngineConfig::default(),
-            Box::new(RecordingExecutor::new()),
-            vcpus,
-            None,
-        )
-        .with_online_cpus(OnlineCpus::watch(topo, online.clone()).unwrap());
-        let placed = |s: &LiveScheduler| -> Vec<CpuSet> {
-            s.vcpus
-                .iter()
-                .map(|v| v.last_cpus.clone().unwrap())
-                .collect()
-        };
-        for _ in 0..3 {
-            s.tick().unwrap();
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let before = placed(&s);
-        let used: CpuSet = before.iter().flat_map(|c| c.iter()).collect();
-        assert_eq!(used.to_string(), "0-3", "{before:?}");
-
-        std::fs::write(&online, "0-1,3\n").unwrap();
-        s.tick().unwrap();
-        let after = placed(&s);
-        for (was, now) in before.iter().zip(&after) {
-            assert!(!now.contains(2), "{after:?}");
-            if !was.contains(2) {
-                assert_eq!(
-                    was, now,
-                    "only the vCPU of CPU 2 moves: {before:?} -> {after:?}"
-                );
-            }
-        }
-
-        std::fs::write(&online, "0-3\n").unwrap();
-        for _ in 0..3 {
-            s.tick().unwrap();
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let back = placed(&s);
-        let used: CpuSet = back.iter().flat_map(|c| c.iter()).collect();
-        assert_eq!(used.to_string(), "0-3", "{back:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// When an outside balancer's lease lapses, pvmm's own engine starts from where the
-    /// balancer left the vCPUs: idle vCPUs it left together on CPU 1 (package 0, where
-    /// powersaving would keep them) stay; an engine starting from nothing would move them all
-    /// to CPU 0, its first fit.
-    #[test]
-    fn taking_over_from_a_lapsed_balancer_moves_nothing_needlessly() {
-        let topo = HostTopology::from_spec("2x2x1").unwrap();
-        let vcpus = scripted_vcpus(4, 3000, 0.0);
-        let control = Arc::new(PlacementControl::new(Duration::from_millis(20)));
-        let mut s = LiveScheduler::new(
-            PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
-            topo,
-            EngineConfig::default(),
-            Box::new(RecordingExecutor::new()),
-            vcpus,
-            None,
-        )
-        .with_control(control.clone());
-        let one = CpuSet::single(1);
-        control.set_external(
-            (0..4)
-                .map(|vcpu| ExternalAssignment {
-                    vcpu,
-                    cpus: one.clone(),
-                    capacity: 256,
-                })
-                .collect(),
-        );
-        s.tick().unwrap();
-        assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
-        std::thread::sleep(Duration::from_millis(40));
-        assert!(!control.external_active());
-        let before = s.totals.lock().unwrap().migrations;
-        for _ in 0..3 {
-            let decision = s.tick().unwrap().expect("pvmm places again");
-            assert!(decision.migrations.is_empty(), "{:?}", decision.migrations);
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        assert_eq!(s.totals.lock().unwrap().migrations, before);
-        assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
-    }
-
-    /// A package's util is its vCPUs' demand over its capacity, SMT counted as the engine
-    /// counts it (two busy siblings are 1178, not 2048); guest mistakes are reported.
-    #[test]
-    fn package_util_is_over_its_capacity() {
-        use pvmm_devices::events::GuestEvents as _;
-        let topo = HostTopology::from_spec("1x2x2").unwrap();
-        let vcpus = scripted_vcpus(4, 2000, 1.0);
-        let errors = Arc::new(GuestErrorCounter::default());
-        let mut s = LiveScheduler::new(
-            PlacementPolicy::default(),
-            topo,
-            EngineConfig::default(),
-            Box::new(RecordingExecutor::new()),
-            vcpus,
-            None,
-        )
-        .with_guest_errors(errors.clone());
-        for _ in 0..3 {
-            s.tick().unwrap();
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        errors.unclaimed_access(0x80);
-        let snap = s.snapshot(s.now_ns(), 0);
-        let demand: f64 = s
-            .vcpus
-            .iter()
-            .map(|v| f64::from(v.tracker.util().util()))
-            .sum();
-        assert!(demand > 0.0, "{snap}");
-        let util = snap["packages"][0]["util"].as_f64().unwrap();
-        assert!(
-            (util - round3(demand / (2.0 * 1178.0))).abs() < 1e-9,
-            "{snap}"
-        );
-        assert_eq!(snap["guest_register_errors"], 1);
-    }
-}
+mod tests;

@@ -1,8 +1,9 @@
 //! Building one VM, in the order [`start`] takes: everything the user can get wrong (flags,
 //! files, topology, the stats file, the control socket) before any KVM object exists; then the
 //! KVM VM and guest memory with ACPI tables and the kernel; the devices (`devices`); the vCPU
-//! threads, held at a gate; the first placement, before the guest runs; and the threads that
-//! serve the running VM. Why a start fails is in `error`.
+//! threads, held at a gate; the first placement; the threads that serve the running VM; and,
+//! once every thread (the main one last) is under its seccomp filter, the gate opens and the
+//! guest runs. Why a start fails is in `error`.
 
 use std::io::Write;
 use std::path::Path;
@@ -33,7 +34,7 @@ use crate::memory::{create_guest_memory, low_ram_end};
 use crate::running::{PlacementReport, RunningVm, VmCore};
 use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::signals::SignalThread;
-use crate::vstate::handle::{register_kick_handler, RunControl, VcpuHandle};
+use crate::vstate::handle::{register_kick_handler, RunControl, VcpuGate, VcpuHandle};
 use crate::vstate::stats::VcpuHaltStats;
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuStarted};
 use crate::vstate::vm::Vm;
@@ -171,11 +172,12 @@ fn load_guest(
     Ok((mem, entry))
 }
 
-/// The vCPU threads (held at a gate until placed) and each one's idle signal.
+/// The vCPU threads (held at a gate until placed and every other thread is confined) and
+/// each one's idle signal.
 struct StartedVcpus {
     handles: Vec<VcpuHandle>,
     live: Vec<LiveVcpu>,
-    gate: Arc<Barrier>,
+    gate: VcpuGate,
 }
 
 /// Creates the vCPUs, starts their threads held at a gate, and pairs each with its idle signal.
@@ -194,14 +196,14 @@ fn start_vcpus(
         .collect::<Result<Vec<_>, _>>()?;
     let halt_stats = open_halt_stats(&vcpus);
     register_kick_handler().map_err(SetupError::KickSignal)?;
-    let gate = Arc::new(Barrier::new(vcpus.len() + 1));
+    let barrier = Arc::new(Barrier::new(vcpus.len() + 1));
     let (started_tx, started_rx) = unbounded();
     let mut threads = Vec::with_capacity(vcpus.len());
     for vcpu in vcpus {
         let control = Arc::new(RunControl::default());
         let thread = vcpu.spawn(
             buses.clone(),
-            (started_tx.clone(), gate.clone()),
+            (started_tx.clone(), barrier.clone()),
             exit_tx.clone(),
             control.clone(),
             seccomp.clone(),
@@ -209,6 +211,9 @@ fn start_vcpus(
         threads.push(Some((thread, control)));
     }
     let started = wait_started(&started_rx, config.vcpus)?;
+    // Every thread has started and waits at the barrier, or is about to.
+    let controls = threads.iter().flatten().map(|(_, c)| c.clone()).collect();
+    let gate = VcpuGate::new(barrier, controls);
     let mut handles = Vec::with_capacity(started.len());
     let mut live = Vec::with_capacity(started.len());
     for (s, halt) in started.iter().zip(halt_stats) {
@@ -266,14 +271,13 @@ struct StartedPlacement {
     thread: (Sender<()>, std::thread::JoinHandle<()>),
 }
 
-/// Places the vCPUs once while they wait at `gate`, releases them, and starts the scheduler
-/// thread.
+/// Places the vCPUs once while they wait at their gate, and starts the scheduler thread.
 fn start_scheduler(
     (config, seccomp): (&VmConfig, &Arc<SeccompFilters>),
     topology: &HostTopology,
     live: Vec<LiveVcpu>,
     stats_out: Option<Box<dyn Write + Send>>,
-    (handles, gate): (&[VcpuHandle], &Barrier),
+    handles: &[VcpuHandle],
     devices: &Devices,
     ged_unmasked: Box<dyn Fn() -> bool + Send>,
 ) -> Result<StartedPlacement, VmmError> {
@@ -300,10 +304,10 @@ fn start_scheduler(
     if let Some(online) = OnlineCpus::watch(topology.clone(), SYSFS_ONLINE.into()) {
         scheduler = scheduler.with_online_cpus(online);
     }
-    // vCPUs start where the policy wants them: place before releasing the gate.
-    let placed = scheduler.tick();
-    gate.wait();
-    placed.map_err(PlacementStartError::FirstPlacement)?;
+    // vCPUs start where the policy wants them: place before the gate opens.
+    scheduler
+        .tick()
+        .map_err(PlacementStartError::FirstPlacement)?;
     let report = PlacementReport {
         topology: topology.clone(),
         totals: scheduler.totals(),
@@ -414,7 +418,8 @@ fn serve(
 
 /// Builds the VM described by `config` and starts its vCPUs, its scheduler and, with
 /// `--api-socket`, its control socket. Every thread it starts installs its seccomp filter
-/// (`config.seccomp`) first; as its last step the calling thread installs the main thread's.
+/// (`config.seccomp`) first; then the calling thread installs the main thread's, and only then
+/// do the vCPUs run guest code. On an error the vCPUs end without running any.
 pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     let mut phases = phases::Phases::start();
     let prepared = prepare(config)?;
@@ -445,7 +450,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         &prepared.topology,
         started.live,
         prepared.stats_out,
-        (&started.handles, &started.gate),
+        &started.handles,
         &devices,
         Box::new(listening.clone()),
     )?;
@@ -462,6 +467,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     let services = serve(&core, prepared.api_socket, &seccomp)?;
     let console = spawn_console_input(devices.serial, seccomp.clone());
     seccomp.apply(ThreadKind::Main)?;
+    started.gate.open();
     Ok(RunningVm::new(
         core,
         exits,

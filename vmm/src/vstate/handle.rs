@@ -8,7 +8,7 @@
 //! lost, so the VMM repeats it until the thread reports the state it asked for.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -155,6 +155,45 @@ impl RunControl {
     /// The state the thread reached last.
     pub fn state(&self) -> RunState {
         *self.reached()
+    }
+}
+
+/// The gate vCPU threads wait at between their start and their first `KVM_RUN`, so that the
+/// VMM can place them, and confine every thread of its own, before any guest code runs.
+/// [`VcpuGate::open`] lets them run; a gate dropped unopened (the VM failed to start) lets
+/// them go with a stop request, so that they end without entering the guest.
+pub struct VcpuGate {
+    barrier: Arc<Barrier>,
+    controls: Vec<Arc<RunControl>>,
+    opened: bool,
+}
+
+impl VcpuGate {
+    /// The gate of the threads that run under `controls` and have reached, or are about to
+    /// reach, `barrier` (one wait each; the barrier counts them and this gate).
+    pub fn new(barrier: Arc<Barrier>, controls: Vec<Arc<RunControl>>) -> Self {
+        Self {
+            barrier,
+            controls,
+            opened: false,
+        }
+    }
+
+    /// Lets the vCPU threads run the guest.
+    pub fn open(mut self) {
+        self.opened = true;
+        self.barrier.wait();
+    }
+}
+
+impl Drop for VcpuGate {
+    fn drop(&mut self) {
+        if !self.opened {
+            for control in &self.controls {
+                control.request(RunState::Stopped);
+            }
+            self.barrier.wait();
+        }
     }
 }
 
@@ -323,5 +362,43 @@ mod tests {
             .unwrap();
         h.set_state(RunState::Stopped, Duration::from_millis(50))
             .unwrap();
+    }
+
+    /// Two stand-in vCPU threads at a gate; returns the gate and, per thread, whether it
+    /// would have entered the guest.
+    fn gated_threads() -> (VcpuGate, Vec<JoinHandle<bool>>) {
+        let barrier = Arc::new(Barrier::new(3));
+        let controls: Vec<_> = (0..2).map(|_| Arc::new(RunControl::default())).collect();
+        let threads = controls
+            .iter()
+            .map(|c| {
+                let (c, b) = (c.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    c.may_run()
+                })
+            })
+            .collect();
+        (VcpuGate::new(barrier, controls), threads)
+    }
+
+    #[test]
+    fn an_opened_gate_lets_the_vcpus_run_and_a_dropped_one_stops_them_first() {
+        let (gate, threads) = gated_threads();
+        gate.open();
+        for t in threads {
+            assert!(
+                t.join().unwrap(),
+                "an opened gate let a vCPU through stopped"
+            );
+        }
+        let (gate, threads) = gated_threads();
+        drop(gate);
+        for t in threads {
+            assert!(
+                !t.join().unwrap(),
+                "a vCPU entered the guest of a VM that failed to start"
+            );
+        }
     }
 }

@@ -26,9 +26,11 @@
 //!    [`CACHE_SHARING_SPEEDUP`] slower than one whose VM shares its package.
 //!    A vCPU that moved first spends a migration cost refilling caches
 //!    ([`MIGRATION_COST_SAME_PACKAGE_US`], [`MIGRATION_COST_CROSS_PACKAGE_US`]).
-//! 4. Time a vCPU runs counts as busy, time it has nothing to do as idle
-//!    (time it waits for a shared CPU is neither, as steal time is for a real
-//!    vCPU), which is what its tracker sees at the next tick.
+//! 4. Time a vCPU runs counts as busy, time it has nothing to do as idle,
+//!    and time it has work but waits for its share of a CPU as busy and as
+//!    waited: what the live VMM reads for a vCPU thread (not halted, and
+//!    runnable but not running, from its scheduler statistics), and what its
+//!    tracker sees at the next tick.
 //! 5. The power model ([`pvmm_scheduler::power::PowerModel`]) turns the
 //!    step's busy fractions per CPU into package, core and SMT activity;
 //!    energy is power x time.
@@ -51,7 +53,7 @@ use pvmm_scheduler::executor::{Executor, RecordingExecutor};
 use pvmm_scheduler::placement::{Engine, VcpuId, VcpuLoad};
 use pvmm_scheduler::power::thread_overlap;
 use pvmm_scheduler::topology::HostTopology;
-use pvmm_scheduler::util::{IdleSample, UtilTracker};
+use pvmm_scheduler::util::{IdleSample, LoadTracker};
 
 use super::load::{LoadState, EMPTY_BACKLOG_NS, NS_PER_MS};
 use super::spec::VmSpec;
@@ -83,7 +85,9 @@ struct Vcpu {
     runnable: bool,
     busy_ns: f64,
     idle_ns: f64,
-    tracker: UtilTracker,
+    /// Time it had work but waited for its CPU (ns).
+    waited_ns: f64,
+    tracker: LoadTracker,
     /// Unpinned: when host activity next displaces it while running (ns).
     displace_at_ns: f64,
     /// This tick: running time (ns) and running time per package.
@@ -298,7 +302,8 @@ impl<'a> Sim<'a> {
                     runnable: false,
                     busy_ns: 0.0,
                     idle_ns: 0.0,
-                    tracker: UtilTracker::new(config.util),
+                    waited_ns: 0.0,
+                    tracker: LoadTracker::new(config.util),
                     displace_at_ns: f64::INFINITY,
                     tick_busy_ns: 0.0,
                     tick_pkg_ns: vec![0.0; num_pkgs],
@@ -346,19 +351,15 @@ impl<'a> Sim<'a> {
         let loads = &mut self.buffers.loads;
         loads.clear();
         for v in &mut self.vcpus {
-            v.tracker.update(IdleSample {
-                t_ns: t,
-                busy_ns: v.busy_ns.round() as u64,
-                idle_ns: v.idle_ns.round() as u64,
-            });
-            loads.push(VcpuLoad {
-                id: v.id,
-                util: v.tracker.util(),
-                busy: v.tracker.is_busy(),
-                // The simulated threads' time waiting for a CPU is in neither counter (the
-                // tracker's share is of the time accounted), so no wait is reported apart.
-                waited: 0,
-            });
+            v.tracker.update(
+                IdleSample {
+                    t_ns: t,
+                    busy_ns: (v.busy_ns + v.waited_ns).round() as u64,
+                    idle_ns: v.idle_ns.round() as u64,
+                },
+                v.waited_ns.round() as u64,
+            );
+            loads.push(v.tracker.load(v.id));
         }
         let decision = engine.place(t / NS_PER_MS, loads)?;
         self.totals.migrations += decision.moves() as u64;
@@ -514,6 +515,9 @@ impl<'a> Sim<'a> {
             if v.backlog_ns < EMPTY_BACKLOG_NS {
                 // Done within the step: halted for the rest of it.
                 v.idle_ns += dt - slice;
+            } else {
+                // Work left: it waited for the CPU the rest of the step.
+                v.waited_ns += dt - slice;
             }
         }
         (used / dt).min(1.0)

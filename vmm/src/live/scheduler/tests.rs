@@ -1,0 +1,328 @@
+//! Tests of the live scheduler.
+
+use super::*;
+use crate::live::control::ExternalAssignment;
+use pvmm_scheduler::{IdleSample, Policy, RecordingExecutor};
+
+struct Scripted {
+    busy_fraction: f64,
+}
+
+/// `n` vCPUs on threads `first_tid..`, each busy `busy_fraction` of the time.
+fn scripted_vcpus(n: u32, first_tid: i32, busy_fraction: f64) -> Vec<LiveVcpu> {
+    (0..n)
+        .map(|i| {
+            LiveVcpu::new(
+                i,
+                first_tid + i as i32,
+                Box::new(Scripted { busy_fraction }),
+            )
+        })
+        .collect()
+}
+impl IdleSource for Scripted {
+    fn sample(&mut self, now_ns: u64) -> Result<IdleSample, super::super::idle::IdleError> {
+        let busy = (now_ns as f64 * self.busy_fraction) as u64;
+        Ok(IdleSample {
+            t_ns: now_ns,
+            busy_ns: busy,
+            idle_ns: now_ns - busy,
+        })
+    }
+}
+
+#[test]
+fn idle_vcpus_are_packed_and_reported() {
+    let topo = HostTopology::from_spec("2x2x1").unwrap();
+    let vcpus = scripted_vcpus(4, 1000, 0.0);
+    let buf = Arc::new(Mutex::new(Vec::<u8>::new()));
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut s = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
+        topo,
+        EngineConfig {
+            ramp_down_window_ms: 0,
+            ..Default::default()
+        },
+        Box::new(RecordingExecutor::new()),
+        vcpus,
+        Some(Box::new(Shared(buf.clone()))),
+    );
+    for _ in 0..3 {
+        s.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let text = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(text.lines().count(), 3);
+    let vcpus = last["vcpus"].as_array().unwrap();
+    assert_eq!(vcpus.len(), 4);
+    for v in vcpus {
+        assert_eq!(v["package"], 0, "{last}");
+        assert!(v["capacity"].as_u64().unwrap() >= 1);
+    }
+    assert_eq!(last["packages"][1]["active"], false);
+    assert_eq!(last["packages"][0]["active"], true);
+}
+
+/// A host CPU going offline moves only the vCPU that was on it, onto CPUs still online;
+/// when the CPU comes back it is used again.
+#[test]
+fn vcpus_leave_a_cpu_going_offline_and_use_it_again_when_it_returns() {
+    let dir = std::env::temp_dir().join(format!("pvmm-hotplug-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let online = dir.join("online");
+    std::fs::write(&online, "0-3\n").unwrap();
+    let topo = HostTopology::from_spec("2x2x1").unwrap();
+    let vcpus = scripted_vcpus(4, 5000, 1.0);
+    let mut s = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Performance),
+        topo.clone(),
+        EngineConfig::default(),
+        Box::new(RecordingExecutor::new()),
+        vcpus,
+        None,
+    )
+    .with_online_cpus(OnlineCpus::watch(topo, online.clone()).unwrap());
+    let placed = |s: &LiveScheduler| -> Vec<CpuSet> {
+        s.vcpus
+            .iter()
+            .map(|v| v.last_cpus.clone().unwrap())
+            .collect()
+    };
+    for _ in 0..3 {
+        s.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let before = placed(&s);
+    let used: CpuSet = before.iter().flat_map(|c| c.iter()).collect();
+    assert_eq!(used.to_string(), "0-3", "{before:?}");
+
+    std::fs::write(&online, "0-1,3\n").unwrap();
+    s.tick().unwrap();
+    let after = placed(&s);
+    for (was, now) in before.iter().zip(&after) {
+        assert!(!now.contains(2), "{after:?}");
+        if !was.contains(2) {
+            assert_eq!(
+                was, now,
+                "only the vCPU of CPU 2 moves: {before:?} -> {after:?}"
+            );
+        }
+    }
+
+    std::fs::write(&online, "0-3\n").unwrap();
+    for _ in 0..3 {
+        s.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let back = placed(&s);
+    let used: CpuSet = back.iter().flat_map(|c| c.iter()).collect();
+    assert_eq!(used.to_string(), "0-3", "{back:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// When an outside balancer's lease lapses, pvmm's own engine starts from where the
+/// balancer left the vCPUs: idle vCPUs it left together on CPU 1 (package 0, where
+/// powersaving would keep them) stay; an engine starting from nothing would move them all
+/// to CPU 0, its first fit.
+#[test]
+fn taking_over_from_a_lapsed_balancer_moves_nothing_needlessly() {
+    let topo = HostTopology::from_spec("2x2x1").unwrap();
+    let vcpus = scripted_vcpus(4, 3000, 0.0);
+    let control = Arc::new(PlacementControl::new(Duration::from_millis(20)));
+    let mut s = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
+        topo,
+        EngineConfig::default(),
+        Box::new(RecordingExecutor::new()),
+        vcpus,
+        None,
+    )
+    .with_control(control.clone());
+    let one = CpuSet::single(1);
+    control.set_external(
+        (0..4)
+            .map(|vcpu| ExternalAssignment {
+                vcpu,
+                cpus: one.clone(),
+                capacity: 256,
+            })
+            .collect(),
+    );
+    s.tick().unwrap();
+    assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
+    std::thread::sleep(Duration::from_millis(40));
+    assert!(!control.external_active());
+    let before = s.totals.lock().unwrap().migrations;
+    for _ in 0..3 {
+        let decision = s.tick().unwrap().expect("pvmm places again");
+        assert!(decision.migrations.is_empty(), "{:?}", decision.migrations);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(s.totals.lock().unwrap().migrations, before);
+    assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
+}
+
+/// A package's util is its vCPUs' demand over its capacity, SMT counted as the engine
+/// counts it (two busy siblings are 1178, not 2048); guest mistakes are reported.
+#[test]
+fn package_util_is_over_its_capacity() {
+    use pvmm_devices::events::GuestEvents as _;
+    let topo = HostTopology::from_spec("1x2x2").unwrap();
+    let vcpus = scripted_vcpus(4, 2000, 1.0);
+    let errors = Arc::new(GuestErrorCounter::default());
+    let mut s = LiveScheduler::new(
+        PlacementPolicy::default(),
+        topo,
+        EngineConfig::default(),
+        Box::new(RecordingExecutor::new()),
+        vcpus,
+        None,
+    )
+    .with_guest_errors(errors.clone());
+    for _ in 0..3 {
+        s.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    errors.unclaimed_access(0x80);
+    let snap = s.snapshot(s.now_ns(), 0);
+    let demand: f64 = s
+        .vcpus
+        .iter()
+        .map(|v| f64::from(v.tracker.util().util()))
+        .sum();
+    assert!(demand > 0.0, "{snap}");
+    let util = snap["packages"][0]["util"].as_f64().unwrap();
+    assert!(
+        (util - round3(demand / (2.0 * 1178.0))).abs() < 1e-9,
+        "{snap}"
+    );
+    assert_eq!(snap["guest_register_errors"], 1);
+}
+
+/// The snapshot as `serde_json` renders it from a `Value` tree of the same fields: the text
+/// the reused-buffer writer must reproduce byte for byte.
+fn reference_snapshot(s: &LiveScheduler, now_ns: u64, moved: u64) -> String {
+    use serde_json::json;
+    let all_cpus = s.topology.cpu_set();
+    let vcpus: Vec<_> = s
+        .vcpus
+        .iter()
+        .map(|v| {
+            json!({
+                "vcpu": v.index,
+                "tid": v.tid,
+                "util": round3(f64::from(v.tracker.util().util()) / f64::from(CAPACITY_SCALE)),
+                "busy": v.tracker.util().is_busy(),
+                "waited": round3(f64::from(v.tracker.waited()) / f64::from(CAPACITY_SCALE)),
+                "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
+                "package": v.package,
+                "capacity": v.capacity,
+                "desired": s.capacity.as_ref().map(|r| r.guest_desired(v.index)),
+            })
+        })
+        .collect();
+    let packages: Vec<_> = s
+        .topology
+        .packages()
+        .iter()
+        .zip(&s.package_capacity)
+        .map(|(p, &capacity)| {
+            let on: Vec<&LiveVcpu> = s.vcpus.iter().filter(|v| v.package == Some(p.id)).collect();
+            let demand: u32 = on.iter().map(|v| v.tracker.util().util()).sum();
+            json!({
+                "id": p.id,
+                "util": round3(f64::from(demand) / f64::from(capacity.max(1))),
+                "active": !on.is_empty(),
+            })
+        })
+        .collect();
+    let totals = s.totals.lock().unwrap().clone();
+    json!({
+        "t_ms": now_ns / 1_000_000,
+        "policy": s.policy.to_string(),
+        "external": s.external,
+        "vcpus": vcpus,
+        "packages": packages,
+        "migrations": moved,
+        "migrations_total": totals.migrations,
+        "policy_changes": totals.policy_changes,
+        "capacity_notifications": s.capacity.as_ref().map(|r| r.notifications()),
+        "cppc_enabled": s.capacity.as_ref().map(|r| r.guest_enabled()),
+        "guest_register_errors": s.guest_errors.as_ref().map(|e| e.total()),
+    })
+    .to_string()
+}
+
+/// The snapshot text is what `serde_json` prints for the same values, byte for byte: with and
+/// without CPPC and guest error counts, with vCPUs placed and not yet placed (no package, all
+/// CPUs), under a managed policy and under `none`.
+#[test]
+fn the_snapshot_is_serde_jsons_text_byte_for_byte() {
+    use crate::cppc::CPPC_HIGHEST_PERF;
+    use crate::live::capacity::CppcReporter;
+    use pvmm_devices::cppc::CppcShared;
+    use pvmm_devices::ged::GedShared;
+    use vmm_sys_util::eventfd::EventFd;
+    let topo = HostTopology::from_spec("2x2x2").unwrap();
+    let cppc = Arc::new(CppcShared::new(6, CPPC_HIGHEST_PERF));
+    let ged = Arc::new(GedShared::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let control = Arc::new(PlacementControl::new(Duration::from_secs(3)));
+    let mut bare = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Powersaving { level: 2 }),
+        topo.clone(),
+        EngineConfig::default(),
+        Box::new(RecordingExecutor::new()),
+        scripted_vcpus(3, 700, 0.3),
+        None,
+    );
+    let mut full = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Performance),
+        topo,
+        EngineConfig::default(),
+        Box::new(RecordingExecutor::new()),
+        scripted_vcpus(6, -3, 0.7),
+        None,
+    )
+    .with_control(control.clone())
+    .with_guest_errors(Arc::new(GuestErrorCounter::default()))
+    .with_capacity_reporter(Box::new(CppcReporter::new(cppc, ged, Box::new(|| true))));
+    let mut text = Vec::new();
+    for s in [&mut bare, &mut full] {
+        // Not placed yet: no package, every CPU.
+        s.write_snapshot(&mut text, 1_234_567, 0);
+        assert_eq!(
+            std::str::from_utf8(&text).unwrap(),
+            reference_snapshot(s, 1_234_567, 0)
+        );
+        for _ in 0..3 {
+            s.tick().unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        let now = s.now_ns();
+        s.write_snapshot(&mut text, now, 2);
+        assert_eq!(
+            std::str::from_utf8(&text).unwrap(),
+            reference_snapshot(s, now, 2)
+        );
+    }
+    control.request_policy(PlacementPolicy::None);
+    full.tick().unwrap();
+    let now = full.now_ns();
+    full.write_snapshot(&mut text, now, 0);
+    assert_eq!(
+        std::str::from_utf8(&text).unwrap(),
+        reference_snapshot(&full, now, 0)
+    );
+    assert_eq!(control.snapshot().unwrap()["policy"], "none");
+}
