@@ -306,6 +306,13 @@ pub fn external_assignment(placements: &[(String, u32)]) -> String {
     format!(r#"{{"assignments":[{}]}}"#, each.join(","))
 }
 
+/// The renewal period (s) of the rig tests' outside balancers ([`outside_balancer`]).
+pub const BALANCER_RENEW_S: f64 = 0.5;
+/// The `--external-lease-ms` the rig tests' pvmm runs with under an outside balancer: four
+/// renewals, so that a renewal delayed on a slow L1 does not let the placement lapse, and short
+/// enough to keep a run short.
+pub const BALANCER_LEASE_MS: &str = "2000";
+
 /// L1 shell for a probe prefix: an outside balancer, as `pvmm host` is one, that waits until
 /// the guest marks `start_mark` (`pvmm-mark: START_MARK`), then renews `bodies`
 /// ([`external_assignment`]) on pvmm's control socket `socket`, one every `renew_s` seconds,

@@ -17,13 +17,13 @@ use std::sync::OnceLock;
 
 use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{parse_cpu_list, run_placement_sequence_with_probe, run_trace, GUEST_HELPERS};
+use pvmm_tests::{
+    parse_cpu_list, run_placement_sequence_with_probe, run_trace, BALANCER_LEASE_MS,
+    BALANCER_RENEW_S, GUEST_HELPERS,
+};
 
 /// The socket pvmm serves in L1.
 const SOCKET: &str = "/tmp/pvmm-api.sock";
-/// The lease: long enough for the renewal loop's 0.5 s period on a slow L1, short enough to
-/// keep the run short.
-const LEASE_MS: &str = "2000";
 /// The capacity the outside balancer gives vCPUs 0 and 1: not a value pvmm's own placement
 /// gives on this host (1024, or a share of a CPU near 512 or 1024 for idle packed vCPUs).
 const EXTERNAL_CAPACITY: u64 = 300;
@@ -64,7 +64,7 @@ trap 'wait; cat /tmp/api-renewals /tmp/own-samples 2>/dev/null' EXIT
   until grep -q api-release /tmp/rig-marks; do
     /bin/pvmm ctl --socket {SOCKET} external /tmp/ext.json > /dev/null && n=$((n+1))
     kill -0 $PVMM_PID 2>/dev/null || break
-    sleep 0.5
+    sleep {BALANCER_RENEW_S}
   done
   echo "RENEWALS $n" > /tmp/api-renewals ) &
 ( while kill -0 $PVMM_PID 2>/dev/null; do
@@ -102,7 +102,7 @@ fn outcome() -> Option<&'static RigOutcome> {
                         "--api-socket",
                         SOCKET,
                         "--external-lease-ms",
-                        LEASE_MS,
+                        BALANCER_LEASE_MS,
                     ],
                     guest_command(),
                 )],

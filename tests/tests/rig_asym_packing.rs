@@ -29,7 +29,7 @@
 use pvmm_rig::GuestKernel;
 use pvmm_tests::{
     external_assignment, outside_balancer, run_placement_sequence_on, run_trace, PlacementTrace,
-    BUSY_SHARE, GUEST_HELPERS,
+    BALANCER_LEASE_MS, BALANCER_RENEW_S, BUSY_SHARE, GUEST_HELPERS,
 };
 
 /// The outside balancer's placement: per vCPU, the L1 CPUs and the capacity.
@@ -51,9 +51,6 @@ const OWN_PHASE_S: u32 = 2;
 /// Seconds the guest waits after the balancer starts: pvmm notifies a vCPU's new performance
 /// at most once a second, and the guest re-ranks the CPU on the notification.
 const SETTLE_S: u32 = 3;
-/// The outside balancer's renewal period (s), and pvmm's lease for it (ms).
-const RENEW_S: f64 = 0.5;
-const LEASE_MS: &str = "2000";
 /// The socket pvmm serves in L1.
 const SOCKET: &str = "/tmp/pvmm-asym.sock";
 
@@ -87,7 +84,7 @@ fn run_scenario(kernel: GuestKernel) -> Option<pvmm_rig::RigOutcome> {
         SOCKET,
         "asym-external",
         &[external_assignment(&placements)],
-        RENEW_S,
+        BALANCER_RENEW_S,
         1,
     );
     let args = vec![
@@ -100,7 +97,7 @@ fn run_scenario(kernel: GuestKernel) -> Option<pvmm_rig::RigOutcome> {
         "--api-socket",
         SOCKET,
         "--external-lease-ms",
-        LEASE_MS,
+        BALANCER_LEASE_MS,
     ];
     run_placement_sequence_on(
         &format!("rig_asym_packing_{}", kernel.name()),

@@ -25,7 +25,8 @@ use std::sync::OnceLock;
 use pvmm::cppc::guest_perfs;
 use pvmm_rig::{GuestKernel, RigOutcome};
 use pvmm_tests::{
-    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, GUEST_HELPERS,
+    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, BALANCER_LEASE_MS,
+    BALANCER_RENEW_S, GUEST_HELPERS,
 };
 
 /// The guest's vCPUs.
@@ -40,9 +41,6 @@ const READS: u32 = 60;
 const FOLLOW_S: f64 = 2.0;
 /// Seconds each capacity pattern holds.
 const PATTERN_S: f64 = 5.0;
-/// The outside balancer's renewal period (s), and pvmm's lease for it (ms).
-const RENEW_S: f64 = 0.5;
-const LEASE_MS: &str = "2000";
 /// The two capacity patterns (by vCPU), in opposite orders; none is a tie.
 const PATTERNS: [[u32; VCPUS]; 2] = [[1024, 768, 512, 256], [256, 512, 768, 1024]];
 /// The socket pvmm serves in L1.
@@ -76,11 +74,11 @@ fn assignment(capacities: &[u32; VCPUS]) -> String {
 }
 
 /// L1 side: once the guest marks `patterns`, the outside balancer renews one pattern every
-/// [`RENEW_S`] and switches patterns every [`PATTERN_S`], until pvmm exits.
+/// [`BALANCER_RENEW_S`] and switches patterns every [`PATTERN_S`], until pvmm exits.
 fn probe_prefix() -> String {
-    let per_pattern = (PATTERN_S / RENEW_S).round() as u32;
+    let per_pattern = (PATTERN_S / BALANCER_RENEW_S).round() as u32;
     let bodies: Vec<String> = PATTERNS.iter().map(assignment).collect();
-    outside_balancer(SOCKET, "patterns", &bodies, RENEW_S, per_pattern)
+    outside_balancer(SOCKET, "patterns", &bodies, BALANCER_RENEW_S, per_pattern)
 }
 
 fn outcome() -> Option<&'static RigOutcome> {
@@ -100,7 +98,7 @@ fn outcome() -> Option<&'static RigOutcome> {
                         "--api-socket",
                         SOCKET,
                         "--external-lease-ms",
-                        LEASE_MS,
+                        BALANCER_LEASE_MS,
                     ],
                     guest_command(),
                 )],
