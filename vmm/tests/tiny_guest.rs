@@ -238,3 +238,43 @@ fn console_input_reaches_the_guest_and_an_open_stdin_does_not_hold_pvmm() {
     assert_eq!(out, "typed\n");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// 32-bit code: `wrmsr` of 0 to MSR `index`, then `rdmsr` of it; prints `ok` if the read gave
+/// 0, `bad` otherwise, and powers off.
+fn msr_write_then_read(index: u32) -> Vec<u8> {
+    let i = index.to_le_bytes();
+    let mut code = vec![0xb9, i[0], i[1], i[2], i[3]]; // mov ecx, index
+    code.extend([0x31, 0xc0, 0x31, 0xd2, 0x0f, 0x30]); // xor eax, eax; xor edx, edx; wrmsr
+    code.extend([0xb8, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x32]); // mov eax, -1; rdmsr
+    let mut ok = print_code(b"ok\n");
+    ok.extend(out_code(0x600, POWER_OFF_VALUE));
+    ok.extend(HALT_LOOP);
+    code.extend([0x85, 0xc0, 0x75, ok.len() as u8]); // test eax, eax; jnz bad
+    code.extend(ok);
+    code.extend(print_code(b"bad\n"));
+    code.extend(out_code(0x600, POWER_OFF_VALUE));
+    code.extend(HALT_LOOP);
+    code
+}
+
+#[test]
+fn amd_pstate_control_writes_are_taken_and_other_unknown_msrs_still_fault() {
+    // Linux's amd-pstate writes P0 to MSR_AMD_PERF_CTL as it starts; KVM knows no such MSR
+    // and hands the access to pvmm, which takes it (a read gives P0).
+    let code = msr_write_then_read(pvmm::vstate::msr::MSR_AMD_PERF_CTL);
+    let Some(out) = run_tiny("msr-perf-ctl", &code, &[]) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    // The next AMD P-state register is not answered: the write faults (#GP, no IDT: a triple
+    // fault), as it does without pvmm's MSR exits.
+    let code = msr_write_then_read(pvmm::vstate::msr::MSR_AMD_PERF_CTL + 1);
+    let Some(out) = run_tiny("msr-unknown", &code, &[]) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+}

@@ -4,6 +4,7 @@
 //! Kept apart from configuration and devices: this module knows ioctls, not policies.
 
 pub mod handle;
+pub mod msr;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;

@@ -22,6 +22,7 @@ use crate::exit::VmExit;
 use crate::memory::GuestMemory;
 use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::vstate::handle::RunControl;
+use crate::vstate::msr;
 use crate::vstate::stats::{StatsError, VcpuHaltStats};
 use crate::vstate::vm::Vm;
 
@@ -214,6 +215,19 @@ impl Vcpu {
             }
             VcpuExit::MmioWrite(addr, data) => {
                 buses.mmio.write(addr, data);
+                return None;
+            }
+            VcpuExit::X86Rdmsr(exit) => {
+                match msr::read(exit.index) {
+                    Some(value) => *exit.data = value,
+                    None => *exit.error = 1,
+                }
+                return None;
+            }
+            VcpuExit::X86Wrmsr(exit) => {
+                if !msr::write(exit.index) {
+                    *exit.error = 1;
+                }
                 return None;
             }
             // With the in-kernel LAPIC a halt stays in KVM; these are harmless if seen.

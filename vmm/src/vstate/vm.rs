@@ -5,9 +5,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use kvm_bindings::{
-    kvm_irq_routing_entry, kvm_irq_routing_irqchip, kvm_irqchip, kvm_pit_config,
-    kvm_userspace_memory_region, KvmIrqRouting, KVM_API_VERSION, KVM_IRQCHIP_IOAPIC,
-    KVM_IRQ_ROUTING_IRQCHIP, KVM_PIT_SPEAKER_DUMMY,
+    kvm_enable_cap, kvm_irq_routing_entry, kvm_irq_routing_irqchip, kvm_irqchip, kvm_pit_config,
+    kvm_userspace_memory_region, KvmIrqRouting, KVM_API_VERSION, KVM_CAP_X86_USER_SPACE_MSR,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP, KVM_MSR_EXIT_REASON_UNKNOWN,
+    KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -145,6 +146,17 @@ impl Vm {
             ..Default::default()
         };
         fd.create_pit2(pit).map_err(kvm_err("PIT creation"))?;
+        if kvm.check_extension(Cap::X86UserSpaceMsr) {
+            // Accesses to MSRs KVM does not know come to pvmm ([`super::msr`]); without the
+            // capability they fault in the guest, as they always did.
+            let cap = kvm_enable_cap {
+                cap: KVM_CAP_X86_USER_SPACE_MSR,
+                args: [u64::from(KVM_MSR_EXIT_REASON_UNKNOWN), 0, 0, 0],
+                ..Default::default()
+            };
+            fd.enable_cap(&cap)
+                .map_err(kvm_err("user-space MSR exits"))?;
+        }
         Ok(Self { kvm, fd })
     }
 
