@@ -4,8 +4,8 @@
 //!
 //! - [`MSR_AMD_PERF_CTL`], AMD's P-state control. Linux's amd-pstate driver writes P0 to it on
 //!   each CPU as it starts (`amd_perf_ctl_reset`), in its shared-memory CPPC mode too, which is
-//!   the mode a KVM guest runs on pvmm's `_CPC`. KVM emulates no P-state registers, so the
-//!   write faulted and the guest logged an "unchecked MSR access error" stack trace every boot.
+//!   the mode a KVM guest runs on pvmm's `_CPC`. KVM emulates no P-state registers; unanswered,
+//!   the write faults and the guest logs an "unchecked MSR access error" stack trace each boot.
 //!   A vCPU's performance is the share of a host CPU pvmm's placement gives it, published
 //!   through CPPC; a P-state request has nothing to act on, so writes are accepted and dropped
 //!   and reads give P0 (0).
