@@ -266,7 +266,9 @@ fn report_own_placement(trace: &PlacementTrace, from: f64, to: f64) {
 
 /// While the thread was confined (L1 uptimes `from`..`to`), the L1 probe saw the outside
 /// balancer's placement at every sample (vCPUs 0 and 1 on CPUs of their own, vCPUs 2 and 3
-/// sharing one) and vCPU [`CONFINED_VCPU`]'s thread busy in every interval.
+/// sharing one) and vCPU [`CONFINED_VCPU`]'s thread busy over the window: its mean share of
+/// a CPU at least [`BUSY_SHARE`]. A single interval may dip below, since the thread shares its
+/// CPU with vCPU 3's.
 fn check_confined_placement(trace: &PlacementTrace, from: f64, to: f64) {
     let inside: Vec<usize> = (1..trace.samples.len())
         .filter(|&i| trace.samples[i - 1].t >= from && trace.samples[i].t <= to)
@@ -288,13 +290,17 @@ fn check_confined_placement(trace: &PlacementTrace, from: f64, to: f64) {
             trace.samples[i].t,
             trace.describe(first, last)
         );
-        assert!(
-            trace.busy_share(i, CONFINED_VCPU) >= BUSY_SHARE,
-            "vCPU {CONFINED_VCPU} was not busy at t={:.2} while the thread was confined to it:\n{}",
-            trace.samples[i].t,
-            trace.describe(first, last)
-        );
     }
+    let busy: f64 = inside
+        .iter()
+        .map(|&i| trace.busy_share(i, CONFINED_VCPU))
+        .sum::<f64>()
+        / inside.len() as f64;
+    assert!(
+        busy >= BUSY_SHARE,
+        "vCPU {CONFINED_VCPU} was busy {busy:.2} of a CPU while the thread was confined to it:\n{}",
+        trace.describe(first, last)
+    );
 }
 
 #[test]
