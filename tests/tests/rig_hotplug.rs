@@ -8,13 +8,14 @@
 //!   goes offline and comes back.
 //!
 //! The guest prints `pvmm-mark: cpus-off LIST` and `pvmm-mark: cpus-on LIST`; L1 takes those
-//! CPUs offline (`echo 0 > /sys/devices/system/cpu/cpuN/online`) or back at each mark. The
+//! CPUs offline (`echo 0 > /sys/devices/system/cpu/cpuN/online`) or back at each mark, and
+//! marks when it has done so (`cpus-off-done LIST`, `cpus-on-done LIST`). The
 //! kernel moves a thread pinned to an offline CPU itself, widening its affinity to every CPU
 //! left, so "no vCPU on an offline CPU" alone would not show the placer at work: what is
 //! checked is that every vCPU is pinned to one online CPU again within two ticks, and that a
-//! returning CPU is used again within two ticks of its return. One tick of slack on each
-//! bound, and the time L1's watcher takes to see the mark ([`MARK_POLL_S`]), as in
-//! `rig_placement`.
+//! returning CPU is used again within two ticks of its return, both counted from the watcher's
+//! marks (offlining a CPU can take half a second on a loaded L1). One tick of slack on each
+//! bound.
 
 use std::sync::OnceLock;
 
@@ -62,6 +63,7 @@ fn probe_prefix() -> String {
     while read -r up what cpus; do
       v=1; [ "$what" = cpus-off ] && v=0
       for c in $(echo $cpus | tr , ' '); do echo $v > /sys/devices/system/cpu/cpu$c/online; done
+      echo "$(cut -d' ' -f1 /proc/uptime) $what-done $cpus" >> /tmp/rig-marks
       seen=$((seen + 1))
     done < /tmp/hotplug-new
     sleep {MARK_POLL_S}
@@ -99,21 +101,22 @@ fn outcome() -> Option<&'static RigOutcome> {
         .as_ref()
 }
 
-/// Samples taken from `SETTLE_TICKS` ticks (and one mark poll) after L1 time `from` until
-/// L1 time `to`.
+/// Samples taken from `SETTLE_TICKS` ticks after L1 time `from` until L1 time `to`.
 fn settled_between(trace: &PlacementTrace, from: f64, to: f64) -> Vec<usize> {
     (0..trace.samples.len())
         .filter(|&i| {
             let t = trace.samples[i].t;
-            t < to && trace.ticks_between(from + MARK_POLL_S, t) >= SETTLE_TICKS
+            t < to && trace.ticks_between(from, t) >= SETTLE_TICKS
         })
         .collect()
 }
 
-/// The L1 times of the guest's marks `cpus-off cpus` and `cpus-on cpus`.
+/// The L1 times at which L1's watcher had carried out the guest's marks `cpus-off cpus` and
+/// `cpus-on cpus`: a write to a CPU's `online` file returns once the CPU is offline (or back),
+/// which on a loaded L1 can be half a second after the mark.
 fn phase(trace: &PlacementTrace, cpus: &str) -> (f64, f64) {
     let mark = |what: &str| {
-        let text = format!("cpus-{what} {cpus}");
+        let text = format!("cpus-{what}-done {cpus}");
         trace
             .mark(&text)
             .unwrap_or_else(|| panic!("the guest marks {text}"))
@@ -142,7 +145,7 @@ fn check_phase(
         for t in &trace.samples[i].threads {
             assert!(
                 t.allowed.len() == 1 && !gone.contains(&t.allowed[0]),
-                "vCPU {} is allowed {:?} at t={:.2}, with CPUs {gone:?} offline since the mark at {off:.2}: it should be pinned to one online CPU:\n{}",
+                "vCPU {} is allowed {:?} at t={:.2}, with CPUs {gone:?} offline since {off:.2}: it should be pinned to one online CPU:\n{}",
                 t.vcpu,
                 t.allowed,
                 trace.samples[i].t,
@@ -156,7 +159,7 @@ fn check_phase(
             .threads
             .iter()
             .any(|t| t.allowed.len() == 1 && gone.contains(&t.allowed[0]))),
-        "CPUs {gone:?} came back at the mark at {on:.2} but no vCPU was placed on one of them again:\n{}",
+        "CPUs {gone:?} came back at {on:.2} but no vCPU was placed on one of them again:\n{}",
         describe()
     );
     (offline, online)
