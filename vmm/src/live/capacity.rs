@@ -44,16 +44,10 @@ pub fn significant_change(last: u32, new: u32) -> bool {
     diff * 100 >= u64::from(NOTIFY_THRESHOLD_PERCENT) * u64::from(last.max(1))
 }
 
-/// For each vCPU, whether the guest would order it differently among the others from what
-/// it was `told` than from what it has `now` (both performances, by vCPU index): some other
-/// vCPU compares with it otherwise (greater, equal or less).
-pub fn out_of_order(told: &[u32], now: &[u32]) -> Vec<bool> {
-    let mut out = Vec::with_capacity(now.len());
-    out_of_order_into(told, now, &mut out);
-    out
-}
-
-/// [`out_of_order`] written into `out`, whose room is reused.
+/// For each vCPU, written into `out` (whose room is reused), whether the guest would order it
+/// differently among the others from what it was `told` than from what it has `now` (both
+/// performances, by vCPU index): some other vCPU compares with it otherwise (greater, equal or
+/// less).
 pub fn out_of_order_into(told: &[u32], now: &[u32], out: &mut Vec<bool>) {
     let order = |p: &[u32], v: usize, w: usize| -> Ordering { p[v].cmp(&p[w]) };
     out.clear();
@@ -79,7 +73,7 @@ pub struct CppcReporter {
     notifications: u64,
     /// The performances of the capacities being published, reused at each publication.
     perfs: Vec<u32>,
-    /// Per vCPU, whether its order changed ([`out_of_order`]), reused likewise.
+    /// Per vCPU, whether its order changed ([`out_of_order_into`]), reused likewise.
     reordered: Vec<bool>,
 }
 
@@ -162,6 +156,12 @@ impl CapacityReporter for CppcReporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn out_of_order(told: &[u32], now: &[u32]) -> Vec<bool> {
+        let mut out = Vec::new();
+        out_of_order_into(told, now, &mut out);
+        out
+    }
     use crate::cppc::{perf_of_capacity, CPPC_HIGHEST_PERF};
     use vmm_sys_util::eventfd::EventFd;
 
