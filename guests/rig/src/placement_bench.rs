@@ -14,6 +14,12 @@
 //!   assumed to overlap, the same assumption as the simulator's `thread_overlap`);
 //! - **Work**: pvmm-load's total iterations;
 //! - **Migrations**: pvmm's `migrations_total` (stats) over the window;
+//! - **L1 migrations**: the same window counted by L1's kernel: the sum of the vCPU threads'
+//!   `se.nr_migrations` (`/proc/<pid>/task/<tid>/sched`), every move of a vCPU thread from one
+//!   L1 CPU to another, whoever made it (pvmm's pinning, or L1's scheduler within a set of
+//!   several CPUs or under `--policy none`), read every [`KERNEL_COUNT_EVERY`] samples; the
+//!   window runs from the last read at or before the load's start to the last at or before its
+//!   end;
 //! - **Pkg1 idle after start(s)**, **after end(s)**: the seconds from the load's start until
 //!   package 1 is idle for the rest of the load, and from its end until package 1 is idle for
 //!   the rest of an idle tail of [`IDLE_TAIL_SECS`] (the guest idles after the load): idle for
@@ -63,6 +69,11 @@ const STATS_PATH: &str = "/tmp/pvmm-bench-stats.jsonl";
 
 /// Probe sampling interval (s): fine enough for the package-overlap estimate, cheap for L1.
 const SAMPLE_INTERVAL: &str = "0.2";
+
+/// The probe reads the vCPU threads' migration counts every this many samples (0.4 s): it
+/// starts one `grep` each time, which L1 CPU 0 pays for, and a steady window of 10 s or more
+/// loses at most one read's worth at each end.
+const KERNEL_COUNT_EVERY: u32 = 2;
 
 /// L1 time allowed per run besides the load: guest boot and power-off (about 12 s on an
 /// idle machine), times 5 for shared machines. A run past it is killed (and reported): one
@@ -126,6 +137,9 @@ pub struct CaseResult {
     pub energy_j: f64,
     /// pvmm's migrations during the window.
     pub migrations: u64,
+    /// The vCPU threads' migrations during the window as L1's kernel counted them (None: the
+    /// probe read no count before the window's start).
+    pub kernel_migrations: Option<u64>,
     /// Seconds from the load's start until package 1 was idle for the rest of the load (None:
     /// awake at its end, or no package 1).
     pub package1_idle_after_start_s: Option<f64>,
@@ -165,6 +179,7 @@ pub struct CaseFailure {
 }
 
 /// The L1 probe: pins itself to CPU 0, prints the CPU topology, then samples `/proc/stat`
+/// (and every [`KERNEL_COUNT_EVERY`] samples the vCPU threads' `se.nr_migrations`, a `K` line)
 /// until pvmm exits; prints the samples, the guest's marks and pvmm's migration counts.
 pub fn bench_probe() -> String {
     format!(
@@ -174,8 +189,24 @@ read -r up rest < /proc/uptime
 echo "START $up"
 out=/tmp/bench-samples
 : > $out
+n=0
 while kill -0 $PVMM_PID 2>/dev/null; do
   {SAMPLE_SCRIPT}
+  n=$((n + 1))
+  if [ $((n % {KERNEL_COUNT_EVERY})) = 0 ]; then
+    files=
+    for t in /proc/$PVMM_PID/task/*; do
+      {{ read -r c < $t/comm; }} 2>/dev/null
+      case "$c" in vcpu*) files="$files $t/sched";; esac
+    done
+    if [ -n "$files" ]; then
+      mig=0
+      for m in $(grep -h nr_migrations $files 2>/dev/null | while read -r k colon v; do echo $v; done); do
+        mig=$((mig + m))
+      done
+      echo "K $up $mig" >> $out
+    fi
+  fi
   sleep {SAMPLE_INTERVAL}
 done
 cat $out
@@ -207,11 +238,18 @@ pub const IDLE_MAX_BUSY: f64 = 0.1;
 /// from its steady idle placement rather than from the spread the guest's own boot caused.
 pub const SETTLE_SECS: u32 = 6;
 
-/// The guest command of one case.
+/// The guest command of one case; with no busy thread the guest sleeps through the window
+/// (an idle guest's steady state).
 pub fn guest_command(options: &PlacementBenchOptions, threads: u32) -> String {
+    let load = match threads {
+        0 => format!("sleep {}", options.seconds),
+        _ => format!(
+            "pvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}",
+            options.duty_percent, options.period_ms, options.seconds
+        ),
+    };
     format!(
-        "sleep {SETTLE_SECS}\necho pvmm-mark: load-begin\npvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}\necho pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\necho pvmm-mark: idle-end\n",
-        options.duty_percent, options.period_ms, options.seconds
+        "sleep {SETTLE_SECS}\necho pvmm-mark: load-begin\n{load}\necho pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\necho pvmm-mark: idle-end\n"
     )
 }
 
@@ -270,7 +308,7 @@ pub fn run_placement_bench(
     for &threads in &options.threads {
         for policy in &options.policies {
             let label = label(policy, threads);
-            match measure_case(&outcome, &label, &model) {
+            match measure_case(&outcome, &label, threads, &model) {
                 Ok(measured) => results.push(CaseResult {
                     policy: policy.clone(),
                     threads,
@@ -279,6 +317,7 @@ pub fn run_placement_bench(
                     package_idle: measured.package_idle,
                     energy_j: measured.energy_j,
                     migrations: measured.migrations,
+                    kernel_migrations: measured.kernel_migrations,
                     package1_idle_after_start_s: measured.package1_idle_after_start_s,
                     package1_idle_after_end_s: measured.package1_idle_after_end_s,
                 }),
@@ -300,27 +339,38 @@ struct Measured {
     package_idle: Vec<f64>,
     energy_j: f64,
     migrations: u64,
+    kernel_migrations: Option<u64>,
     package1_idle_after_start_s: Option<f64>,
     package1_idle_after_end_s: Option<f64>,
 }
 
-fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result<Measured, String> {
+fn measure_case(
+    outcome: &RigOutcome,
+    label: &str,
+    threads: u32,
+    model: &PowerModel,
+) -> Result<Measured, String> {
     let run = outcome
         .run(label)
         .ok_or_else(|| "the run never started".to_string())?;
     if run.status != Some(0) {
         return Err(format!("pvmm exit status {:?}", run.status));
     }
-    let work: u64 = run
+    let iterations = run
         .guest
         .iter()
         .find_map(|l| l.strip_prefix("pvmm-load: total iterations "))
-        .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| "no 'pvmm-load: total iterations' line from the guest".to_string())?;
+        .and_then(|n| n.trim().parse().ok());
+    let work: u64 = match (threads, iterations) {
+        (0, _) => 0,
+        (_, Some(n)) => n,
+        (_, None) => return Err("no 'pvmm-load: total iterations' line from the guest".into()),
+    };
     let mut start = None;
     let mut activity = Activity::default();
     let mut marks: BTreeMap<String, f64> = BTreeMap::new();
     let mut stats: Vec<(u64, u64)> = Vec::new();
+    let mut kernel_counts: Vec<(f64, u64)> = Vec::new();
     for line in run.probe {
         if activity.parse_line(line) {
             continue;
@@ -331,6 +381,7 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
                 marks.insert(text, t);
             }
             Ok(Some(ProbeLine::Migrations { t_ms, total })) => stats.push((t_ms, total)),
+            Ok(Some(ProbeLine::KernelMigrations { up, total })) => kernel_counts.push((up, total)),
             _ => {}
         }
     }
@@ -348,6 +399,16 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
             .next_back()
             .unwrap_or(0)
     };
+    let kernel_at = |t: f64| {
+        kernel_counts
+            .iter()
+            .filter(|&&(up, _)| up <= t)
+            .map(|&(_, total)| total)
+            .next_back()
+    };
+    let kernel_migrations = kernel_at(begin)
+        .zip(kernel_at(end))
+        .map(|(from, to)| to.saturating_sub(from));
     let package1_idle_after_end_s = marks
         .get("idle-end")
         .and_then(|&idle_end| activity.idle_for_good_after(1, end, idle_end, IDLE_MAX_BUSY));
@@ -357,13 +418,14 @@ fn measure_case(outcome: &RigOutcome, label: &str, model: &PowerModel) -> Result
         package_idle: window.package_idle,
         energy_j: window.energy_j,
         migrations: at(end).saturating_sub(at(begin)),
+        kernel_migrations,
         package1_idle_after_start_s: activity.idle_for_good_after(1, begin, end, IDLE_MAX_BUSY),
         package1_idle_after_end_s,
     })
 }
 
 /// One row of [`format_bench_table`]: `r` with its Energy and Power relative to `reference`.
-fn bench_row(r: &CaseResult, reference: &CaseResult) -> [String; 11] {
+fn bench_row(r: &CaseResult, reference: &CaseResult) -> [String; 12] {
     let ratio = |a: f64, b: f64| {
         if b > 0.0 && a.is_finite() && b.is_finite() {
             format!("{:.2}", a / b)
@@ -385,6 +447,8 @@ fn bench_row(r: &CaseResult, reference: &CaseResult) -> [String; 11] {
         format!("{:.1}", r.energy_j),
         format!("{:.2}", r.power_w()),
         r.migrations.to_string(),
+        r.kernel_migrations
+            .map_or("-".to_string(), |m| m.to_string()),
         format!("{:.0}", r.work as f64 / r.energy_j.max(f64::MIN_POSITIVE)),
         seconds(r.package1_idle_after_start_s),
         seconds(r.package1_idle_after_end_s),
@@ -412,12 +476,13 @@ pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
         "Energy(J)",
         "Power(W)",
         "Migrations",
+        "L1 migrations",
         "Work/J",
         "Pkg1 idle after start(s)",
         "after end(s)",
     ]
     .map(String::from);
-    let rows: Vec<[String; 11]> = results.iter().map(|r| bench_row(r, reference)).collect();
+    let rows: Vec<[String; 12]> = results.iter().map(|r| bench_row(r, reference)).collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -460,6 +525,7 @@ mod tests {
             package_idle: vec![0.5, 0.9],
             energy_j: energy,
             migrations: 3,
+            kernel_migrations: (policy == "powersaving").then_some(4),
             package1_idle_after_start_s: (policy == "powersaving").then_some(1.2),
             package1_idle_after_end_s: (policy == "powersaving").then_some(5.6),
         }
@@ -527,5 +593,8 @@ mod tests {
             "pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\necho pvmm-mark: idle-end"
         )));
         assert!(command.contains("--threads 2 --duty 29 --period-ms 70 --seconds 10"));
+        let idle = guest_command(&options, 0);
+        assert!(idle.contains("load-begin\nsleep 10\necho pvmm-mark: load-end"));
+        assert!(!idle.contains("pvmm-load"));
     }
 }

@@ -259,6 +259,14 @@ pub enum ProbeLine {
         /// Migrations so far.
         total: u64,
     },
+    /// `K`: the vCPU threads' `se.nr_migrations` summed, as L1's kernel counts them, at an L1
+    /// uptime.
+    KernelMigrations {
+        /// L1 uptime (s).
+        up: f64,
+        /// Migrations so far.
+        total: u64,
+    },
     /// A pvmm `--stats` line.
     Stats(StatsTick),
 }
@@ -330,6 +338,10 @@ impl ProbeLine {
             }
             Some("S") if words.len() == 3 => ProbeLine::Migrations {
                 t_ms: field(&words, 1, line)?,
+                total: field(&words, 2, line)?,
+            },
+            Some("K") if words.len() == 3 => ProbeLine::KernelMigrations {
+                up: field(&words, 1, line)?,
                 total: field(&words, 2, line)?,
             },
             _ if line.starts_with('{') => match parse_stats_line(line) {
@@ -408,7 +420,7 @@ impl PlacementTrace {
                 Some(ProbeLine::Cpu(cpu)) => open_sample(&mut current, line).cpus.push(cpu),
                 Some(ProbeLine::Stats(tick)) => trace.ticks.push(tick),
                 Some(ProbeLine::Seccomp(thread)) => trace.seccomp.push(thread),
-                Some(ProbeLine::Migrations { .. }) | None => {}
+                Some(ProbeLine::Migrations { .. } | ProbeLine::KernelMigrations { .. }) | None => {}
             }
         }
         trace.samples.extend(current);

@@ -55,6 +55,13 @@ fn every_kind_parses() {
             total: 24
         })
     );
+    assert_eq!(
+        parse("K 31.40 17"),
+        Some(ProbeLine::KernelMigrations {
+            up: 31.4,
+            total: 17
+        })
+    );
     let Some(ProbeLine::Stats(tick)) = parse(
         r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":true}"#,
     ) else {
@@ -83,6 +90,7 @@ fn other_lines_are_none_and_bad_fields_malformed() {
         "T soon",
         "V cpu1 120 0 1 2 3",
         "S 1 x",
+        "K 31.40 -1",
         "C cpu1 a 0 0 0 0 0 0 0",
     ] {
         assert_eq!(
