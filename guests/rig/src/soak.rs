@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::guest_kernel::GuestKernel;
 use crate::images::{L1Images, Workspace};
-use crate::rig::{InnerVmm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
+use crate::rig::{InnerVmm, KernelForm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
 use crate::tuning::L1Tuning;
 
 /// pvmm's exit status for a guest triple fault (`pvmm::exit::EXIT_TRIPLE_FAULT`).
@@ -142,6 +142,9 @@ pub struct SoakOptions {
     pub variants: Vec<L1Tuning>,
     /// The guest kernels, booted in turn with every variant (6.1 alone by default).
     pub guest_kernels: Vec<GuestKernel>,
+    /// The guest kernel's forms, booted in turn with every kernel (the bzImage alone by
+    /// default; PVH needs L1's vmlinux layer).
+    pub kernel_forms: Vec<KernelForm>,
     /// Boots per arm.
     pub boots: u32,
     /// The VMs of every boot, side by side in one L1.
@@ -161,34 +164,45 @@ pub struct SoakArm {
     pub tuning: L1Tuning,
     /// The guests' kernel.
     pub guest_kernel: GuestKernel,
+    /// The form the guests boot it in.
+    pub form: KernelForm,
     /// The arm's name in the table and the log files: L1's settings as the boot runs them
     /// ([`L1Tuning::for_guest_kernel`]), with `@KERNEL` when the soak's kernels are other than
-    /// 6.1 alone (`npt0+epyc-rome@6.12`).
+    /// 6.1 alone (`npt0+epyc-rome@6.12`) and `@FORM` when its forms are other than the bzImage
+    /// alone (`npt0@pvh`).
     pub name: String,
 }
 
 impl SoakOptions {
-    /// The arms in the order each round boots them: every variant with every guest kernel,
-    /// the kernels taking turns within a variant.
+    /// The arms in the order each round boots them: every variant with every guest kernel in
+    /// every form, the forms taking turns within a kernel and the kernels within a variant.
     pub fn arms(&self) -> Vec<SoakArm> {
-        let default_only = self
+        let default_kernel = self
             .guest_kernels
             .iter()
             .all(|&k| k == GuestKernel::default());
+        let default_form = self
+            .kernel_forms
+            .iter()
+            .all(|&f| f == KernelForm::default());
         let mut arms = Vec::new();
         for tuning in &self.variants {
             for &guest_kernel in &self.guest_kernels {
-                let runs = tuning.for_guest_kernel(guest_kernel).name;
-                let name = if default_only {
-                    runs
-                } else {
-                    format!("{runs}@{guest_kernel}")
-                };
-                arms.push(SoakArm {
-                    tuning: tuning.clone(),
-                    guest_kernel,
-                    name,
-                });
+                for &form in &self.kernel_forms {
+                    let mut name = tuning.for_guest_kernel(guest_kernel).name;
+                    if !default_kernel {
+                        name = format!("{name}@{guest_kernel}");
+                    }
+                    if !default_form {
+                        name = format!("{name}@{}", form.name());
+                    }
+                    arms.push(SoakArm {
+                        tuning: tuning.clone(),
+                        guest_kernel,
+                        form,
+                        name,
+                    });
+                }
             }
         }
         arms
@@ -257,7 +271,8 @@ pub fn run_soak<'a>(
                 .topology(options.topology)
                 .timeout(options.timeout)
                 .tuning(arm.tuning.clone())
-                .guest_kernel(arm.guest_kernel);
+                .guest_kernel(arm.guest_kernel)
+                .kernel(arm.form);
             let labels = rig.labels();
             let outcome = rig.run(ws, images(arm.guest_kernel))?;
             let (kind, detail) = classify(&outcome, &options.vms, &labels);
@@ -483,6 +498,7 @@ mod tests {
         let options = |kernels: Vec<GuestKernel>| SoakOptions {
             variants: vec![L1Tuning::default(), "base".parse().unwrap()],
             guest_kernels: kernels,
+            kernel_forms: vec![KernelForm::BzImage],
             boots: 1,
             vms: vec![VmSpec::new(InnerVmm::Pvmm)],
             topology: Topology::default(),
@@ -507,6 +523,17 @@ mod tests {
         // The arm keeps the variant as given; the rig adds the CPU model when it boots.
         assert_eq!(both[1].tuning, L1Tuning::default());
         assert_eq!(both[1].guest_kernel, GuestKernel::Linux6_12);
+        let forms = SoakOptions {
+            kernel_forms: vec![KernelForm::BzImage, KernelForm::Pvh],
+            ..options(vec![GuestKernel::Linux6_1])
+        }
+        .arms();
+        assert_eq!(
+            names(forms.clone()),
+            ["npt0@bzImage", "npt0@pvh", "base@bzImage", "base@pvh"]
+        );
+        assert_eq!(forms[1].form, KernelForm::Pvh);
+        assert_eq!(forms[0].form, KernelForm::BzImage);
     }
 
     #[test]

@@ -299,6 +299,12 @@ struct SoakArgs {
         value_name = "6.1|6.12,..."
     )]
     guest_kernels: Vec<GuestKernel>,
+    /// The guest kernel's forms, comma-separated: bzimage (the Debian bzImage), pvh (the same
+    /// kernel uncompressed, entered through PVH; 6.1 only), booted in turn with every kernel.
+    /// Unless the list is bzimage alone, rows end in @FORM, and every boot's L1 carries the
+    /// vmlinux layer.
+    #[arg(long, value_delimiter = ',', default_value = "bzimage", value_parser = parse_kernel_form, value_name = "bzimage|pvh,...")]
+    kernel: Vec<KernelForm>,
     /// VMs side by side in each boot.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     vms: u32,
@@ -534,6 +540,7 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
         boots,
         variants,
         guest_kernels,
+        kernel: kernel_forms,
         vms,
         vmm,
         vcpus,
@@ -557,12 +564,24 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
             guest_command: Some(DEFAULT_GUEST_CMD.to_string()),
         })
         .collect();
+    // One set of images per guest kernel, with the vmlinux layer when any form needs it (the
+    // bzImage arms then boot the same L1 as the PVH ones).
+    let form = if kernel_forms.contains(&KernelForm::Pvh) {
+        KernelForm::Pvh
+    } else {
+        KernelForm::BzImage
+    };
+    for &kernel in &guest_kernels {
+        if let Err(code) = check_guest_forms(kernel, &kernel_forms) {
+            return code;
+        }
+    }
     let mut images = Vec::new();
     for &kernel in &guest_kernels {
         if images.iter().any(|(k, _)| *k == kernel) {
             continue;
         }
-        match l1_images(ws, &specs, kernel, KernelForm::BzImage) {
+        match l1_images(ws, &specs, kernel, form) {
             Ok(built) => images.push((kernel, built)),
             Err(code) => return code,
         }
@@ -576,6 +595,7 @@ fn soak_task(ws: &Workspace, args: SoakArgs) -> ExitCode {
     let options = SoakOptions {
         variants,
         guest_kernels,
+        kernel_forms,
         boots,
         vms: specs,
         topology,
