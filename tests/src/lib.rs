@@ -194,26 +194,9 @@ pub use pvmm_rig::soak::PVMM_EXIT_TRIPLE_FAULT;
 /// sequence costs its failure point plus at most 90 s, so CI stays well inside its limit.
 pub const RIG_ATTEMPTS: u32 = 3;
 
-/// The rig's other failures, L1's own kernel failing: it reports one of its CPUs stuck
-/// (`BUG: soft lockup - CPU#n stuck for 130s! [vcpu3:120]`, seen in CI with pvmm's vCPU
-/// threads and with QEMU's) because TCG's emulated SVM stopped returning from guest mode, or it
-/// panics (seen once under load: a stack overflow in L1's page-fault entry on the CPU running
-/// a vCPU thread), or freezes (no output at all, its heartbeat included: seen in CI and twice
-/// under load, the guest's console stopping mid-line), or resets (QEMU exits in the middle of
-/// a run, L1 silent: seen under load); the rig then ends the run as
-/// [`pvmm_rig::RigEnd::L1Lockup`], [`pvmm_rig::RigEnd::L1Panic`],
-/// [`pvmm_rig::RigEnd::L1Frozen`] or [`pvmm_rig::RigEnd::L1Reset`]. No user-space VMM can
-/// cause any of these: its threads are
-/// preemptible, KVM's run loop gives the CPU up when L1's scheduler asks, and a broken kernel
-/// stack in L1 is L1's CPU state, which only the emulator keeps.
+/// The rig's other failures, L1's own kernel failing ([`pvmm_rig::RigEnd::is_l1_failure`]).
 pub fn l1_failed(outcome: &pvmm_rig::RigOutcome) -> bool {
-    matches!(
-        outcome.end,
-        pvmm_rig::RigEnd::L1Lockup
-            | pvmm_rig::RigEnd::L1Panic
-            | pvmm_rig::RigEnd::L1Frozen
-            | pvmm_rig::RigEnd::L1Reset
-    )
+    outcome.end.is_l1_failure()
 }
 
 /// Runs `boot` up to [`RIG_ATTEMPTS`] times while `kind` says it ended in a known failure of

@@ -281,6 +281,32 @@ struct RigArgs {
     pvmm_args: Vec<String>,
 }
 
+/// Boots of L1 a benchmark may use: one that L1 itself ends ([`pvmm_rig::RigEnd::is_l1_failure`]) is run
+/// again whole, with a fresh L1, as the rig tests do (README, "Rig reliability").
+const BENCH_ATTEMPTS: u32 = 3;
+
+/// Runs `bench` (one L1 boot) again while its L1 failed by itself, up to [`BENCH_ATTEMPTS`]
+/// boots, saying so on stderr each time; returns the last result.
+fn retry_l1_failure<T>(
+    name: &str,
+    mut bench: impl FnMut() -> Result<T, RigError>,
+    outcome: impl Fn(&T) -> &RigOutcome,
+) -> Result<T, RigError> {
+    let mut attempt = 1;
+    loop {
+        let result = bench()?;
+        let ended = outcome(&result);
+        if !ended.end.is_l1_failure() || attempt == BENCH_ATTEMPTS {
+            return Ok(result);
+        }
+        attempt += 1;
+        eprintln!(
+            "xtask: {name}: L1 failed by itself ({}); booting it again for the whole benchmark (attempt {attempt} of {BENCH_ATTEMPTS})",
+            ended.summary("last VMM")
+        );
+    }
+}
+
 /// Exit code for a rig that could not run: 2 for bad arguments, else [`EXIT_RIG_FAILURE`].
 fn rig_error_exit(error: &RigError) -> u8 {
     match error {
@@ -480,7 +506,11 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         quiet: !args.boot_log,
         guest_kernel: args.guest_kernel,
     };
-    match run_bench(ws, &images, &options) {
+    match retry_l1_failure(
+        "bench-boot",
+        || run_bench(ws, &images, &options),
+        |report| &report.outcome,
+    ) {
         Ok(report) => {
             println!("{}", report.table(&options));
             eprintln!("xtask: {}", report.outcome.summary("last VMM"));
@@ -533,6 +563,7 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pvmm_rig::RigEnd;
 
     fn parse(args: &[&str]) -> Result<Task, clap::Error> {
         Cli::try_parse_from(["cargo xtask"].iter().chain(args)).map(|cli| cli.command)
@@ -569,6 +600,58 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn ended(end: RigEnd) -> RigOutcome {
+        RigOutcome {
+            end,
+            vmm_status: None,
+            qemu_status: None,
+            l1_lines: vec![],
+            guest_lines: vec![],
+            vmm_lines: vec![],
+            probe_lines: vec![],
+            qemu_lines: vec![],
+            events: vec![],
+            elapsed: Duration::from_secs(1),
+            timeout: Duration::from_secs(300),
+            run_starts: vec![],
+            runs: vec![],
+            stall_threads: vec![],
+        }
+    }
+
+    #[test]
+    fn a_benchmark_is_run_again_only_when_l1_failed_by_itself() {
+        let run = |ends: Vec<RigEnd>| {
+            let mut ends = ends.into_iter();
+            let mut boots = 0;
+            let last = retry_l1_failure(
+                "test",
+                || {
+                    boots += 1;
+                    Ok(ended(ends.next().expect("one end per boot")))
+                },
+                |outcome| outcome,
+            )
+            .expect("no rig error");
+            (boots, last.end)
+        };
+        assert_eq!(
+            run(vec![RigEnd::L1Lockup, RigEnd::Completed]),
+            (2, RigEnd::Completed)
+        );
+        assert_eq!(run(vec![RigEnd::TimedOut]), (1, RigEnd::TimedOut));
+        assert_eq!(
+            run(vec![RigEnd::L1Frozen, RigEnd::L1Reset, RigEnd::L1Panic]),
+            (BENCH_ATTEMPTS, RigEnd::L1Panic)
+        );
+        let error = retry_l1_failure::<RigOutcome>(
+            "test",
+            || Err(RigError::BadArgs("x".into())),
+            |outcome| outcome,
+        );
+        assert!(error.is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use pvmm_rig::placement_bench::{
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::{GuestKernel, Topology};
 
-use super::{build_l1, dump_outcome, rig_error_exit};
+use super::{build_l1, dump_outcome, retry_l1_failure, rig_error_exit};
 
 #[derive(Debug, Args)]
 pub struct PlacementBenchArgs {
@@ -74,7 +74,12 @@ pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCo
         echo: args.verbose,
         guest_kernel: args.guest_kernel,
     };
-    let (results, failures, outcome) = match run_placement_bench(ws, &images, &options) {
+    let measured = retry_l1_failure(
+        "bench-placement",
+        || run_placement_bench(ws, &images, &options),
+        |(_, _, outcome)| outcome,
+    );
+    let (results, failures, outcome) = match measured {
         Ok(measured) => measured,
         Err(error) => {
             eprintln!("xtask: error: {error}");

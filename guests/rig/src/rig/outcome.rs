@@ -75,6 +75,24 @@ pub enum RigEnd {
     KilledOutside,
 }
 
+impl RigEnd {
+    /// L1's own kernel failed: it reported one of its CPUs stuck (`BUG: soft lockup - CPU#n
+    /// stuck for 130s! [vcpu3:120]`, seen in CI with pvmm's vCPU threads and with QEMU's)
+    /// because TCG's emulated SVM stopped returning from guest mode, or it panicked (seen once
+    /// under load: a stack overflow in L1's page-fault entry on the CPU running a vCPU thread),
+    /// froze (no output at all, its heartbeat included: seen in CI and twice under load, the
+    /// guest's console stopping mid-line), or reset (QEMU exited in the middle of a run, L1
+    /// silent: seen under load). No user-space VMM can cause any of these: its threads are
+    /// preemptible, KVM's run loop gives the CPU up when L1's scheduler asks, and a broken
+    /// kernel stack in L1 is L1's CPU state, which only the emulator keeps.
+    pub fn is_l1_failure(self) -> bool {
+        matches!(
+            self,
+            RigEnd::L1Lockup | RigEnd::L1Panic | RigEnd::L1Frozen | RigEnd::L1Reset
+        )
+    }
+}
+
 /// What QEMU prints on stderr when a signal ends it.
 pub const QEMU_SIGNAL_MARK: &str = "terminating on signal";
 
