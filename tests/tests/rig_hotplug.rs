@@ -111,31 +111,45 @@ fn settled_between(trace: &PlacementTrace, from: f64, to: f64) -> Vec<usize> {
         .collect()
 }
 
-/// The L1 times at which L1's watcher had carried out the guest's marks `cpus-off cpus` and
-/// `cpus-on cpus`: a write to a CPU's `online` file returns once the CPU is offline (or back),
-/// which on a loaded L1 can be half a second after the mark.
-fn phase(trace: &PlacementTrace, cpus: &str) -> (f64, f64) {
+/// One offline phase in L1 times: when L1's watcher had taken `cpus` offline (`cpus-off-done`:
+/// a write to a CPU's `online` file returns once the CPU is offline, which on a loaded L1 can be
+/// half a second after the guest's mark), when the guest asked for them back (`cpus-on`: the
+/// first may be online before the watcher has written the last), and when all were back
+/// (`cpus-on-done`).
+#[derive(Clone, Copy)]
+struct Phase {
+    off: f64,
+    returning: f64,
+    on: f64,
+}
+
+fn phase(trace: &PlacementTrace, cpus: &str) -> Phase {
     let mark = |what: &str| {
-        let text = format!("cpus-{what}-done {cpus}");
+        let text = format!("{what} {cpus}");
         trace
             .mark(&text)
             .unwrap_or_else(|| panic!("the guest marks {text}"))
     };
-    (mark("off"), mark("on"))
+    Phase {
+        off: mark("cpus-off-done"),
+        returning: mark("cpus-on"),
+        on: mark("cpus-on-done"),
+    }
 }
 
-/// Checks one offline phase of `trace`: `gone` (L1 CPUs) offline from the L1 time `off` to
-/// `on`, back from `on` until `until`. While they are offline every vCPU is pinned to one
+/// Checks one offline phase of `trace`: `gone` (L1 CPUs) offline from `off` until they start
+/// to return, back from `on` until `until`. While they are offline every vCPU is pinned to one
 /// CPU that is online; once they are back one of them holds a vCPU again. Returns the samples
 /// of both settled windows (for the caller's own checks).
 fn check_phase(
     trace: &PlacementTrace,
     gone: &[u32],
-    (off, on): (f64, f64),
+    phase: &Phase,
     until: f64,
 ) -> (Vec<usize>, Vec<usize>) {
+    let Phase { off, returning, on } = *phase;
     let describe = || trace.describe(0, trace.samples.len() - 1);
-    let offline = settled_between(trace, off, on);
+    let offline = settled_between(trace, off, returning);
     assert!(
         offline.len() >= 3,
         "too few samples while CPUs {gone:?} are offline:\n{}",
@@ -171,10 +185,10 @@ fn vcpus_leave_offline_cpus_and_use_them_again_when_they_return() {
     let (run, trace) = run_trace(outcome, "hotplug");
     let cpu = phase(&trace, "3");
     let package = phase(&trace, "2,3");
-    let end = trace.samples.last().map_or(package.1, |s| s.t);
+    let end = trace.samples.last().map_or(package.on, |s| s.t);
 
     let before: Vec<usize> = (0..trace.samples.len())
-        .filter(|&i| trace.samples[i].t < cpu.0)
+        .filter(|&i| trace.samples[i].t < cpu.off)
         .collect();
     assert!(
         before
@@ -183,8 +197,8 @@ fn vcpus_leave_offline_cpus_and_use_them_again_when_they_return() {
         "before CPU 3 goes offline, every busy vCPU should have a CPU of its own at some sample:\n{}",
         trace.describe(0, trace.samples.len() - 1)
     );
-    check_phase(&trace, &[3], cpu, package.0);
-    check_phase(&trace, &[2, 3], package, end + 1.0);
+    check_phase(&trace, &[3], &cpu, package.off);
+    check_phase(&trace, &[2, 3], &package, end + 1.0);
     for cpus in ["0-2", "0-1"] {
         assert!(
             run.vmm
@@ -201,8 +215,8 @@ fn pvmm_host_moves_vcpus_off_an_offline_package_and_back() {
     let Some(outcome) = outcome() else { return };
     let (_, trace) = run_trace(outcome, "host-hotplug");
     let package = phase(&trace, "2,3");
-    let end = trace.samples.last().map_or(package.1, |s| s.t);
-    let (offline, online) = check_phase(&trace, &[2, 3], package, end + 1.0);
+    let end = trace.samples.last().map_or(package.on, |s| s.t);
+    let (offline, online) = check_phase(&trace, &[2, 3], &package, end + 1.0);
     // The daemon placed the vCPUs throughout (pvmm's own placement would pass the checks
     // above too, had the daemon's lease lapsed).
     let window = |samples: &[usize]| {
