@@ -440,20 +440,12 @@ mod tests {
             });
         }
         RigOutcome {
-            end: RigEnd::Completed,
             vmm_status: statuses.last().copied(),
-            qemu_status: None,
-            l1_lines: vec![],
-            guest_lines: vec![],
-            vmm_lines: vec![],
-            probe_lines: vec![],
-            qemu_lines: vec![],
             events,
             elapsed: Duration::from_secs(20),
             timeout: Duration::from_secs(300),
-            run_starts: vec![],
             runs,
-            stall_threads: vec![],
+            ..RigOutcome::empty(RigEnd::Completed)
         }
     }
 

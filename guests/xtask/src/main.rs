@@ -602,25 +602,6 @@ mod tests {
         }
     }
 
-    fn ended(end: RigEnd) -> RigOutcome {
-        RigOutcome {
-            end,
-            vmm_status: None,
-            qemu_status: None,
-            l1_lines: vec![],
-            guest_lines: vec![],
-            vmm_lines: vec![],
-            probe_lines: vec![],
-            qemu_lines: vec![],
-            events: vec![],
-            elapsed: Duration::from_secs(1),
-            timeout: Duration::from_secs(300),
-            run_starts: vec![],
-            runs: vec![],
-            stall_threads: vec![],
-        }
-    }
-
     #[test]
     fn a_benchmark_is_run_again_only_when_l1_failed_by_itself() {
         let run = |ends: Vec<RigEnd>| {
@@ -630,7 +611,7 @@ mod tests {
                 "test",
                 || {
                     boots += 1;
-                    Ok(ended(ends.next().expect("one end per boot")))
+                    Ok(RigOutcome::empty(ends.next().expect("one end per boot")))
                 },
                 |outcome| outcome,
             )

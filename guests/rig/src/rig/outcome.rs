@@ -218,6 +218,27 @@ fn command_status(guest: &[String]) -> Option<i32> {
 }
 
 impl RigOutcome {
+    /// An outcome that ended as `end` with nothing reported: no lines, events or runs (what a
+    /// test builds on).
+    pub fn empty(end: RigEnd) -> RigOutcome {
+        RigOutcome {
+            end,
+            vmm_status: None,
+            qemu_status: None,
+            l1_lines: vec![],
+            guest_lines: vec![],
+            vmm_lines: vec![],
+            probe_lines: vec![],
+            qemu_lines: vec![],
+            events: vec![],
+            elapsed: Duration::ZERO,
+            timeout: Duration::ZERO,
+            run_starts: vec![],
+            runs: vec![],
+            stall_threads: vec![],
+        }
+    }
+
     /// The lines and exit status of the run labelled `label`, if it started.
     pub fn run(&self, label: &str) -> Option<RunLines<'_>> {
         self.events_of("vmm-start").find(|e| e.label == label)?;
