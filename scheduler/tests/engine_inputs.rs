@@ -69,11 +69,15 @@ fn duplicates_are_found_for_any_vcpu_number_and_vm_order() {
 #[test]
 fn extreme_times_and_utils_do_not_panic() {
     let topology = HostTopology::from_spec("2x2x2").unwrap();
-    for policy in Policy::ALL {
+    for (policy, share_package) in Policy::ALL
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)])
+    {
         let config = EngineConfig {
             ramp_down_window_ms: u64::MAX,
             max_migrations_per_vcpu_per_s: u32::MAX,
             demand_half_life_ms: u32::MAX,
+            share_package,
         };
         let mut engine = Engine::new(topology.clone(), policy, config);
         let mut loads = busy_vcpus(5);

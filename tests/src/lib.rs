@@ -76,8 +76,10 @@ pub use pvmm_rig::probe::{
     ThreadSample, ThreadSeccomp, BUSY_SHARE, L1_STATS_PATH, L1_USER_HZ, PROBE_SAMPLE,
 };
 
-/// Hard limit for one L1 boot of placement runs: each pvmm run takes 25-45 s in the rig on an
-/// idle machine; shared CI machines are several times slower.
+/// Limit of each placement run (pvmm is killed after it, on L1's clock), and per run of the
+/// whole L1 boot, which also gets [`pvmm_rig::sequence::L1_BOOT_SECS`] for L1's own start: each
+/// pvmm run takes 25-45 s in the rig on an idle machine; shared CI machines are several times
+/// slower.
 pub const SEQUENCE_TIMEOUT_PER_RUN: std::time::Duration = std::time::Duration::from_secs(240);
 
 /// The probe's sampling interval (s): several samples per 100 ms pvmm tick would cost L1 more
@@ -136,7 +138,8 @@ pub fn run_placement_sequence_on(
         .collect();
     let options = pvmm_rig::SequenceOptions {
         topology: pvmm_rig::Topology::default(),
-        timeout: SEQUENCE_TIMEOUT_PER_RUN * runs.len() as u32,
+        timeout: std::time::Duration::from_secs(pvmm_rig::sequence::L1_BOOT_SECS)
+            + SEQUENCE_TIMEOUT_PER_RUN * runs.len() as u32,
         run_limit_secs: SEQUENCE_TIMEOUT_PER_RUN.as_secs(),
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
         progress: false,
@@ -181,12 +184,12 @@ const GUEST_TAIL_LINES: usize = 25;
 /// kernel's warnings (RCU stalls, lockups) and init's errors, few when all is well.
 const L1_TAIL_LINES: usize = 15;
 
-pub use pvmm_rig::soak::PVMM_EXIT_TRIPLE_FAULT;
-
 /// Rig boots a rig test may use for one outcome. The nested rig itself (QEMU TCG emulating
 /// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
 /// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
-/// the guest's boot (about one pvmm boot in seven), and L1 failing ([`l1_failed`]).
+/// the guest's boot (about one pvmm boot in seven), a guest kernel panic, a guest that stalls
+/// (its kernel reports a soft lockup, an RCU stall or a hung task) until L1 kills its VMM at the run's time
+/// limit, and L1 failing ([`l1_failed`]).
 /// Such an outcome is run again, with a loud `!!! rig retry` line naming its kind, up to 3
 /// boots in all; a third crash fails the test like any other failure, and so does, at once, an
 /// outcome of a kind not seen before ([`retry_rig_crash`]). Three, not two: on a loaded 2-CPU machine (CI's
@@ -254,10 +257,8 @@ pub fn run_trace<'a>(
     assert_eq!(
         run.status,
         Some(0),
-        "run {label}: pvmm did not exit 0 (None: L1 never reported its exit; 137: killed at the run's time limit); its stderr:\n{}\nthe guest's last console lines:\n{}\nL1's last console lines (whole boot):\n{}",
-        run.vmm.join("\n"),
-        run.guest[run.guest.len().saturating_sub(GUEST_TAIL_LINES)..].join("\n"),
-        outcome.l1_lines[outcome.l1_lines.len().saturating_sub(L1_TAIL_LINES)..].join("\n")
+        "run {label}: {}",
+        exit_report(outcome, &run)
     );
     let trace = PlacementTrace::parse(run.probe);
     assert!(
@@ -269,11 +270,31 @@ pub fn run_trace<'a>(
     (run, trace)
 }
 
+/// Why a run's pvmm did not exit 0, for a test's failure message: its stderr, what the guest's
+/// kernel said of its end (a panic, a stall), the guest's last console lines and L1's.
+pub fn exit_report(outcome: &pvmm_rig::RigOutcome, run: &pvmm_rig::RunLines) -> String {
+    let guest_end =
+        pvmm_rig::soak::guest_end_report(run.guest).unwrap_or_else(|| "nothing".to_string());
+    format!(
+        "pvmm exited {:?} (None: L1 never reported its exit; 137: killed at the run's time limit); its stderr:\n{}\nthe guest's kernel reported: {guest_end}\nthe guest's last console lines:\n{}\nL1's last console lines (whole boot):\n{}",
+        run.status,
+        run.vmm.join("\n"),
+        run.guest[run.guest.len().saturating_sub(GUEST_TAIL_LINES)..].join("\n"),
+        outcome.l1_lines[outcome.l1_lines.len().saturating_sub(L1_TAIL_LINES)..].join("\n")
+    )
+}
+
 /// Guest shell helper for the tests' guest commands: `l CPU SECS` starts one 100 %-busy
 /// pvmm-load thread pinned to guest CPU `CPU` in the background (so the test knows which vCPU
-/// is busy); `r LABEL` prints the mark `pvmm-mark: cppc-LABEL` (L1 timestamps it), then
-/// `CPPC LABEL <highest_perf of each CPU> GED <ACPI:Ged interrupts>`.
+/// is busy); `e SECS` sets the deadline `$E`, SECS whole seconds of uptime from now (less the
+/// current second's fraction), and `u CPU` starts the same thread, ending at `$E`: threads
+/// started one after another (a process start can take the guest a second under load) end
+/// together, so a phase of several busy vCPUs ends as one; `r LABEL` prints the mark
+/// `pvmm-mark: cppc-LABEL` (L1 timestamps it), then `CPPC LABEL <highest_perf of each CPU>
+/// GED <ACPI:Ged interrupts>`.
 pub const GUEST_HELPERS: &str = "l(){ taskset -c $1 pvmm-load --threads 1 --duty 100 --seconds $2 >/dev/null & }\n\
+e(){ read t x < /proc/uptime; E=$((${t%.*} + $1)); }\n\
+u(){ taskset -c $1 pvmm-load --threads 1 --duty 100 --until-uptime $E >/dev/null & }\n\
 r(){ echo pvmm-mark: cppc-$1; echo \"CPPC $1 $(cat /sys/devices/system/cpu/cpu[0-9]*/acpi_cppc/highest_perf | tr '\\n' ' ')GED $(grep Ged /proc/interrupts | awk '{s=0; for(i=2;i<=NF;i++) if ($i ~ /^[0-9]+$/) s+=$i; print s}')\"; }\n";
 
 /// The body of `pvmm ctl external` giving vCPU `v` the L1 CPUs and capacity

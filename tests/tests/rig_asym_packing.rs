@@ -51,6 +51,10 @@ const OWN_PHASE_S: u32 = 2;
 /// Seconds the guest waits after the balancer starts: pvmm notifies a vCPU's new performance
 /// at most once a second, and the guest re-ranks the CPU on the notification.
 const SETTLE_S: u32 = 3;
+/// How many times (0.1 s apart) the guest looks for the busy thread (`load0`) after starting
+/// pvmm-load: under a loaded host starting it takes the guest from a fraction of a second to
+/// several seconds.
+const THREAD_WAIT_POLLS: u32 = 100;
 /// The socket pvmm serves in L1.
 const SOCKET: &str = "/tmp/pvmm-asym.sock";
 
@@ -66,8 +70,9 @@ fn guest_command() -> String {
          echo pvmm-mark: asym-own\nl {CONFINED_VCPU} {OWN_PHASE_S}; wait\n\
          echo pvmm-mark: asym-external\nsleep {SETTLE_S}\n\
          echo \"RANKING $(cat {c}/cpu[0-9]*/cpufreq/amd_pstate_prefcore_ranking 2>/dev/null | tr '\\n' ' ')\"\n\
-         l {CONFINED_VCPU} 30; P=$!\nsleep 0.3\n\
-         for t in /proc/$P/task/*; do [ \"$(cat $t/comm)\" = load0 ] && T=${{t##*/}}; done\n\
+         l {CONFINED_VCPU} 30; P=$!\nT=; n=0\n\
+         while [ -z \"$T\" ] && [ $n -lt {THREAD_WAIT_POLLS} ]; do sleep 0.1; n=$((n + 1)); \
+         for t in /proc/$P/task/*; do read -r c < $t/comm; [ \"$c\" = load0 ] && T=${{t##*/}}; done; done\n\
          i=0; while [ $i -lt {CONFINED_SAMPLES} ]; do i=$((i + 1)); w c$i; sleep {SAMPLE_S}; done\n\
          echo pvmm-mark: asym-release\ntaskset -a -p -c 0-3 $P >/dev/null\n\
          i=0; while [ $i -lt {RELEASED_SAMPLES} ]; do sleep {SAMPLE_S}; i=$((i + 1)); w r$i; done\n\

@@ -12,8 +12,8 @@
 use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
 use pvmm_tests::{
-    placement_probe, prepare_rig, retry_rig_crash, rig_lock, PlacementTrace, L1_STATS_PATH,
-    PROBE_INTERVAL,
+    exit_report, placement_probe, prepare_rig, retry_rig_crash, rig_lock, PlacementTrace,
+    L1_STATS_PATH, PROBE_INTERVAL,
 };
 
 /// The runtime directory in L1: pvmm VMs' sockets and the daemon's lock.
@@ -219,8 +219,8 @@ fn check(outcome: &RigOutcome) {
         assert_eq!(
             r.status,
             Some(0),
-            "pvmm: {}\nthe daemon: {host_log:?}",
-            r.vmm.join("\n")
+            "{}\nthe daemon: {host_log:?}",
+            exit_report(outcome, r)
         );
     }
     let traces: Vec<PlacementTrace> = runs
@@ -422,7 +422,7 @@ fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
     let run = outcome
         .run(&label)
         .unwrap_or_else(|| panic!("the VM never started: {}", outcome.summary("pvmm")));
-    assert_eq!(run.status, Some(0), "pvmm: {}", run.vmm.join("\n"));
+    assert_eq!(run.status, Some(0), "{}", exit_report(&outcome, &run));
     let trace = PlacementTrace::parse(run.probe);
     let mark = |text: &str| trace.mark(text).unwrap_or_else(|| panic!("no mark {text}"));
     let (rise, fall, done) = (mark("rise"), mark("fall"), mark("done"));

@@ -114,6 +114,11 @@ pub struct Cli {
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_TICK_MS)]
     pub tick_ms: u64,
 
+    /// balance and powersaving: let each vCPU run on every CPU its package uses, not only on
+    /// its own, so that a vCPU waking while its CPU is busy runs on an idle one beside it.
+    #[arg(long)]
+    pub share_package: bool,
+
     /// Write one JSON object per tick to FILE, or to stderr with '-' (stdout is the guest's
     /// console).
     #[arg(long, value_name = "FILE|-")]
@@ -164,6 +169,7 @@ impl Cli {
                 host_topology: self.host_topology,
                 cpus: self.cpus,
                 tick_ms: self.tick_ms,
+                share_package: self.share_package,
                 stats: self.stats.map(|p| {
                     if p.as_os_str() == "-" {
                         StatsTarget::Stderr

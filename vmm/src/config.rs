@@ -151,6 +151,9 @@ pub struct PlacementConfig {
     pub cpus: Option<String>,
     /// Placement period.
     pub tick_ms: u64,
+    /// Packing policies: vCPUs share their package's CPUs in use
+    /// (`pvmm_scheduler::EngineConfig::share_package`).
+    pub share_package: bool,
     /// Per-tick JSON stats.
     pub stats: Option<StatsTarget>,
 }
@@ -162,6 +165,7 @@ impl Default for PlacementConfig {
             host_topology: DEFAULT_HOST_TOPOLOGY.into(),
             cpus: None,
             tick_ms: DEFAULT_TICK_MS,
+            share_package: false,
             stats: None,
         }
     }

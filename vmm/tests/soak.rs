@@ -16,6 +16,8 @@
 //! Counts are exact: pvmm joins every thread it starts, and KVM's own per-VM worker
 //! (`kvm-nx-lpage-recovery`, a task of this process where NX huge pages are on) ends when the
 //! VM's last descriptor closes. This file holds one test, so nothing else runs in the process.
+//! After each VM the test waits (boundedly) for those threads to leave `/proc/self/task`: the
+//! kernel lists an exiting thread a little after `join` has returned.
 //!
 //! 30-38 ms per VM (debug build, 2 shared CPUs): 1,000 VMs take 31-40 s, which CI runs.
 //! A longer run: `PVMM_REQUIRE_KVM=1 PVMM_SOAK_VMS=10000 cargo test -p pvmm --test soak --
@@ -43,7 +45,7 @@ const WARM_UP: usize = 50;
 const DEFAULT_VMS: usize = 1000;
 /// How far RSS may grow between the samples. What legitimately moves is the allocator's free
 /// lists and arenas (glibc keeps the arenas of threads that ended, for later threads, and
-/// trims lazily): observed +128..216 KiB over 1,000 VMs and +256 KiB over 3,000, flattening.
+/// trims lazily): observed +80..216 KiB over 1,000 VMs and +256 KiB over 3,000, flattening.
 /// A leak of one guest page (4 KiB) per VM shows as 4 MiB over 1,000 VMs; the console thread
 /// that outlived its VM (fixed) cost about 11 KiB per VM, 11 MiB; a guest's memory is 64 MiB.
 const RSS_BOUND_KIB: u64 = 4 * 1024;
@@ -73,6 +75,30 @@ fn sample() -> Sample {
         fds: count("/proc/self/fd"),
         threads: count("/proc/self/task"),
         rss_kib,
+    }
+}
+
+/// Name prefixes of the threads a VM starts (vCPUs, scheduler, console, signals, control
+/// socket and its connections), and of KVM's per-VM worker.
+const VM_THREADS: [&str; 4] = ["vcpu", "pvmm-", "console-in", "kvm-nx"];
+/// How long a joined thread may still be listed in `/proc/self/task`. `join` returns when the
+/// kernel clears the thread's TID on its way out (as it releases the thread's memory map),
+/// and the task is removed from `/proc` later in the same exit; under load the exiting thread
+/// can be preempted in between. A thread that was not joined stays listed however long this
+/// test waits.
+const REAP_WAIT: Duration = Duration::from_secs(2);
+const REAP_POLL: Duration = Duration::from_millis(1);
+
+/// Waits (at most [`REAP_WAIT`]) until no thread of this process has a name starting with one
+/// of `prefixes`; returns how many are still listed.
+fn wait_threads_gone(prefixes: &[&str]) -> usize {
+    let started = Instant::now();
+    loop {
+        let left: usize = prefixes.iter().map(|p| threads_named(p)).sum();
+        if left == 0 || started.elapsed() >= REAP_WAIT {
+            return left;
+        }
+        std::thread::sleep(REAP_POLL);
     }
 }
 
@@ -149,7 +175,7 @@ fn one_vm(i: usize, power_off: &VmConfig, halted: &VmConfig) {
     vm.stop();
     if let Some(client) = client.as_mut() {
         assert_eq!(
-            threads_named("pvmm-api"),
+            wait_threads_gone(&["pvmm-api"]),
             0,
             "VM {i}: a control-socket thread outlived the VM's stop"
         );
@@ -159,6 +185,11 @@ fn one_vm(i: usize, power_off: &VmConfig, halted: &VmConfig) {
         );
     }
     drop(vm);
+    assert_eq!(
+        wait_threads_gone(&VM_THREADS),
+        0,
+        "VM {i}: a thread outlived the VM's drop"
+    );
 }
 
 #[test]

@@ -195,6 +195,7 @@ fn run(policy: PlacementPolicy, outside: Option<&[ExternalAssignment]>, dir: &Pa
             ramp_down_window_ms: 0,
             max_migrations_per_vcpu_per_s: 1000,
             demand_half_life_ms: 0,
+            share_package: false,
         },
         Box::new(Recorder {
             calls: calls.clone(),

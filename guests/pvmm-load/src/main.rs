@@ -2,8 +2,10 @@
 //!
 //! N threads each run a busy/idle duty cycle: in every period of `--period-ms` milliseconds a
 //! thread spins for `--duty` percent of the period, counting fixed-size units of work
-//! ("iterations"), then sleeps for the rest. After `--seconds` it prints the iterations of each
-//! thread and the total, so a caller can compare work done under different host placements.
+//! ("iterations"), then sleeps for the rest. After `--seconds` (or once the system's uptime
+//! reaches `--until-uptime`, so that loads started one after another end together) it prints
+//! the iterations of each thread and the total, so a caller can compare work done under
+//! different host placements.
 //! With `--progress-ms P` it also prints the total so far every P milliseconds, so a caller
 //! can count the work done inside a time window of its own.
 //!
@@ -38,11 +40,14 @@ const EXIT_BAD_INPUT: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 const USAGE: &str = "\
-usage: pvmm-load [--threads N] [--duty PCT] [--period-ms P] [--seconds S] [--progress-ms R]
+usage: pvmm-load [--threads N] [--duty PCT] [--period-ms P] [--seconds S | --until-uptime U]
+                 [--progress-ms R]
   --threads N       worker threads, 1-1024 (default 1)
   --duty PCT        busy share of each period in percent, 0-100 (default 100)
   --period-ms P     duty-cycle period in milliseconds, 1-60000 (default 100)
   --seconds S       run time in seconds, may be fractional, >0 (default 5)
+  --until-uptime U  run until the system's uptime (/proc/uptime) reaches U seconds instead:
+                    loads started one after another end together
   --progress-ms R   also print 'pvmm-load: progress <total so far>' every R ms, 1-60000
                     (the total counts each thread's periods finished so far)
 Prints the iterations done by each thread and the total.";
@@ -52,6 +57,8 @@ Prints the iterations done by each thread and the total.";
 enum FlagError {
     #[error("unknown flag '{0}' (see --help)")]
     Unknown(String),
+    #[error("{0} and {1} cannot be given together")]
+    Exclusive(&'static str, &'static str),
     #[error("flag {0} needs a value")]
     MissingValue(&'static str),
     #[error("invalid value '{value}' for {flag}: {why}")]
@@ -70,6 +77,8 @@ struct LoadConfig {
     period: Duration,
     run_time: Duration,
     progress: Option<Duration>,
+    /// Run until the system's uptime reaches this many seconds, instead of for `run_time`.
+    until_uptime: Option<f64>,
 }
 
 impl Default for LoadConfig {
@@ -80,6 +89,7 @@ impl Default for LoadConfig {
             period: Duration::from_millis(100),
             run_time: Duration::from_secs(5),
             progress: None,
+            until_uptime: None,
         }
     }
 }
@@ -107,9 +117,10 @@ fn parse_int(flag: &'static str, value: &str, min: u64, max: u64) -> Result<u64,
     Ok(parsed)
 }
 
-fn parse_seconds(value: &str) -> Result<Duration, FlagError> {
+/// A number of seconds above 0 and at most [`MAX_SECONDS`].
+fn parse_seconds(flag: &'static str, value: &str) -> Result<f64, FlagError> {
     let invalid = |why| FlagError::Invalid {
-        flag: "--seconds",
+        flag,
         value: value.to_string(),
         why,
     };
@@ -117,12 +128,38 @@ fn parse_seconds(value: &str) -> Result<Duration, FlagError> {
     if !seconds.is_finite() || seconds <= 0.0 || seconds > MAX_SECONDS {
         return Err(invalid("must be above 0 and at most 86400"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Ok(seconds)
+}
+
+/// Where the system's uptime is: the first field of `/proc/uptime`.
+const UPTIME_PATH: &str = "/proc/uptime";
+
+/// The system's uptime in seconds.
+fn uptime() -> Result<f64, String> {
+    let text = std::fs::read_to_string(UPTIME_PATH)
+        .map_err(|e| format!("cannot read {UPTIME_PATH}: {e}"))?;
+    text.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{UPTIME_PATH} does not start with a number: {text:?}"))
+}
+
+/// The run time of `config` when started at uptime `now`: `--seconds`, or what is left until
+/// `--until-uptime`, which must still be ahead.
+fn run_time_from(config: &LoadConfig, now: f64) -> Result<Duration, String> {
+    match config.until_uptime {
+        None => Ok(config.run_time),
+        Some(until) if until > now => Ok(Duration::from_secs_f64(until - now)),
+        Some(until) => Err(format!(
+            "--until-uptime {until} has passed (the uptime is {now:.2} s)"
+        )),
+    }
 }
 
 /// Parses the flags (without the program name). Accepts `--flag value` and `--flag=value`.
 fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagError> {
     let mut config = LoadConfig::default();
+    let mut seconds_given = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         if arg == "-h" || arg == "--help" {
@@ -139,6 +176,7 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
             "--duty" => "--duty",
             "--period-ms" => "--period-ms",
             "--seconds" => "--seconds",
+            "--until-uptime" => "--until-uptime",
             "--progress-ms" => "--progress-ms",
             _ => return Err(FlagError::Unknown(arg)),
         };
@@ -162,8 +200,15 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
                     MAX_PERIOD_MS,
                 )?))
             }
-            _ => config.run_time = parse_seconds(&value)?,
+            "--seconds" => {
+                config.run_time = Duration::from_secs_f64(parse_seconds(flag, &value)?);
+                seconds_given = true;
+            }
+            _ => config.until_uptime = Some(parse_seconds(flag, &value)?),
         }
+    }
+    if seconds_given && config.until_uptime.is_some() {
+        return Err(FlagError::Exclusive("--seconds", "--until-uptime"));
     }
     Ok(Command::Run(config))
 }
@@ -263,6 +308,17 @@ fn main() -> ExitCode {
         }
         Command::Run(config) => config,
     };
+    let config = if config.until_uptime.is_some() {
+        match uptime().and_then(|now| run_time_from(&config, now)) {
+            Ok(run_time) => LoadConfig { run_time, ..config },
+            Err(error) => {
+                eprintln!("pvmm-load: error: {error}");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+        }
+    } else {
+        config
+    };
     match run(&config) {
         Ok(counts) => {
             for (index, count) in counts.iter().enumerate() {
@@ -304,6 +360,7 @@ mod tests {
                 period: Duration::from_millis(20),
                 run_time: Duration::from_millis(1500),
                 progress: None,
+                until_uptime: None,
             }))
         );
         let Ok(Command::Run(config)) = parse(&["--progress-ms", "250"]) else {
@@ -347,7 +404,32 @@ mod tests {
             parse(&["--seconds", "nan"]),
             Err(FlagError::Invalid { .. })
         ));
+        assert!(matches!(
+            parse(&["--until-uptime", "-3"]),
+            Err(FlagError::Invalid { .. })
+        ));
+        assert_eq!(
+            parse(&["--seconds", "2", "--until-uptime", "100"]),
+            Err(FlagError::Exclusive("--seconds", "--until-uptime"))
+        );
         assert_eq!(parse(&["-h"]), Ok(Command::Help));
+    }
+
+    #[test]
+    fn until_uptime_runs_for_what_is_left_and_refuses_a_past_uptime() {
+        let Ok(Command::Run(config)) = parse(&["--until-uptime=100.5"]) else {
+            panic!("--until-uptime parses");
+        };
+        assert_eq!(config.until_uptime, Some(100.5));
+        assert_eq!(
+            run_time_from(&config, 98.0),
+            Ok(Duration::from_secs_f64(2.5))
+        );
+        assert!(run_time_from(&config, 100.5).is_err());
+        assert!(run_time_from(&config, 101.0).is_err());
+        let plain = LoadConfig::default();
+        assert_eq!(run_time_from(&plain, 1e6), Ok(plain.run_time));
+        assert!(uptime().is_ok_and(|u| u > 0.0));
     }
 
     #[test]
@@ -358,6 +440,7 @@ mod tests {
             period: Duration::from_millis(10),
             run_time: Duration::from_millis(50),
             progress: None,
+            until_uptime: None,
         };
         let done = AtomicU64::new(0);
         assert_eq!(run_worker(&idle, Instant::now(), 1, &done), 0);

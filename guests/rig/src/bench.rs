@@ -15,6 +15,7 @@ use crate::rig::{
     RigOutcome, Topology,
 };
 use crate::scripts::shell_join;
+use crate::sequence::L1_BOOT_SECS;
 
 /// Limit for one inner VMM run inside L1 (busybox `timeout -s KILL`): a guest that has not
 /// reached init and powered off by then is stuck, and the other runs should still happen.
@@ -234,7 +235,7 @@ pub fn run_bench(
     }
     // L1 boot plus every run at its limit: the hard timeout only catches a hung L1.
     let timeout = Duration::from_secs(
-        120 + PER_RUN_LIMIT_SECS * u64::from(options.runs) * contenders.len() as u64,
+        L1_BOOT_SECS + PER_RUN_LIMIT_SECS * u64::from(options.runs) * contenders.len() as u64,
     );
     let job = L1Job {
         script,

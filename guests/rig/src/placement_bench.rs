@@ -43,7 +43,7 @@ use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
 use crate::images::{L1Images, Workspace};
 use crate::probe::ProbeLine;
 use crate::rig::{RigError, RigOutcome, Topology};
-use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
+use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 
 /// The kernbench thread busy fraction of the simulator's scenario, 1 - sqrt(0.5086) = 0.287,
 /// as a pvmm-load duty in percent (pvmm-sim's `kernbench_busy_fraction`: 50.86 % is the packed
@@ -94,9 +94,6 @@ const SEQUENCE_SLACK_FACTOR: u64 = 2;
 /// pvmm and probe start; measured: 3 runs of 10 s in 100 s), for the progress estimate.
 const PER_RUN_QUIET_OVERHEAD_SECS: u64 = 25;
 
-/// Host seconds for L1 to boot before the first run.
-const L1_BOOT_SECS: u64 = 120;
-
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct PlacementBenchOptions {
@@ -110,7 +107,7 @@ pub struct PlacementBenchOptions {
     pub duty_percent: u32,
     /// pvmm-load period (ms).
     pub period_ms: u32,
-    /// pvmm policies (`none` included).
+    /// pvmm policies (`none` included), each maybe with [`SHARE_SUFFIX`] ([`policy_args`]).
     pub policies: Vec<String>,
     /// L1 topology.
     pub topology: Topology,
@@ -223,6 +220,18 @@ fn label(policy: &str, threads: u32) -> String {
     format!("{policy}-n{threads}")
 }
 
+/// What a `--policies` entry with this suffix adds to its policy: `--share-package`.
+pub const SHARE_SUFFIX: &str = ".share";
+
+/// pvmm's placement flags for one `--policies` entry: `POLICY`, or `POLICY.share` for
+/// `--policy POLICY --share-package`.
+pub fn policy_args(entry: &str) -> Vec<String> {
+    match entry.strip_suffix(SHARE_SUFFIX) {
+        Some(policy) => vec!["--policy".into(), policy.into(), "--share-package".into()],
+        None => vec!["--policy".into(), entry.into()],
+    }
+}
+
 /// Seconds the guest idles after its load, between the `load-end` and `idle-end` marks: past
 /// pvmm's 5 s consolidation ramp-down plus the decay of the vCPUs' demand (about 1 s), so
 /// that a packing policy can put package 1 to sleep within it.
@@ -263,18 +272,12 @@ pub fn run_placement_bench(
     let mut runs = Vec::new();
     for &threads in &options.threads {
         for policy in &options.policies {
+            let mut pvmm_args = vec!["--vcpus".to_string(), options.vcpus.to_string()];
+            pvmm_args.extend(policy_args(policy));
+            pvmm_args.extend(["--stats".to_string(), STATS_PATH.to_string()]);
             runs.push(PvmmRun {
                 label: label(policy, threads),
-                pvmm_args: [
-                    "--vcpus",
-                    &options.vcpus.to_string(),
-                    "--policy",
-                    policy,
-                    "--stats",
-                    STATS_PATH,
-                ]
-                .map(String::from)
-                .to_vec(),
+                pvmm_args,
                 guest_command: guest_command(options, threads),
             });
         }
@@ -514,6 +517,15 @@ pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_share_suffix_adds_share_package() {
+        assert_eq!(policy_args("balance"), ["--policy", "balance"]);
+        assert_eq!(
+            policy_args("powersaving:2.share"),
+            ["--policy", "powersaving:2", "--share-package"]
+        );
+    }
+
     use super::*;
 
     fn case(policy: &str, work: u64, energy: f64) -> CaseResult {

@@ -28,6 +28,12 @@ pub struct PvmmRun {
     pub guest_command: String,
 }
 
+/// Host seconds an L1 boot may take before its first run starts (L1's kernel and init, and
+/// starting the first inner VMM and probe), on top of its runs' own limits: each run's limit
+/// is counted on L1's clock from the inner VMM's start, so a boot limit of the runs' limits
+/// alone would cut a slow boot's last run short of its own limit.
+pub const L1_BOOT_SECS: u64 = 120;
+
 /// How to run a sequence.
 #[derive(Debug, Clone)]
 pub struct SequenceOptions {

@@ -12,9 +12,19 @@ use crate::guest_kernel::GuestKernel;
 use crate::images::{L1Images, Workspace};
 use crate::rig::{InnerVmm, KernelForm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
 use crate::tuning::L1Tuning;
+// pvmm's exit statuses for a guest triple fault and a guest reboot. The rig's guests boot with
+// `panic=-1`, so a guest kernel panic ends as a reboot.
+use pvmm::exit::{EXIT_GUEST_RESET, EXIT_TRIPLE_FAULT};
 
-/// pvmm's exit status for a guest triple fault (`pvmm::exit::EXIT_TRIPLE_FAULT`).
-pub const PVMM_EXIT_TRIPLE_FAULT: i32 = 4;
+/// What L1 reports for an inner VMM it killed at the run's time limit (`timeout -s KILL`:
+/// 128 + SIGKILL).
+pub const RUN_LIMIT_STATUS: i32 = 128 + 9;
+
+/// What a guest kernel prints when it panics.
+pub const GUEST_PANIC_MARK: &str = "Kernel panic - not syncing";
+/// What a guest kernel prints when it finds itself stalled: a soft lockup, an RCU stall, a
+/// hung task. The last such line tells a stalled guest from a merely slow one.
+const GUEST_STALL_MARKS: [&str; 3] = ["BUG: soft lockup", "rcu: INFO:", "INFO: task "];
 
 /// How one rig boot ended, by the first thing that went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -34,8 +44,15 @@ pub enum BootKind {
     /// QEMU (the inner VMM) exited 0 without its guest reporting the command's status: a
     /// guest reset under `-no-reboot`, QEMU's view of a triple fault.
     GuestReset,
+    /// The guest kernel panicked ([`GUEST_PANIC_MARK`] on its console) and, under the rig's
+    /// `panic=-1`, rebooted: pvmm exits 3, QEMU exits 0 under `-no-reboot`.
+    GuestPanic,
     /// The hard timeout passed ([`RigEnd::TimedOut`]).
     Timeout,
+    /// L1 killed the inner VMM at the run's own time limit ([`RUN_LIMIT_STATUS`]) after its
+    /// guest reported a stall ([`GUEST_STALL_MARKS`]): the guest stopped making progress, the
+    /// way the stalled guest of a timed-out boot does.
+    GuestStall,
     /// Every VM reported, but L1 did not power off ([`RigEnd::HungAtPowerOff`]).
     PowerOffHang,
     /// Something outside the rig ended QEMU with a signal ([`RigEnd::KilledOutside`]): not a
@@ -48,7 +65,7 @@ pub enum BootKind {
 
 impl BootKind {
     /// Every kind, in table order.
-    pub const ALL: [BootKind; 11] = [
+    pub const ALL: [BootKind; 13] = [
         BootKind::Clean,
         BootKind::L1Lockup,
         BootKind::L1Panic,
@@ -56,7 +73,9 @@ impl BootKind {
         BootKind::L1Reset,
         BootKind::TripleFault,
         BootKind::GuestReset,
+        BootKind::GuestPanic,
         BootKind::Timeout,
+        BootKind::GuestStall,
         BootKind::PowerOffHang,
         BootKind::KilledOutside,
         BootKind::Other,
@@ -72,7 +91,9 @@ impl BootKind {
             BootKind::L1Reset => "L1 reset",
             BootKind::TripleFault => "triple fault",
             BootKind::GuestReset => "guest reset",
+            BootKind::GuestPanic => "guest panic",
             BootKind::Timeout => "timeout",
+            BootKind::GuestStall => "guest stall",
             BootKind::PowerOffHang => "poweroff hang",
             BootKind::KilledOutside => "killed outside",
             BootKind::Other => "other",
@@ -105,15 +126,20 @@ pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (Boo
     for (vm, label) in vms.iter().zip(labels) {
         let kind = vm_kind(outcome, vm.vmm, label);
         if kind != BootKind::Clean && (worst.0 == BootKind::Clean || kind < worst.0) {
-            // pvmm's own report of the failure, else its last line.
-            let detail = outcome
-                .run(label)
+            // pvmm's own report of the failure, else its last line, and what the guest's
+            // kernel said of its end.
+            let run = outcome.run(label);
+            let detail = run
                 .and_then(|r| {
                     let reported = r.vmm.iter().rev().find(|l| l.contains("pvmm: guest"));
                     reported.or(r.vmm.last()).cloned()
                 })
                 .unwrap_or_default();
-            worst = (kind, format!("VM {label} ({}): {detail}", vm.vmm.name()));
+            let mut what = format!("VM {label} ({}): {detail}", vm.vmm.name());
+            if let Some(report) = run.and_then(|r| guest_end_report(r.guest)) {
+                let _ = write!(what, "; the guest: {report}");
+            }
+            worst = (kind, what);
         }
     }
     if worst.0 == BootKind::Clean && outcome.end == RigEnd::HungAtPowerOff {
@@ -127,12 +153,46 @@ pub fn vm_kind(outcome: &RigOutcome, vmm: InnerVmm, label: &str) -> BootKind {
     let Some(run) = outcome.run(label) else {
         return BootKind::Other;
     };
+    let panicked = run.guest.iter().any(|l| l.contains(GUEST_PANIC_MARK));
     match (vmm, run.status, run.command_status()) {
         (_, Some(0), Some(0)) => BootKind::Clean,
-        (InnerVmm::Pvmm, Some(PVMM_EXIT_TRIPLE_FAULT), _) => BootKind::TripleFault,
+        (InnerVmm::Pvmm, Some(EXIT_TRIPLE_FAULT), _) => BootKind::TripleFault,
+        (InnerVmm::Pvmm, Some(EXIT_GUEST_RESET), None) if panicked => BootKind::GuestPanic,
+        (InnerVmm::Qemu, Some(0), None) if panicked => BootKind::GuestPanic,
         (InnerVmm::Qemu, Some(0), None) => BootKind::GuestReset,
+        (_, Some(RUN_LIMIT_STATUS), None) if last_stall_report(run.guest).is_some() => {
+            BootKind::GuestStall
+        }
         _ => BootKind::Other,
     }
+}
+
+/// Where the guest kernel's last stall report ([`GUEST_STALL_MARKS`]) is on its console.
+fn last_stall_report(guest: &[String]) -> Option<usize> {
+    guest
+        .iter()
+        .rposition(|l| GUEST_STALL_MARKS.iter().any(|m| l.contains(m)))
+}
+
+/// What the guest's kernel said of how it ended: its panic line with the last `RIP:` line
+/// before it (where the CPU that failed was: tells a fault in the guest's own code from one in
+/// a driver of pvmm's devices), else its last stall report with the `RIP:` after it.
+pub fn guest_end_report(guest: &[String]) -> Option<String> {
+    if let Some(at) = guest.iter().position(|l| l.contains(GUEST_PANIC_MARK)) {
+        let at_rip = first_rip(guest[..at].iter().rev());
+        return Some(format!("{}{at_rip}", guest[at].trim()));
+    }
+    let at = last_stall_report(guest)?;
+    let at_rip = first_rip(guest[at..].iter());
+    Some(format!("{}{at_rip}", guest[at].trim()))
+}
+
+/// ` (at RIP: ...)` for the first `RIP:` line of `lines`, else nothing.
+fn first_rip<'a>(mut lines: impl Iterator<Item = &'a String>) -> String {
+    lines
+        .find(|l| l.contains("RIP: "))
+        .map(|l| format!(" (at {})", l.trim()))
+        .unwrap_or_default()
 }
 
 /// What a soak runs.
@@ -481,8 +541,63 @@ mod tests {
         lockup.end = RigEnd::L1Lockup;
         assert_eq!(kind(&lockup), BootKind::L1Lockup);
         assert!(BootKind::L1Lockup.is_known_rig_failure());
+        assert!(BootKind::GuestPanic.is_known_rig_failure());
+        assert!(BootKind::GuestStall.is_known_rig_failure());
         assert!(!BootKind::Other.is_known_rig_failure());
         assert!(!BootKind::Clean.is_known_rig_failure());
+    }
+
+    #[test]
+    fn a_guest_panic_or_stall_is_known_only_with_the_guests_own_report() {
+        let vms = [VmSpec::new(InnerVmm::Pvmm), VmSpec::new(InnerVmm::Qemu)];
+        let labels = ["0".to_string(), "1".to_string()];
+        let with_guest_line = |statuses: &[i32], vm: usize, line: &str| {
+            let mut outcome = boot(&["0", "1"], statuses, &[vm != 0, vm != 1]);
+            outcome.runs[vm].guest.push(line.to_string());
+            outcome
+        };
+        let panic = "[   41.2] Kernel panic - not syncing: Attempted to kill init!";
+        let pvmm_panic = with_guest_line(&[3, 0], 0, panic);
+        let (kind, what) = classify(&pvmm_panic, &vms, &labels);
+        assert_eq!(kind, BootKind::GuestPanic);
+        assert!(
+            what.ends_with(
+                "the guest: [   41.2] Kernel panic - not syncing: Attempted to kill init!"
+            ),
+            "{what}"
+        );
+        let mut oops = with_guest_line(&[3, 0], 0, "[   40.9] RIP: 0010:acpi_ged_irq_handler+0x1c");
+        oops.runs[0].guest.push(panic.to_string());
+        let (_, what) = classify(&oops, &vms, &labels);
+        assert!(
+            what.ends_with("(at [   40.9] RIP: 0010:acpi_ged_irq_handler+0x1c)"),
+            "{what}"
+        );
+        assert_eq!(
+            classify(&with_guest_line(&[0, 0], 1, panic), &vms, &labels).0,
+            BootKind::GuestPanic
+        );
+        // A reboot without a panic is not the rig's.
+        let reboot = with_guest_line(&[3, 0], 0, "reboot: Restarting system");
+        assert_eq!(classify(&reboot, &vms, &labels).0, BootKind::Other);
+        let stall =
+            "[  205.7] watchdog: BUG: soft lockup - CPU#2 stuck for 23s! [cryptomgr_test:97]";
+        let stalled = with_guest_line(&[RUN_LIMIT_STATUS, 0], 0, stall);
+        let (kind, what) = classify(&stalled, &vms, &labels);
+        assert_eq!(kind, BootKind::GuestStall);
+        assert!(what.contains("cryptomgr_test"), "{what}");
+        let mut at = stalled.clone();
+        at.runs[0]
+            .guest
+            .push("[  205.7] RIP: 0010:alg_test+0x4f/0x540".into());
+        let (_, what) = classify(&at, &vms, &labels);
+        assert!(
+            what.ends_with("(at [  205.7] RIP: 0010:alg_test+0x4f/0x540)"),
+            "{what}"
+        );
+        // Killed at the limit with no stall reported: a slow or hung VMM, not the rig's.
+        let killed = with_guest_line(&[RUN_LIMIT_STATUS, 0], 0, "[   12.0] Run /init");
+        assert_eq!(classify(&killed, &vms, &labels).0, BootKind::Other);
     }
 
     #[test]

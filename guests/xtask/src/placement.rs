@@ -32,7 +32,8 @@ pub struct PlacementBenchArgs {
     /// pvmm-load period in ms (default 70: 20 ms bursts at 29 %, as the simulator's kernbench).
     #[arg(long, default_value_t = KERNBENCH_PERIOD_MS, value_parser = clap::value_parser!(u32).range(1..=60000))]
     period_ms: u32,
-    /// Policies, comma-separated (pvmm --policy values; `none` = no pinning).
+    /// Policies, comma-separated (pvmm --policy values; `none` = no pinning; POLICY.share adds
+    /// --share-package).
     #[arg(long, value_delimiter = ',', default_values_t = BENCH_POLICIES.map(String::from))]
     policies: Vec<String>,
     /// L1 CPU topology.

@@ -68,10 +68,13 @@ for the load (it knows the whole load in advance, migrates for free, pays no
 cache penalty; the same host, power model and one CPU's work per CPU per
 step), with its shortest possible run time.
 
-Policies: performance, balance, powersaving:1, powersaving:2 (the engine's),
-and unpinned: no packing at all, vCPU threads left to a host scheduler that
+Policies: performance, balance, powersaving:1, powersaving:2 (the engine's);
+unpinned: no packing at all, vCPU threads left to a host scheduler that
 puts a waking vCPU on a random idle CPU anywhere and moves running ones now and
-then (threads wander between packages).
+then (threads wander between packages); and oracle: packing that no real VMM
+can do, redone every work step with the step's load known as it arrives and
+free migrations (runnable vCPUs one to a core on the fewest packages). The
+best placement lies between the bound and the oracle.
 
 MODES
   pvmm-sim --scenario kernbench [--vcpus 2,4,6,8] [--scale F] [--svg FILE]
@@ -134,7 +137,7 @@ struct Args {
     vms: Vec<String>,
 
     /// Comma-separated policies, or all: performance, balance, powersaving:1,
-    /// powersaving:2, unpinned.
+    /// powersaving:2, unpinned, oracle.
     #[arg(long, value_name = "LIST", default_value = "all")]
     policy: String,
 
@@ -185,6 +188,11 @@ struct Args {
     /// each tick's utilization).
     #[arg(long, value_name = "MS")]
     demand_half_life_ms: Option<u32>,
+
+    /// Engine, packing policies: each vCPU may run on every CPU its package uses, not only
+    /// its own; the host's wake-up path picks a free one (pvmm --share-package).
+    #[arg(long)]
+    share_package: bool,
 
     /// Write an SVG timeline (which package each vCPU ran on) to FILE.
     #[arg(long, value_name = "FILE")]
@@ -423,6 +431,7 @@ fn sim_config(args: &Args) -> Result<SimConfig, Failure> {
     if let Some(ms) = args.demand_half_life_ms {
         engine.demand_half_life_ms = ms;
     }
+    engine.share_package = args.share_package;
     Ok(SimConfig {
         tick_ms: args.tick_ms,
         step_us: args.step_us,

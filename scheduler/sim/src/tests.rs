@@ -216,12 +216,17 @@ fn runs_are_deterministic() {
     );
 }
 
+/// The kernbench scenario with `n` vCPUs at a tenth of its work, run to the end.
+fn kernbench(n: usize, placement: Placement, cfg: &SimConfig) -> RunResult {
+    let topology = kernbench_topology().unwrap();
+    let vms = [kernbench_vm(n, 0.1)];
+    simulate(&topology, &vms, placement, cfg, &mut |_| {}).unwrap()
+}
+
 #[test]
 fn kernbench_two_vcpus_powersaving_packs_and_unpinned_wanders() {
-    let topology = kernbench_topology().unwrap();
-    let vms = [kernbench_vm(2, 0.1)];
     let cfg = config(3_600_000);
-    let run = |p| simulate(&topology, &vms, p, &cfg, &mut |_| {}).unwrap();
+    let run = |p| kernbench(2, p, &cfg);
     let perf = run(PERFORMANCE);
     let unpinned = run(Placement::Unpinned);
     // Packages in use: idle less than 99 % of the run.
@@ -295,6 +300,7 @@ fn cli_help_explains_everything() {
         "POWER MODEL",
         "EXIT STATUS",
         "unpinned",
+        "oracle",
         "--svg",
     ] {
         assert!(out.contains(needle), "help lacks {needle}");
@@ -386,6 +392,7 @@ fn cli_scenario_writes_tables_and_svg() {
         "powersaving:1",
         "powersaving:2",
         "unpinned",
+        "oracle",
     ] {
         assert_eq!(
             out.lines().filter(|l| l.starts_with(policy)).count(),
@@ -404,7 +411,7 @@ fn cli_scenario_writes_tables_and_svg() {
         .filter_map(|n| n.text())
         .filter(|t| t.starts_with("N="))
         .collect();
-    assert_eq!(titles.len(), 10, "{titles:?}");
+    assert_eq!(titles.len(), 12, "{titles:?}");
     // An unwritable SVG is a run failure, not bad input.
     let (code, _, err) = cli(&[
         "--vm",
@@ -546,4 +553,89 @@ fn cli_busy_loop_scenario_prints_len_browns_watts() {
     assert_eq!(perf[7], "211.00", "{out}");
     let bound = out.lines().find(|l| l.starts_with("bound ")).unwrap();
     assert!(bound.ends_with("1.00"), "{bound}");
+}
+
+#[test]
+fn the_oracle_packs_every_step_on_the_fewest_packages() {
+    let cfg = config(2_000);
+    // Three busy vCPUs fit package 0's cores: package 1 never wakes, each
+    // vCPU has a core of its own, and nothing moves once placed.
+    let r = sim("2x4x1", &[constant(3, 1.0)], Placement::Oracle, &cfg);
+    assert_eq!(r.package_idle, vec![0.0, 1.0]);
+    assert!(close(r.work_done_s, 6.0, 1e-6), "{}", r.work_done_s);
+    assert_eq!(r.migrations, 0);
+    // Six need both packages, still a core each (six one-vCPU VMs, so no
+    // VM pays for spanning packages).
+    let six: Vec<VmSpec> = (0..6).map(|_| constant(1, 1.0)).collect();
+    let r = sim("2x4x1", &six, Placement::Oracle, &cfg);
+    assert_eq!(r.package_idle, vec![0.0, 0.0]);
+    assert!(close(r.work_done_s, 12.0, 1e-6), "{}", r.work_done_s);
+    // SMT: a core each before any sibling; siblings before sharing a CPU.
+    let r = sim("1x2x2", &[constant(2, 1.0)], Placement::Oracle, &cfg);
+    assert!(close(r.work_done_s, 4.0, 1e-6), "{}", r.work_done_s);
+    let r = sim("1x2x2", &[constant(3, 1.0)], Placement::Oracle, &cfg);
+    let expected = 2.0 * (1.0 + 2.0 * 589.0 / 1024.0);
+    assert!(
+        close(r.work_done_s, expected, 1e-6),
+        "{} vs {expected}",
+        r.work_done_s
+    );
+}
+
+#[test]
+fn the_oracle_follows_bursts_that_a_placement_tick_cannot() {
+    // Eight bursty vCPUs swing around one package's four cores: the oracle
+    // opens package 1 only for the steps that need it, and moves vCPUs
+    // between packages step by step for free.
+    let cfg = config(3_600_000);
+    let run = |p| kernbench(8, p, &cfg);
+    let oracle = run(Placement::Oracle);
+    assert!(oracle.finished);
+    for placement in [PERFORMANCE, POWERSAVING_1] {
+        let other = run(placement);
+        assert!(
+            oracle.energy_j < other.energy_j,
+            "{placement}: {} J vs the oracle's {} J",
+            other.energy_j,
+            oracle.energy_j
+        );
+        assert!(oracle.elapsed_s <= other.elapsed_s);
+    }
+    assert!(oracle.package_idle[1] > 0.85, "{:?}", oracle.package_idle);
+    assert!(oracle.migrations > 100, "{}", oracle.migrations);
+}
+
+#[test]
+fn sharing_the_package_lets_a_waking_vcpu_run_on_an_idle_cpu_beside_it() {
+    // Six bursty vCPUs packed into package 0's four CPUs: pinned, a vCPU that wakes behind
+    // another on its CPU waits; sharing the package, it runs on an idle CPU of it.
+    let pinned_cfg = config(3_600_000);
+    let mut shared_cfg = pinned_cfg.clone();
+    shared_cfg.engine.share_package = true;
+    let run = |p, cfg: &SimConfig| kernbench(6, p, cfg);
+    let balance = Placement::Engine(Policy::Balance);
+    let perf = run(PERFORMANCE, &pinned_cfg);
+    let pinned = run(balance, &pinned_cfg);
+    let shared = run(balance, &shared_cfg);
+    assert!(pinned.finished && shared.finished);
+    assert!(
+        shared.energy_j < pinned.energy_j,
+        "{} J shared vs {} J pinned",
+        shared.energy_j,
+        pinned.energy_j
+    );
+    assert!(
+        shared.elapsed_s < pinned.elapsed_s && shared.elapsed_s <= perf.elapsed_s * 1.01,
+        "run time {} s shared, {} s pinned, {} s performance",
+        shared.elapsed_s,
+        pinned.elapsed_s,
+        perf.elapsed_s
+    );
+    // The host's wake-ups move vCPUs inside the package, not the engine between packages.
+    assert!(shared.migrations > pinned.migrations);
+    assert!(shared.package_idle[1] >= pinned.package_idle[1]);
+    // performance spreads one vCPU to a CPU: sharing changes nothing there.
+    let perf_shared = run(PERFORMANCE, &shared_cfg);
+    assert_eq!(perf_shared.energy_j, perf.energy_j);
+    assert_eq!(perf_shared.migrations, perf.migrations);
 }

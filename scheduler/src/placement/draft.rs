@@ -3,6 +3,7 @@
 //! [`super::Engine::finish`] turns it into a [`super::Decision`].
 
 use crate::capacity::{CpuOffer, CAPACITY_SCALE};
+use crate::cpuset::CpuSet;
 
 use super::index::CpuIndex;
 use super::layout::Layout;
@@ -34,6 +35,8 @@ pub(super) struct Draft {
     pub(super) core_busy: Vec<u32>,
     /// `finish`: what each CPU offers its vCPUs.
     pub(super) cpu_offer: Vec<CpuOffer>,
+    /// `finish`, sharing packages: the CPUs each package uses.
+    pub(super) pkg_cpus: Vec<CpuSet>,
 }
 
 impl Draft {

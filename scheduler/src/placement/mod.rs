@@ -166,6 +166,15 @@ pub struct EngineConfig {
     /// ([`DEFAULT_DEMAND_HALF_LIFE_MS`]); 0 packs on each decision's
     /// utilization as given.
     pub demand_half_life_ms: u32,
+    /// Packing policies only: let each vCPU's thread run on every CPU of its
+    /// package that the decision uses ([`Assignment::cpus`]), not only on
+    /// the CPU chosen for it. Where a package holds more vCPUs than CPUs, a
+    /// pinned vCPU that wakes waits behind the other vCPUs of its CPU while
+    /// a CPU beside it may idle; with the package's CPUs shared, the host
+    /// scheduler's wake-up path runs it on the idle one at once (the engine
+    /// decides every 100 ms, bursts last milliseconds). Packages are chosen
+    /// as before, so the same packages sleep. Off by default.
+    pub share_package: bool,
 }
 
 impl Default for EngineConfig {
@@ -174,6 +183,7 @@ impl Default for EngineConfig {
             ramp_down_window_ms: DEFAULT_RAMP_DOWN_WINDOW_MS,
             max_migrations_per_vcpu_per_s: DEFAULT_MAX_MIGRATIONS_PER_VCPU_PER_S,
             demand_half_life_ms: DEFAULT_DEMAND_HALF_LIFE_MS,
+            share_package: false,
         }
     }
 }
@@ -183,8 +193,12 @@ impl Default for EngineConfig {
 pub struct Assignment {
     /// Which vCPU.
     pub id: VcpuId,
-    /// Host CPUs its thread may run on (one CPU).
+    /// Host CPUs its thread may run on: `cpu`, or with
+    /// [`EngineConfig::share_package`] under a packing policy, every CPU of
+    /// its package that holds a vCPU in this decision.
     pub cpus: CpuSet,
+    /// The CPU the engine chose for it (its capacity is counted there).
+    pub cpu: u32,
     /// Package id of those CPUs.
     pub package: u32,
     /// Capacity the vCPU can get there running flat out, 1..=1024: its CPU's
@@ -194,14 +208,15 @@ pub struct Assignment {
     pub capacity: u32,
 }
 
-/// A change of a vCPU's allowed CPUs from the previous decision.
+/// A change of the CPU the engine chose for a vCPU ([`Assignment::cpu`])
+/// from the previous decision.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Migration {
     /// Which vCPU.
     pub id: VcpuId,
-    /// Its previous CPUs.
+    /// Its previous CPU.
     pub from: CpuSet,
-    /// Its new CPUs.
+    /// Its new CPU.
     pub to: CpuSet,
 }
 
@@ -390,7 +405,8 @@ impl Engine {
             self.place_pack(now_ms, loads, total_fit)
         };
         self.adopted_packages = 0;
-        self.finish(loads, out);
+        let share = self.config.share_package && self.policy.packs() && !overutilized;
+        self.finish(loads, share, out);
         out.overutilized = overutilized;
         out.target_packages = target_packages as u32;
         out.preferred_package = preferred;
@@ -425,8 +441,10 @@ impl Engine {
         }
     }
 
-    /// Builds the decision and moves the per-vCPU state forward.
-    fn finish(&mut self, loads: &[VcpuLoad], out: &mut Decision) {
+    /// Builds the decision and moves the per-vCPU state forward; with `share`,
+    /// each vCPU may run on every CPU its package uses
+    /// ([`EngineConfig::share_package`]).
+    fn finish(&mut self, loads: &[VcpuLoad], share: bool, out: &mut Decision) {
         self.count_busy_cpus(loads);
         let l = &self.layout;
         let d = &mut self.draft;
@@ -450,9 +468,18 @@ impl Engine {
             })
             .count();
         migrations.reserve(changed);
+        if share {
+            d.pkg_cpus.resize(l.num_pkgs(), CpuSet::new());
+            for set in &mut d.pkg_cpus {
+                *set = CpuSet::new();
+            }
+            for c in &d.new_cpu {
+                d.pkg_cpus[l.pkg_of(*c).get()].insert(l.cpu_id(*c));
+            }
+        }
         for (i, load) in loads.iter().enumerate() {
             let c = d.new_cpu[i];
-            let cpus = CpuSet::single(l.cpu_id(c));
+            let cpu = CpuSet::single(l.cpu_id(c));
             let state = &mut self.vcpus[i];
             if state.cpu != c {
                 if !state.cpu.is_none() {
@@ -460,14 +487,20 @@ impl Engine {
                     migrations.push(Migration {
                         id: load.id,
                         from: CpuSet::single(l.cpu_id(state.cpu)),
-                        to: cpus.clone(),
+                        to: cpu.clone(),
                     });
                 }
                 state.cpu = c;
             }
+            let cpus = if share {
+                d.pkg_cpus[l.pkg_of(c).get()].clone()
+            } else {
+                cpu
+            };
             assignments.push(Assignment {
                 id: load.id,
                 cpus,
+                cpu: l.cpu_id(c),
                 package: l.pkg_id(l.pkg_of(c)),
                 capacity: d.cpu_offer[c.get()].for_vcpu(d.cpu_load[c.get()] - d.weight[i]),
             });

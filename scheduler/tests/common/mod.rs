@@ -80,6 +80,12 @@ pub fn check_decision(topology: &HostTopology, loads: &[VcpuLoad], d: &Decision)
         for cpu in &a.cpus {
             assert_eq!(topology.package_of(cpu), Some(a.package));
         }
+        assert!(
+            a.cpus.contains(a.cpu),
+            "its own CPU {} is in {:?}",
+            a.cpu,
+            a.cpus
+        );
         assert!((1..=CAPACITY_SCALE).contains(&a.capacity));
     }
 }

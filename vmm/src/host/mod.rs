@@ -561,8 +561,8 @@ impl HostDaemon {
                             vcpu: v.vcpu,
                         });
                         let util = f64::from(v.util) / 1024.0;
-                        if let Some(cpu) = a.and_then(|a| a.cpus.first()) {
-                            *cpu_load.entry(cpu).or_default() += util;
+                        if let Some(a) = a {
+                            *cpu_load.entry(a.cpu).or_default() += util;
                         }
                         json!({
                             "vcpu": v.vcpu, "tid": v.tid,

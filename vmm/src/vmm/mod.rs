@@ -288,7 +288,10 @@ fn start_scheduler(
     let mut scheduler = LiveScheduler::new(
         config.placement.policy,
         topology.clone(),
-        EngineConfig::default(),
+        EngineConfig {
+            share_package: config.placement.share_package,
+            ..EngineConfig::default()
+        },
         Box::new(LinuxExecutor),
         live,
         stats_out,

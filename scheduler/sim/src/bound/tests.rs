@@ -215,8 +215,9 @@ fn vm_strategy() -> impl Strategy<Value = VmSpec> {
 proptest! {
     #![proptest_config(property_config())]
 
-    /// No engine policy and not the unpinned baseline uses less energy than
-    /// the bound for the work it did, nor finishes its jobs sooner.
+    /// No engine policy (its vCPUs pinned or sharing their packages), not the
+    /// unpinned baseline and not the oracle uses less energy than the bound for
+    /// the work it did, nor finishes its jobs sooner.
     #[test]
     fn no_placement_beats_the_bound(
         topology in prop_oneof![Just("1x2x1"), Just("2x2x1"), Just("2x1x2"), Just("2x2x2")],
@@ -227,8 +228,10 @@ proptest! {
             Just(PowerModel { platform_w: 0.0, package_idle_w: 0.0, ..PowerModel::default() }),
             Just(PowerModel { smt_factor: 1.5, ..PowerModel::default() }),
         ],
+        share_package in any::<bool>(),
     ) {
-        let cfg = SimConfig { seed, power, tick_ms: 20, ..config(800) };
+        let mut cfg = SimConfig { seed, power, tick_ms: 20, ..config(800) };
+        cfg.engine.share_package = share_package;
         let b = bound(topology, &vms, &cfg);
         for placement in Placement::ALL {
             let r = run(topology, &vms, placement, &cfg);

@@ -81,17 +81,21 @@ pub enum Placement {
     Engine(Policy),
     /// No packing: the host scheduler's own wandering (module docs).
     Unpinned,
+    /// Packing at every work step with instant knowledge of the load and free
+    /// migrations (module `oracle`).
+    Oracle,
 }
 
 impl Placement {
-    /// Every placement the reports compare: the engine's four policies and the
-    /// unpinned baseline, `performance` first (the reference).
-    pub const ALL: [Placement; 5] = [
+    /// Every placement the reports compare: the engine's four policies, the
+    /// unpinned baseline and the oracle, `performance` first (the reference).
+    pub const ALL: [Placement; 6] = [
         Placement::Engine(Policy::Performance),
         Placement::Engine(Policy::Balance),
         Placement::Engine(Policy::Powersaving { level: 1 }),
         Placement::Engine(Policy::Powersaving { level: 2 }),
         Placement::Unpinned,
+        Placement::Oracle,
     ];
 }
 
@@ -100,6 +104,7 @@ impl fmt::Display for Placement {
         match self {
             Placement::Engine(policy) => write!(f, "{policy}"),
             Placement::Unpinned => f.write_str("unpinned"),
+            Placement::Oracle => f.write_str("oracle"),
         }
     }
 }
@@ -109,13 +114,15 @@ impl FromStr for Placement {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
-        if s == "unpinned" {
-            return Ok(Placement::Unpinned);
+        match s {
+            "unpinned" => return Ok(Placement::Unpinned),
+            "oracle" => return Ok(Placement::Oracle),
+            _ => {}
         }
         s.parse::<Policy>().map(Placement::Engine).map_err(|_| {
             format!(
                 "unknown policy '{s}' (expected performance, balance, powersaving, \
-                 powersaving:1, powersaving:2 or unpinned)"
+                 powersaving:1, powersaving:2, unpinned or oracle)"
             )
         })
     }

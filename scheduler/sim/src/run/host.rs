@@ -66,13 +66,26 @@ impl Host {
         self.cpu_ids.len()
     }
 
-    pub(super) fn dense(&self, cpus: &CpuSet) -> Result<usize, SimError> {
-        let id = cpus.first().ok_or(SimError::UnknownCpu(u32::MAX))?;
+    /// The dense index of CPU id `id`.
+    pub(super) fn dense(&self, id: u32) -> Result<usize, SimError> {
         self.index_of
             .get(id as usize)
             .copied()
             .flatten()
             .ok_or(SimError::UnknownCpu(id))
+    }
+
+    /// The dense indices of `cpus` into `out` (cleared first); an empty set is
+    /// an error, as a CPU outside the topology is.
+    pub(super) fn dense_set(&self, cpus: &CpuSet, out: &mut Vec<usize>) -> Result<(), SimError> {
+        out.clear();
+        for id in cpus {
+            out.push(self.dense(id)?);
+        }
+        if out.is_empty() {
+            return Err(SimError::UnknownCpu(u32::MAX));
+        }
+        Ok(())
     }
 }
 

@@ -15,8 +15,10 @@
 //! 1. Work arrives at each vCPU from its generator ([`crate::load`]),
 //!    limited by what is left of its VM's job (`work=`).
 //! 2. A vCPU with undone work is runnable. Under [`Placement::Unpinned`] the
-//!    host's own scheduler places it (below); otherwise it runs on the one CPU
-//!    the engine gave it.
+//!    host's own scheduler places it, under [`Placement::Oracle`] the oracle
+//!    (below); otherwise it runs on the CPU the engine gave it, or, when the
+//!    engine allows it several (`EngineConfig::share_package`), where the
+//!    host's wake-up path would run it among them (`Sim::wake_within_affinity`).
 //! 3. Each host CPU serves its runnable vCPUs by time slicing (water-filling:
 //!    equal shares, a vCPU that needs less leaves the rest to the others). A
 //!    vCPU's speed while it runs is its thread's share of the core
@@ -41,12 +43,14 @@
 
 //!
 //! [`Placement::Unpinned`] has no engine: the host's own scheduler places
-//! the vCPUs (module `unpinned`).
+//! the vCPUs (module `unpinned`). Nor has [`Placement::Oracle`]: it packs
+//! the runnable vCPUs again at every step, for free (module `oracle`).
 //!
 //! - `config`: the settings and their defaults, and the errors;
 //! - `result`: what a run measured;
 //! - `host`: the topology flattened for the step loop;
-//! - `unpinned`: the unpinned baseline's host scheduler.
+//! - `unpinned`: the unpinned baseline's host scheduler;
+//! - `oracle`: the oracle placement.
 
 use pvmm_scheduler::capacity::{thread_share, CAPACITY_SCALE};
 use pvmm_scheduler::executor::{Executor, RecordingExecutor};
@@ -60,6 +64,7 @@ use super::spec::VmSpec;
 
 mod config;
 mod host;
+mod oracle;
 mod result;
 mod unpinned;
 
@@ -72,6 +77,7 @@ pub use result::{Progress, RunResult, Timeline, TimelineCell};
 
 pub(crate) use host::Host;
 use host::NO_CPU;
+use oracle::OracleHost;
 use unpinned::UnpinnedHost;
 
 struct Vcpu {
@@ -81,7 +87,11 @@ struct Vcpu {
     backlog_ns: f64,
     /// Migration cost still to pay (ns of running without progress).
     warmup_ns: f64,
+    /// The CPU it runs on (or ran on last).
     cpu: usize,
+    /// The CPUs the engine allows it (dense; empty under the unpinned
+    /// baseline and the oracle).
+    allowed: Vec<usize>,
     runnable: bool,
     busy_ns: f64,
     idle_ns: f64,
@@ -146,6 +156,8 @@ struct StepBuffers {
     loads: Vec<VcpuLoad>,
     /// Runnable vCPUs of each dense CPU this step.
     runq: Vec<Vec<usize>>,
+    /// Runnable vCPUs whose CPU another one held first this step.
+    stacked: Vec<usize>,
     /// Fraction of the step each CPU ran.
     cpu_busy: Vec<f64>,
     core_busy_threads: Vec<u32>,
@@ -180,10 +192,11 @@ struct Sim<'a> {
     vms: Vec<Vm>,
     has_jobs: bool,
     total_job_ns: f64,
-    /// The engine; `None` for [`Placement::Unpinned`].
+    /// The engine; `None` for [`Placement::Unpinned`] and [`Placement::Oracle`].
     engine: Option<Engine>,
     executor: RecordingExecutor,
     unpinned: UnpinnedHost,
+    oracle: OracleHost,
     cost: MigrationCost,
     clock: Clock,
     timeline: Option<Timeline>,
@@ -232,7 +245,7 @@ impl<'a> Sim<'a> {
         let total_job_ns: f64 = vm_state.iter().map(|v| v.total_ns).sum();
         let engine = match placement {
             Placement::Engine(policy) => Some(Engine::new(topology.clone(), policy, config.engine)),
-            Placement::Unpinned => None,
+            Placement::Unpinned | Placement::Oracle => None,
         };
         let timeline = config.timeline.then(|| Timeline {
             tick_ms: config.tick_ms,
@@ -257,6 +270,7 @@ impl<'a> Sim<'a> {
             engine,
             executor: RecordingExecutor::new(),
             unpinned: UnpinnedHost::new(config.seed, config.unpinned_mean_residency_ms * 1e6),
+            oracle: OracleHost::new(&host),
             cost: MigrationCost {
                 same_package_ns: config.migration_cost_same_package_us * 1e3,
                 cross_package_ns: config.migration_cost_cross_package_us * 1e3,
@@ -299,6 +313,7 @@ impl<'a> Sim<'a> {
                     backlog_ns: 0.0,
                     warmup_ns: 0.0,
                     cpu: NO_CPU,
+                    allowed: Vec::new(),
                     runnable: false,
                     busy_ns: 0.0,
                     idle_ns: 0.0,
@@ -362,18 +377,24 @@ impl<'a> Sim<'a> {
             loads.push(v.tracker.load(v.id));
         }
         let decision = engine.place(t / NS_PER_MS, loads)?;
-        self.totals.migrations += decision.moves() as u64;
         for (i, assignment) in decision.assignments.iter().enumerate() {
             let tid = i as i32 + 1;
             if self.executor.current().get(&tid) != Some(&assignment.cpus) {
                 self.executor.apply(tid, &assignment.cpus)?;
             }
-            let cpu = self.host.dense(&self.executor.read(tid)?)?;
             let v = &mut self.vcpus[i];
-            if v.cpu != NO_CPU && v.cpu != cpu {
-                v.warmup_ns += self.cost.between(&self.host, v.cpu, cpu);
+            self.host
+                .dense_set(&self.executor.read(tid)?, &mut v.allowed)?;
+            // A thread still allowed where it runs stays there; one that is not
+            // goes to the CPU the engine chose for it.
+            if v.cpu == NO_CPU || !v.allowed.contains(&v.cpu) {
+                let home = self.host.dense(assignment.cpu)?;
+                if v.cpu != NO_CPU {
+                    v.warmup_ns += self.cost.between(&self.host, v.cpu, home);
+                    self.totals.migrations += 1;
+                }
+                v.cpu = home;
             }
-            v.cpu = cpu;
         }
         Ok(())
     }
@@ -382,7 +403,7 @@ impl<'a> Sim<'a> {
     /// left of its VM's job; a vCPU with work is runnable.
     fn arrivals(&mut self) {
         let (t, step_ns) = (self.clock.t, self.clock.step_ns);
-        let unpinned = self.engine.is_none();
+        let unpinned = self.placement == Placement::Unpinned;
         for v in &mut self.vcpus {
             let vm = &mut self.vms[v.vm];
             let mut work = v.load.arrivals(t, step_ns, v.backlog_ns);
@@ -403,27 +424,59 @@ impl<'a> Sim<'a> {
     }
 
     /// Step 2: the runnable vCPUs of each CPU, on the engine's CPUs or, for
-    /// the unpinned baseline, where the modelled host scheduler puts them.
+    /// the unpinned baseline and the oracle, where they put them.
     fn fill_run_queues(&mut self) {
         let runq = &mut self.buffers.runq;
         for q in runq.iter_mut() {
             q.clear();
         }
-        if self.engine.is_none() {
-            self.unpinned.place(
+        match self.placement {
+            Placement::Unpinned => self.unpinned.place(
                 &mut self.vcpus,
                 &self.host,
                 runq,
                 self.cost,
                 self.clock.t as f64,
                 &mut self.totals.migrations,
-            );
-        } else {
-            for (i, v) in self.vcpus.iter().enumerate() {
-                if v.runnable && v.cpu != NO_CPU {
-                    runq[v.cpu].push(i);
-                }
+            ),
+            Placement::Oracle => self.oracle.place(
+                &mut self.vcpus,
+                &self.host,
+                runq,
+                &mut self.totals.migrations,
+            ),
+            Placement::Engine(_) => self.wake_within_affinity(),
+        }
+    }
+
+    /// Step 2 under the engine: each runnable vCPU runs where it ran last, as
+    /// the host's wake-up path prefers; one whose CPU another vCPU already
+    /// holds this step goes to a CPU of its affinity that none holds, if there
+    /// is one (a move, at its cost), as the wake-up path's search for an idle
+    /// CPU does. With one CPU per vCPU (the engine's default) every vCPU runs
+    /// on that CPU.
+    fn wake_within_affinity(&mut self) {
+        let runq = &mut self.buffers.runq;
+        let stacked = &mut self.buffers.stacked;
+        stacked.clear();
+        for (i, v) in self.vcpus.iter().enumerate() {
+            if !v.runnable || v.cpu == NO_CPU {
+                continue;
             }
+            if runq[v.cpu].is_empty() || v.allowed.len() <= 1 {
+                runq[v.cpu].push(i);
+            } else {
+                stacked.push(i);
+            }
+        }
+        for &i in stacked.iter() {
+            let v = &mut self.vcpus[i];
+            if let Some(&free) = v.allowed.iter().find(|&&c| runq[c].is_empty()) {
+                v.warmup_ns += self.cost.between(&self.host, v.cpu, free);
+                self.totals.migrations += 1;
+                v.cpu = free;
+            }
+            runq[v.cpu].push(i);
         }
     }
 

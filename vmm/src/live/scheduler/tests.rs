@@ -326,3 +326,41 @@ fn the_snapshot_is_serde_jsons_text_byte_for_byte() {
     );
     assert_eq!(control.snapshot().unwrap()["policy"], "none");
 }
+
+/// With `share_package`, the affinity pvmm applies to each packed vCPU thread is every CPU its
+/// package uses; without it, one CPU each.
+#[test]
+fn shared_packages_are_applied_as_each_threads_affinity() {
+    let topo = HostTopology::from_spec("2x4x1").unwrap();
+    let applied = |share_package: bool| -> Vec<CpuSet> {
+        let mut s = LiveScheduler::new(
+            PlacementPolicy::Managed(Policy::Balance),
+            topo.clone(),
+            EngineConfig {
+                share_package,
+                ..Default::default()
+            },
+            Box::new(RecordingExecutor::new()),
+            scripted_vcpus(3, 7000, 1.0),
+            None,
+        );
+        // A tick's utilization is over the time since the last one: give the ticks the
+        // engine's own period, so the vCPUs show as busy and are spread one to a CPU.
+        for _ in 0..5 {
+            s.tick().unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s.vcpus
+            .iter()
+            .map(|v| v.last_cpus.clone().unwrap())
+            .collect()
+    };
+    let pinned = applied(false);
+    assert!(pinned.iter().all(|c| c.len() == 1), "{pinned:?}");
+    // Three busy vCPUs: a CPU each, all in package 0.
+    let used: CpuSet = pinned.iter().flat_map(|c| c.iter()).collect();
+    assert_eq!(used.len(), 3, "{pinned:?}");
+    assert!(used.is_subset(&topo.package_cpus(0)), "{used}");
+    let shared = applied(true);
+    assert!(shared.iter().all(|c| *c == used), "{shared:?} vs {used}");
+}
