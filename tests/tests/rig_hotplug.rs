@@ -31,11 +31,20 @@ const PHASE_SECS: u32 = 5;
 /// Where `pvmm host` and the VMs joining it keep their sockets in L1 (L1's tmpfs root).
 const RUNTIME_DIR: &str = "/tmp";
 
+/// The run whose pvmm joins `pvmm host`.
+const HOST_RUN: &str = "host-hotplug";
+
+/// Longest the guest's load runs (s). The guest stops it itself once its marks are done
+/// ([`guest_command`]); this only ends a run whose stop failed.
+const LOAD_CAP_SECS: u32 = 120;
+
 /// The guest's command: four busy vCPUs while L1 takes `phases` (CPU lists) offline and back
-/// one after another, [`PHASE_SECS`] apart, with a phase's worth of load left at the end.
+/// one after another, [`PHASE_SECS`] apart, then a phase's worth of load after the last mark.
+/// The load is stopped after that, not timed from its start: on a loaded machine the guest's
+/// marks drift later than its clock would have them, and a load timed from the start could end
+/// before the last phase has begun.
 fn guest_command(phases: &[&str]) -> String {
-    let load_secs = PHASE_SECS * (2 * phases.len() as u32 + 1) + 1;
-    let mut command = format!("{GUEST_HELPERS}for c in 0 1 2 3; do l $c {load_secs}; done\n");
+    let mut command = format!("{GUEST_HELPERS}for c in 0 1 2 3; do l $c {LOAD_CAP_SECS}; done\n");
     for cpus in phases {
         for what in ["off", "on"] {
             command.push_str(&format!(
@@ -43,18 +52,20 @@ fn guest_command(phases: &[&str]) -> String {
             ));
         }
     }
-    command.push_str("wait\n");
+    command.push_str(&format!("sleep {PHASE_SECS}\nkillall pvmm-load\nwait\n"));
     command
 }
 
 /// L1 side, before the placement probe (so for each run, with its `$PVMM_PID`):
 ///
 /// - a watcher that carries out the guest's `cpus-off`/`cpus-on` marks in order;
-/// - for a pvmm started with `--host`, the daemon (`pvmm host`, pinned to CPU 0, which never
-///   goes offline), ended once that pvmm has exited.
+/// - in the run [`HOST_RUN`] (its pvmm is started with `--host`; told by the run's label, not
+///   by the pid's command line), the daemon (`pvmm host -v`, pinned to CPU 0, which never goes
+///   offline), ended once that pvmm has exited, when its log is printed as `H` lines (which
+///   the probe's parser skips; the test shows them when it fails).
 ///
-/// Background jobs write nowhere: the rig reads the probe's output until every writer has
-/// closed it. The marks end in the guest console's `\r`.
+/// The other background jobs write nowhere: the rig reads the probe's output until every
+/// writer has closed it. The marks end in the guest console's `\r`.
 fn probe_prefix() -> String {
     format!(
         r#"( seen=0
@@ -68,10 +79,12 @@ fn probe_prefix() -> String {
     done < /tmp/hotplug-new
     sleep {MARK_POLL_S}
   done ) > /dev/null 2>&1 &
-if tr '\0' ' ' < /proc/$PVMM_PID/cmdline | grep -q -- '--host '; then
-  taskset -c 0 /bin/pvmm host --runtime-dir {RUNTIME_DIR} --policy performance --tick-ms 100 > /dev/null 2>&1 &
+if [ "$PVMM_RUN_LABEL" = {HOST_RUN} ]; then
+  taskset -c 0 /bin/pvmm host -v --runtime-dir {RUNTIME_DIR} --policy performance --tick-ms 100 > /tmp/pvmm-host.log 2>&1 &
   host=$!
-  ( while kill -0 $PVMM_PID 2>/dev/null; do sleep 0.5; done; kill $host ) > /dev/null 2>&1 &
+  ( while kill -0 $PVMM_PID 2>/dev/null; do sleep 0.5; done; kill $host
+    for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 $host 2>/dev/null || break; sleep 0.2; done
+    sed 's/^/H /' /tmp/pvmm-host.log ) 2>/dev/null &
 fi
 "#
     )
@@ -90,7 +103,7 @@ fn outcome() -> Option<&'static RigOutcome> {
                         guest_command(&["3", "2,3"]),
                     ),
                     (
-                        "host-hotplug",
+                        HOST_RUN,
                         vec!["--vcpus", "4", "--host", RUNTIME_DIR],
                         guest_command(&["2,3"]),
                     ),
@@ -213,7 +226,12 @@ fn vcpus_leave_offline_cpus_and_use_them_again_when_they_return() {
 #[test]
 fn pvmm_host_moves_vcpus_off_an_offline_package_and_back() {
     let Some(outcome) = outcome() else { return };
-    let (_, trace) = run_trace(outcome, "host-hotplug");
+    let (run, trace) = run_trace(outcome, HOST_RUN);
+    let daemon_log: Vec<&str> = run
+        .probe
+        .iter()
+        .filter_map(|l| l.strip_prefix("H "))
+        .collect();
     let package = phase(&trace, "2,3");
     let end = trace.samples.last().map_or(package.on, |s| s.t);
     let (offline, online) = check_phase(&trace, &[2, 3], &package, end + 1.0);
@@ -234,8 +252,10 @@ fn pvmm_host_moves_vcpus_off_an_offline_package_and_back() {
             .collect();
         assert!(
             !ticks.is_empty() && ticks.iter().all(|k| k.external),
-            "pvmm host should place the VM from {a} to {b} ms (pvmm's stats say external = {:?})",
-            ticks.iter().map(|k| k.external).collect::<Vec<_>>()
+            "pvmm host should place the VM from {a} to {b} ms (pvmm's stats say external = {:?});\npvmm's stderr:\n{}\nthe daemon's log:\n{}",
+            ticks.iter().map(|k| k.external).collect::<Vec<_>>(),
+            run.vmm.join("\n"),
+            daemon_log.join("\n")
         );
     }
 }

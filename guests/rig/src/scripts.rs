@@ -157,6 +157,18 @@ rig_run() {
     RIG_VMM_PID=$!
     rig_probe_pid=
     if [ -f /rig/probe.sh ]; then
+        # Until the background shell has opened the pipes and exec'd the VMM, $! is that
+        # shell's process: the probe starts once /proc shows the VMM itself there, so
+        # PVMM_PID's command line, threads and files are the VMM's from the probe's first
+        # line. The wait is bounded (100 polls): a VMM that fails to start leaves a zombie
+        # that kill -0 still finds.
+        rig_exe=$(readlink -f "$(command -v "$1")")
+        rig_polls=0
+        while [ "$(readlink /proc/$RIG_VMM_PID/exe 2>/dev/null)" != "$rig_exe" ] \
+            && [ $rig_polls -lt 100 ]; do
+            sleep 0.05
+            rig_polls=$((rig_polls + 1))
+        done
         PVMM_PID=$RIG_VMM_PID sh /rig/probe.sh < /dev/null 2>&1 | rig_tag "probe/$RIG_LABEL" &
         rig_probe_pid=$!
     fi
