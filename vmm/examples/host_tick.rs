@@ -104,6 +104,7 @@ fn run(vms: u32, vcpus: u32, busy: bool) -> Result<(), String> {
         policy: "powersaving".parse().map_err(|e| format!("{e}"))?,
         topology: HostTopology::from_spec(HOST).map_err(|e| e.to_string())?,
         tick: TICK,
+        share_package: false,
         runtime_dir: root.join("run"),
         adopt: true,
         roots: Roots {

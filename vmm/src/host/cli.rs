@@ -65,6 +65,11 @@ pub struct HostCli {
           value_parser = clap::value_parser!(u64).range(MIN_TICK_MS..=MAX_TICK_MS))]
     pub tick_ms: u64,
 
+    /// balance and powersaving: let each vCPU run on every CPU its package uses, not only on
+    /// its own, so that a vCPU waking while its CPU is busy runs on an idle one beside it.
+    #[arg(long)]
+    pub share_package: bool,
+
     /// Where pvmm VMs' control sockets are (*.sock), and the daemon's own lock and status
     /// socket.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_RUNTIME_DIR, global = true)]
@@ -122,6 +127,7 @@ impl HostCli {
             policy: self.policy,
             topology,
             tick: std::time::Duration::from_millis(self.tick_ms),
+            share_package: self.share_package,
             runtime_dir: self.runtime_dir,
             adopt: self.adopt == "auto",
             roots: Roots {

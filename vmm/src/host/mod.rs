@@ -50,6 +50,9 @@ pub struct HostConfig {
     pub topology: HostTopology,
     /// Placement period.
     pub tick: Duration,
+    /// Packing policies: vCPUs share their package's CPUs in use
+    /// (`pvmm_scheduler::EngineConfig::share_package`).
+    pub share_package: bool,
     /// Where pvmm control sockets are.
     pub runtime_dir: PathBuf,
     /// Whether to adopt VMs of other VMMs.
@@ -60,6 +63,16 @@ pub struct HostConfig {
     pub verbose: bool,
     /// Serve `GET /metrics` (Prometheus text) over TCP here.
     pub metrics: Option<std::net::SocketAddr>,
+}
+
+impl HostConfig {
+    /// The engine's settings: its defaults, with the sharing asked for.
+    fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            share_package: self.share_package,
+            ..EngineConfig::default()
+        }
+    }
 }
 
 /// Errors that stop the daemon before it runs.
@@ -199,7 +212,7 @@ impl HostDaemon {
             engine: Engine::new(
                 config.topology.clone(),
                 config.policy,
-                EngineConfig::default(),
+                config.engine_config(),
             ),
             config,
             executor,
@@ -417,7 +430,7 @@ impl HostDaemon {
             self.engine = Engine::new(
                 topology.clone(),
                 self.config.policy,
-                EngineConfig::default(),
+                self.config.engine_config(),
             );
             self.config.topology = topology;
             for m in self.vms.values_mut() {

@@ -9,18 +9,23 @@ fn daemon(host: &FakeHost, policy: &str) -> HostDaemon {
 }
 
 fn daemon_with(host: &FakeHost, policy: &str, executor: RecordingExecutor) -> HostDaemon {
+    HostDaemon::with_executor(config(host, policy), None, Box::new(executor)).unwrap()
+}
+
+/// The daemon's settings for `host`: a 2x2x1 topology, `policy`, adopting other VMMs' VMs.
+fn config(host: &FakeHost, policy: &str) -> HostConfig {
     let dir = host.roots.proc.parent().unwrap().join("run");
-    let config = HostConfig {
+    HostConfig {
         policy: policy.parse().unwrap(),
         topology: HostTopology::from_spec("2x2x1").unwrap(),
         tick: Duration::from_millis(100),
+        share_package: false,
         runtime_dir: dir.clone(),
         adopt: true,
         roots: host.roots.clone(),
         verbose: false,
         metrics: None,
-    };
-    HostDaemon::with_executor(config, None, Box::new(executor)).unwrap()
+    }
 }
 
 #[test]
@@ -86,6 +91,42 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
     }
     assert_eq!(d.managed(), (2, 4));
     assert!(d.applied.contains_key(&112));
+}
+
+/// With `--share-package` every packed vCPU thread may run on all the CPUs its package uses;
+/// without it, on one CPU each.
+#[test]
+fn shared_packages_are_applied_to_adopted_vcpu_threads() {
+    let applied = |share_package: bool| -> Vec<CpuSet> {
+        let host = host_with_one_qemu(if share_package { "shared" } else { "pinned" });
+        // The idle vCPUs sit on CPUs 0 and 1, where powersaving leaves them (package 0), so
+        // the package uses two CPUs.
+        let mut executor = RecordingExecutor::new();
+        for (tid, cpu) in [(110, 0), (111, 1)] {
+            executor.apply(tid, &CpuSet::single(cpu)).unwrap();
+        }
+        let mut d = HostDaemon::with_executor(
+            HostConfig {
+                share_package,
+                ..config(&host, "powersaving")
+            },
+            None,
+            Box::new(executor),
+        )
+        .unwrap();
+        d.tick().unwrap();
+        [110, 111]
+            .map(|tid| {
+                d.applied
+                    .get(&tid)
+                    .unwrap_or_else(|| panic!("thread {tid} not placed"))
+                    .clone()
+            })
+            .to_vec()
+    };
+    assert_eq!(applied(false), [CpuSet::single(0), CpuSet::single(1)]);
+    let package0 = CpuSet::range(0, 1);
+    assert_eq!(applied(true), [package0.clone(), package0]);
 }
 
 /// A fake host named `name` with one QEMU (pid 100) of two vCPUs on threads 110 and 111.
