@@ -91,10 +91,9 @@ const MIN_SETTLED_SAMPLES: usize = 3;
 /// The first episode (sample intervals) after interval `after` in which exactly `vcpus` are
 /// busy, that lasts at least 1 s and has [`MIN_SETTLED_SAMPLES`] samples after settling. A
 /// phase of the guest's load can show as several episodes: on a loaded L1 a busy vCPU that
-/// shares its CPU with the probe can fall below [`pvmm_tests::BUSY_SHARE`] for one interval
-/// (seen under two busy loops: 0.49 of a CPU, between 0.6 and 0.7), and the piece before such
-/// a dip may be too short to check; the next piece of the same phase is checked instead, from
-/// its own start.
+/// shares its CPU with the probe (or, in L1, with anything else that runs there) can fall
+/// below [`pvmm_tests::BUSY_SHARE`] for one interval, and the piece before such a dip may be
+/// too short to check; the next piece of the same phase is checked instead, from its own start.
 fn episode(trace: &PlacementTrace, vcpus: &[u32], after: usize) -> (usize, usize) {
     trace
         .episodes(vcpus)
@@ -115,9 +114,8 @@ fn episode(trace: &PlacementTrace, vcpus: &[u32], after: usize) -> (usize, usize
 /// Samples of an episode from `SETTLE_TICKS` pvmm ticks after its start to the one before its
 /// last. The last sample closes an interval in which the load may already have ended: a vCPU
 /// that ran most of it still counts as busy there, while pvmm, ticking inside the interval, may
-/// already have moved it as the idle vCPU it now is (seen in a CI-equivalent run: the 4-busy
-/// episode's last sample showed a finished vCPU sent home by powersaving). The affinity read at
-/// any earlier sample is followed by another busy interval, so it holds a busy vCPU's placement.
+/// already have moved it as the idle vCPU it now is. The affinity read at any earlier sample is
+/// followed by another busy interval, so it holds a busy vCPU's placement.
 fn settled(trace: &PlacementTrace, (first, last): (usize, usize)) -> Vec<usize> {
     let settled = settled_samples(trace, (first, last));
     assert!(
