@@ -65,7 +65,7 @@ enum FlagError {
     Invalid {
         flag: &'static str,
         value: String,
-        why: &'static str,
+        why: String,
     },
 }
 
@@ -105,30 +105,33 @@ fn parse_int(flag: &'static str, value: &str, min: u64, max: u64) -> Result<u64,
     let parsed: u64 = value.parse().map_err(|_| FlagError::Invalid {
         flag,
         value: value.to_string(),
-        why: "not a whole number",
+        why: "not a whole number".into(),
     })?;
     if parsed < min || parsed > max {
         return Err(FlagError::Invalid {
             flag,
             value: value.to_string(),
-            why: "out of range (see --help)",
+            why: "out of range (see --help)".into(),
         });
     }
     Ok(parsed)
 }
 
-/// A number of seconds above 0 and at most [`MAX_SECONDS`].
-fn parse_seconds(flag: &'static str, value: &str) -> Result<f64, FlagError> {
-    let invalid = |why| FlagError::Invalid {
+/// A number of seconds above 0 and, with `max`, at most that.
+fn parse_seconds(flag: &'static str, value: &str, max: Option<f64>) -> Result<f64, FlagError> {
+    let invalid = |why: String| FlagError::Invalid {
         flag,
         value: value.to_string(),
         why,
     };
-    let seconds: f64 = value.parse().map_err(|_| invalid("not a number"))?;
-    if !seconds.is_finite() || seconds <= 0.0 || seconds > MAX_SECONDS {
-        return Err(invalid("must be above 0 and at most 86400"));
+    let seconds: f64 = value.parse().map_err(|_| invalid("not a number".into()))?;
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(invalid("must be a number above 0".into()));
     }
-    Ok(seconds)
+    match max {
+        Some(max) if seconds > max => Err(invalid(format!("must be at most {max}"))),
+        _ => Ok(seconds),
+    }
 }
 
 /// Where the system's uptime is: the first field of `/proc/uptime`.
@@ -145,14 +148,17 @@ fn uptime() -> Result<f64, String> {
 }
 
 /// The run time of `config` when started at uptime `now`: `--seconds`, or what is left until
-/// `--until-uptime`, which must still be ahead.
+/// `--until-uptime`, which must still be ahead and at most [`MAX_SECONDS`] away.
 fn run_time_from(config: &LoadConfig, now: f64) -> Result<Duration, String> {
     match config.until_uptime {
         None => Ok(config.run_time),
-        Some(until) if until > now => Ok(Duration::from_secs_f64(until - now)),
-        Some(until) => Err(format!(
+        Some(until) if until <= now => Err(format!(
             "--until-uptime {until} has passed (the uptime is {now:.2} s)"
         )),
+        Some(until) if until - now > MAX_SECONDS => Err(format!(
+            "--until-uptime {until} is more than {MAX_SECONDS} s away (the uptime is {now:.2} s)"
+        )),
+        Some(until) => Ok(Duration::from_secs_f64(until - now)),
     }
 }
 
@@ -201,10 +207,11 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
                 )?))
             }
             "--seconds" => {
-                config.run_time = Duration::from_secs_f64(parse_seconds(flag, &value)?);
+                config.run_time =
+                    Duration::from_secs_f64(parse_seconds(flag, &value, Some(MAX_SECONDS))?);
                 seconds_given = true;
             }
-            _ => config.until_uptime = Some(parse_seconds(flag, &value)?),
+            _ => config.until_uptime = Some(parse_seconds(flag, &value, None)?),
         }
     }
     if seconds_given && config.until_uptime.is_some() {
@@ -309,7 +316,14 @@ fn main() -> ExitCode {
         Command::Run(config) => config,
     };
     let config = if config.until_uptime.is_some() {
-        match uptime().and_then(|now| run_time_from(&config, now)) {
+        let now = match uptime() {
+            Ok(now) => now,
+            Err(error) => {
+                eprintln!("pvmm-load: error: {error}");
+                return ExitCode::from(EXIT_FAILURE);
+            }
+        };
+        match run_time_from(&config, now) {
             Ok(run_time) => LoadConfig { run_time, ..config },
             Err(error) => {
                 eprintln!("pvmm-load: error: {error}");
@@ -416,7 +430,7 @@ mod tests {
     }
 
     #[test]
-    fn until_uptime_runs_for_what_is_left_and_refuses_a_past_uptime() {
+    fn until_uptime_runs_for_what_is_left_and_refuses_a_past_or_distant_uptime() {
         let Ok(Command::Run(config)) = parse(&["--until-uptime=100.5"]) else {
             panic!("--until-uptime parses");
         };
@@ -427,6 +441,16 @@ mod tests {
         );
         assert!(run_time_from(&config, 100.5).is_err());
         assert!(run_time_from(&config, 101.0).is_err());
+        // An uptime beyond a day is fine (a machine up for long); a run of more than a day
+        // from now is not.
+        let Ok(Command::Run(late)) = parse(&["--until-uptime", "200000"]) else {
+            panic!("an uptime beyond a day parses");
+        };
+        assert_eq!(
+            run_time_from(&late, 199_990.0),
+            Ok(Duration::from_secs(10))
+        );
+        assert!(run_time_from(&late, 100.0).is_err());
         let plain = LoadConfig::default();
         assert_eq!(run_time_from(&plain, 1e6), Ok(plain.run_time));
         assert!(uptime().is_ok_and(|u| u > 0.0));
