@@ -248,14 +248,15 @@ fn the_rankings_follow_pvmms_capacities_when_they_change() {
 /// Whether a guest's `ranking` follows the performances pvmm published (`perfs`, by CPU) as
 /// far as pvmm notifies them: the same order of the CPUs (any change of order is notified),
 /// and each CPU's ranking within pvmm's notification threshold of its performance (a smaller
-/// change that keeps the order is not notified, so the guest keeps its earlier ranking).
+/// change that keeps the order is not notified, so the guest keeps its earlier ranking: the
+/// change is measured from that ranking, as pvmm measures it from what it last told).
 fn follows(ranking: &[u64], perfs: &[u64]) -> bool {
     let n = perfs.len();
     ranking.len() == n
         && (0..n).all(|v| (0..n).all(|w| ranking[v].cmp(&ranking[w]) == perfs[v].cmp(&perfs[w])))
         && ranking.iter().zip(perfs).all(|(&r, &p)| {
             let (r, p) = (u32::try_from(r), u32::try_from(p));
-            matches!((r, p), (Ok(r), Ok(p)) if !significant_change(p, r))
+            matches!((r, p), (Ok(r), Ok(p)) if !significant_change(r, p))
         })
 }
 
