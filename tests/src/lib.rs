@@ -188,13 +188,14 @@ const L1_TAIL_LINES: usize = 15;
 /// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
 /// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
 /// the guest's boot (about one pvmm boot in seven), a guest kernel panic, a guest that stalls
-/// (its kernel reports a soft lockup, an RCU stall or a hung task) until L1 kills its VMM at the run's time
-/// limit, and L1 failing ([`l1_failed`]).
-/// Such an outcome is run again, with a loud `!!! rig retry` line naming its kind, up to 3
-/// boots in all; a third crash fails the test like any other failure, and so does, at once, an
-/// outcome of a kind not seen before ([`retry_rig_crash`]). Three, not two: on a loaded 2-CPU machine (CI's
-/// speed) about one sequence boot in four ends in an L1 failure, so two in a row would fail about one CI run in six over the three rig test binaries; a retried
-/// sequence costs its failure point plus at most 90 s, so CI stays well inside its limit.
+/// (its kernel reports a soft lockup, an RCU stall or a hung task) until L1 kills its VMM at
+/// the run's time limit, and L1 failing ([`l1_failed`]). Such an outcome is run again, with a
+/// loud `!!! rig retry` line naming its kind, up to 3 boots in all; a third crash fails the
+/// test like any other failure, and so does, at once, an outcome of a kind not seen before
+/// ([`retry_rig_crash`]). Three, not two: on a loaded 2-CPU machine (CI's speed) about one
+/// sequence boot in four ends in an L1 failure, so two in a row would fail about one CI run in
+/// six over the three rig test binaries; a retried sequence costs its failure point plus at
+/// most 90 s, so CI stays well inside its limit.
 pub const RIG_ATTEMPTS: u32 = 3;
 
 /// The rig's other failures, L1's own kernel failing ([`pvmm_rig::RigEnd::is_l1_failure`]).

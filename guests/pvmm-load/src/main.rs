@@ -446,10 +446,7 @@ mod tests {
         let Ok(Command::Run(late)) = parse(&["--until-uptime", "200000"]) else {
             panic!("an uptime beyond a day parses");
         };
-        assert_eq!(
-            run_time_from(&late, 199_990.0),
-            Ok(Duration::from_secs(10))
-        );
+        assert_eq!(run_time_from(&late, 199_990.0), Ok(Duration::from_secs(10)));
         assert!(run_time_from(&late, 100.0).is_err());
         let plain = LoadConfig::default();
         assert_eq!(run_time_from(&plain, 1e6), Ok(plain.run_time));

@@ -23,7 +23,8 @@ pub const RUN_LIMIT_STATUS: i32 = 128 + 9;
 /// What a guest kernel prints when it panics.
 pub const GUEST_PANIC_MARK: &str = "Kernel panic - not syncing";
 /// What a guest kernel prints when it finds itself stalled: a soft lockup, an RCU stall, a
-/// hung task. The last such line tells a stalled guest from a merely slow one.
+/// hung task. A run killed at its time limit after such a line is taken as stalled, not as
+/// merely slow; the last such line is the one reported.
 const GUEST_STALL_MARKS: [&str; 3] = ["BUG: soft lockup", "rcu: INFO:", "INFO: task "];
 
 /// How one rig boot ended, by the first thing that went wrong.
@@ -100,9 +101,10 @@ impl BootKind {
         }
     }
 
-    /// A failure of the nested rig itself (seen in its soaks, under pvmm and QEMU alike), or
-    /// QEMU killed from outside: a rig test may run it again. [`BootKind::Clean`] and
-    /// [`BootKind::Other`] are not.
+    /// A failure the rig's soaks see under pvmm and QEMU alike (L1's own, or a guest's triple
+    /// fault, reset, panic or stall), or QEMU killed from outside: a rig test may run it
+    /// again, and a failure that repeats reaches the test's checks at its last try.
+    /// [`BootKind::Clean`] and [`BootKind::Other`] are not.
     pub fn is_known_rig_failure(self) -> bool {
         !matches!(self, BootKind::Clean | BootKind::Other)
     }
