@@ -158,6 +158,9 @@ pub struct HostDaemon {
     applied: HashMap<i32, CpuSet>,
     /// Threads whose affinity the host refused (reported once).
     refused: HashSet<i32>,
+    /// The CPU the engine chose for each vCPU in its last decision: what a fresh engine is told
+    /// the vCPU runs on, also when its thread may run on its whole package (`share_package`).
+    homes: HashMap<VcpuId, u32>,
     totals: Totals,
     cost: TickCost,
     scan: ScanSchedule,
@@ -221,6 +224,7 @@ impl HostDaemon {
             start: Instant::now(),
             stats,
             original: HashMap::new(),
+            homes: HashMap::new(),
             applied: HashMap::new(),
             refused: HashSet::new(),
             totals: Totals::default(),
@@ -439,21 +443,25 @@ impl HostDaemon {
         }
     }
 
-    /// Tells the engine where each vCPU of a VM it has not placed yet runs now, when that is
-    /// one CPU (where pvmm placed it, or a foreign thread's affinity): a restarted daemon then
-    /// moves only the vCPUs it would put elsewhere.
+    /// Tells the engine where each vCPU of a VM it has not placed yet runs now: the CPU this
+    /// daemon last chose for it, or else its thread's affinity when that is one CPU (where pvmm
+    /// placed it, or a foreign thread's). A fresh engine after CPU hotplug, or a restarted
+    /// daemon, then moves only the vCPUs it would put elsewhere.
     fn assume_current(&mut self) {
         for m in self.vms.values().filter(|m| !m.placed) {
             for v in &m.vcpus {
-                let cpus = match &m.member {
-                    Member::Pvmm(_) => v.cpus.clone(),
-                    Member::Foreign(_) => self.executor.read(v.tid).ok(),
+                let id = VcpuId {
+                    vm: m.id,
+                    vcpu: v.vcpu,
                 };
-                if let Some(cpu) = cpus.filter(|c| c.len() == 1).and_then(|c| c.first()) {
-                    let id = VcpuId {
-                        vm: m.id,
-                        vcpu: v.vcpu,
+                let home = self.homes.get(&id).copied().or_else(|| {
+                    let cpus = match &m.member {
+                        Member::Pvmm(_) => v.cpus.clone(),
+                        Member::Foreign(_) => self.executor.read(v.tid).ok(),
                     };
+                    cpus.filter(|c| c.len() == 1).and_then(|c| c.first())
+                });
+                if let Some(cpu) = home {
                     self.engine.assume(id, cpu);
                 }
             }
@@ -487,6 +495,9 @@ impl HostDaemon {
     /// Applies `decision`, whose assignments follow the loads' order: the VMs in `self.vms`
     /// order, each VM's vCPUs as read. Threads already where they belong cost nothing.
     fn apply(&mut self, decision: &Decision) {
+        self.homes.clear();
+        self.homes
+            .extend(decision.assignments.iter().map(|a| (a.id, a.cpu)));
         let mut packages: Vec<u32> = decision.assignments.iter().map(|a| a.package).collect();
         packages.sort_unstable();
         packages.dedup();

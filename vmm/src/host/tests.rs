@@ -227,6 +227,42 @@ fn placement_follows_host_cpus_going_offline_and_coming_back() {
     assert_eq!(d.config.topology.cpu_set().to_string(), "0-3");
 }
 
+/// With `--share-package`, CPUs going offline move only the vCPUs the engine had chosen them
+/// for: the fresh engine is told each vCPU's own CPU, not its thread's shared set.
+#[test]
+fn sharing_vcpus_keep_their_cpus_when_other_cpus_go_offline() {
+    let host = host_with_one_qemu("daemon-hotplug-share");
+    std::fs::write(&host.roots.cpu_online, "0-3\n").unwrap();
+    // The idle vCPUs sit on CPUs 1 and 0 (package 0, where powersaving packs them); from
+    // scratch the engine would choose otherwise for vCPU 0.
+    let mut executor = RecordingExecutor::new();
+    for (tid, cpu) in [(110, 1), (111, 0)] {
+        executor.apply(tid, &CpuSet::single(cpu)).unwrap();
+    }
+    let mut d = HostDaemon::with_executor(
+        HostConfig {
+            share_package: true,
+            ..config(&host, "powersaving")
+        },
+        None,
+        Box::new(executor),
+    )
+    .unwrap();
+    d.tick().unwrap();
+    let homes = |d: &HostDaemon| -> Vec<u32> {
+        let mut h: Vec<(VcpuId, u32)> = d.homes.iter().map(|(&id, &cpu)| (id, cpu)).collect();
+        h.sort_unstable_by_key(|&(id, _)| id.vcpu);
+        h.into_iter().map(|(_, cpu)| cpu).collect()
+    };
+    assert_eq!(homes(&d), [1, 0]);
+    assert_eq!(d.applied.get(&110), Some(&CpuSet::range(0, 1)));
+    // Package 1 goes offline: no vCPU was there, none moves.
+    std::fs::write(&host.roots.cpu_online, "0-1\n").unwrap();
+    d.tick().unwrap();
+    assert_eq!(d.config.topology.cpu_set().to_string(), "0-1");
+    assert_eq!(homes(&d), [1, 0]);
+}
+
 #[test]
 fn a_second_daemon_on_the_same_directory_is_refused() {
     let host = FakeHost::new("lock");

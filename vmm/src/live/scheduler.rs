@@ -49,6 +49,11 @@ pub struct LiveVcpu {
     pub source: Box<dyn IdleSource>,
     tracker: LoadTracker,
     last_cpus: Option<CpuSet>,
+    /// The one CPU its placement chose for it last (the engine's
+    /// [`pvmm_scheduler::Assignment::cpu`], or an outside balancer's single CPU), where its
+    /// thread is allowed: what a fresh engine is told it runs on, also when its thread may run
+    /// on the whole of its package.
+    home: Option<u32>,
     package: Option<u32>,
     capacity: u32,
     /// Its thread's `stat`, for where the host last ran it (`--policy none`), opened then.
@@ -64,6 +69,7 @@ impl LiveVcpu {
             source,
             tracker: LoadTracker::new(UtilConfig::default()),
             last_cpus: None,
+            home: None,
             package: None,
             capacity: CAPACITY_SCALE,
             stat: None,
@@ -350,7 +356,12 @@ impl LiveScheduler {
     fn apply_decision(&mut self) -> (u64, u64) {
         let mut counts = (0, 0);
         for (v, a) in self.vcpus.iter_mut().zip(&self.decision.assignments) {
-            pin_vcpu(v, &a.cpus, self.executor.as_mut(), &mut counts);
+            pin_vcpu(
+                v,
+                (&a.cpus, Some(a.cpu)),
+                self.executor.as_mut(),
+                &mut counts,
+            );
             v.package = Some(a.package);
             v.capacity = a.capacity;
         }
@@ -363,7 +374,7 @@ impl LiveScheduler {
         self.engine = make_engine(self.policy, &self.topology, &self.engine_config);
         if let Some(engine) = self.engine.as_mut() {
             for v in &self.vcpus {
-                if let Some(cpu) = v.last_cpus.as_ref().and_then(single_cpu) {
+                if let Some(cpu) = v.home {
                     engine.assume(
                         VcpuId {
                             vm: THIS_VM,
@@ -393,7 +404,12 @@ impl LiveScheduler {
             let Some(v) = self.vcpus.get_mut(a.vcpu as usize) else {
                 continue;
             };
-            pin_vcpu(v, &a.cpus, self.executor.as_mut(), &mut counts);
+            pin_vcpu(
+                v,
+                (&a.cpus, single_cpu(&a.cpus)),
+                self.executor.as_mut(),
+                &mut counts,
+            );
             v.package = a.cpus.first().and_then(|c| self.topology.package_of(c));
             v.capacity = a.capacity;
         }
@@ -421,6 +437,7 @@ impl LiveScheduler {
             for v in &mut self.vcpus {
                 if self.executor.apply(v.tid, &self.all_cpus).is_ok() {
                     v.last_cpus = None;
+                    v.home = None;
                 }
                 v.capacity = CAPACITY_SCALE;
             }
@@ -587,20 +604,29 @@ fn make_engine(
     }
 }
 
-/// Restricts `v`'s thread to `cpus` if it is not there yet, counting (moves, refusals).
-fn pin_vcpu(v: &mut LiveVcpu, cpus: &CpuSet, executor: &mut dyn Executor, counts: &mut (u64, u64)) {
-    if v.last_cpus.as_ref() == Some(cpus) {
-        return;
-    }
-    match executor.apply(v.tid, cpus) {
-        Ok(()) => {
-            if v.last_cpus.is_some() {
-                counts.0 += 1;
+/// Restricts `v`'s thread to `cpus` if it is not there yet, counting (moves, refusals); once
+/// its thread is allowed `cpus`, `home` is the CPU chosen for it among them.
+fn pin_vcpu(
+    v: &mut LiveVcpu,
+    (cpus, home): (&CpuSet, Option<u32>),
+    executor: &mut dyn Executor,
+    counts: &mut (u64, u64),
+) {
+    if v.last_cpus.as_ref() != Some(cpus) {
+        match executor.apply(v.tid, cpus) {
+            Ok(()) => {
+                if v.last_cpus.is_some() {
+                    counts.0 += 1;
+                }
+                v.last_cpus = Some(cpus.clone());
             }
-            v.last_cpus = Some(cpus.clone());
+            Err(_) => {
+                counts.1 += 1;
+                return;
+            }
         }
-        Err(_) => counts.1 += 1,
     }
+    v.home = home;
 }
 
 /// The one CPU of `cpus`, if it holds exactly one.

@@ -364,3 +364,58 @@ fn shared_packages_are_applied_as_each_threads_affinity() {
     let shared = applied(true);
     assert!(shared.iter().all(|c| *c == used), "{shared:?} vs {used}");
 }
+
+/// With `share_package`, a host CPU going offline still moves only the vCPU the engine had
+/// chosen it for: a fresh engine is told each vCPU's own CPU, not its thread's shared set.
+#[test]
+fn sharing_vcpus_keep_their_cpus_when_another_goes_offline() {
+    let dir = std::env::temp_dir().join(format!("pvmm-hotplug-share-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let online = dir.join("online");
+    std::fs::write(&online, "0-7\n").unwrap();
+    let topo = HostTopology::from_spec("2x4x1").unwrap();
+    let mut s = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Balance),
+        topo.clone(),
+        EngineConfig {
+            share_package: true,
+            ..Default::default()
+        },
+        Box::new(RecordingExecutor::new()),
+        scripted_vcpus(3, 7000, 1.0),
+        None,
+    )
+    .with_online_cpus(OnlineCpus::watch(topo, online.clone()).unwrap());
+    // Ticks at the engine's own period, so the vCPUs show as busy: a CPU each in package 0.
+    for _ in 0..5 {
+        s.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let homes =
+        |s: &LiveScheduler| -> Vec<u32> { s.vcpus.iter().map(|v| v.home.unwrap()).collect() };
+    let before = homes(&s);
+    assert!(
+        s.vcpus
+            .iter()
+            .all(|v| v.last_cpus.as_ref().unwrap().len() == 3),
+        "shared sets"
+    );
+    let gone = before[1];
+    std::fs::write(&online, format!("{}\n", topo_without(gone))).unwrap();
+    s.tick().unwrap();
+    let after = homes(&s);
+    assert_ne!(after[1], gone, "{before:?} -> {after:?}");
+    assert_eq!(
+        (after[0], after[2]),
+        (before[0], before[2]),
+        "only the vCPU of CPU {gone} moves: {before:?} -> {after:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// CPUs 0-7 without `cpu`, as sysfs lists them.
+fn topo_without(cpu: u32) -> CpuSet {
+    let mut set = CpuSet::range(0, 7);
+    set.remove(cpu);
+    set
+}
