@@ -277,8 +277,9 @@ pub fn exit_report(outcome: &pvmm_rig::RigOutcome, run: &pvmm_rig::RunLines) -> 
     let guest_end =
         pvmm_rig::soak::guest_end_report(run.guest).unwrap_or_else(|| "nothing".to_string());
     format!(
-        "pvmm exited {:?} (None: L1 never reported its exit; 137: killed at the run's time limit); its stderr:\n{}\nthe guest's kernel reported: {guest_end}\nthe guest's last console lines:\n{}\nL1's last console lines (whole boot):\n{}",
+        "pvmm exited {:?} (None: L1 never reported its exit; {}: killed at the run's time limit); its stderr:\n{}\nthe guest's kernel reported: {guest_end}\nthe guest's last console lines:\n{}\nL1's last console lines (whole boot):\n{}",
         run.status,
+        pvmm_rig::soak::RUN_LIMIT_STATUS,
         run.vmm.join("\n"),
         run.guest[run.guest.len().saturating_sub(GUEST_TAIL_LINES)..].join("\n"),
         outcome.l1_lines[outcome.l1_lines.len().saturating_sub(L1_TAIL_LINES)..].join("\n")

@@ -34,6 +34,9 @@ const RUNTIME_DIR: &str = "/tmp";
 /// The run whose pvmm joins `pvmm host`.
 const HOST_RUN: &str = "host-hotplug";
 
+/// What starts each line of the daemon's log among the probe's lines.
+const DAEMON_LOG_PREFIX: &str = "H ";
+
 /// Longest the guest's load runs (s). The guest stops it itself once its marks are done
 /// ([`guest_command`]); this only ends a run whose stop failed.
 const LOAD_CAP_SECS: u32 = 120;
@@ -61,8 +64,9 @@ fn guest_command(phases: &[&str]) -> String {
 /// - a watcher that carries out the guest's `cpus-off`/`cpus-on` marks in order;
 /// - in the run [`HOST_RUN`] (its pvmm is started with `--host`; told by the run's label, not
 ///   by the pid's command line), the daemon (`pvmm host -v`, pinned to CPU 0, which never goes
-///   offline), ended once that pvmm has exited, when its log is printed as `H` lines (which
-///   the probe's parser skips; the test shows them when it fails).
+///   offline), ended once that pvmm has exited, when its log is printed, each line after
+///   [`DAEMON_LOG_PREFIX`] (the probe's parser skips such lines; the test shows them when it
+///   fails).
 ///
 /// The other background jobs write nowhere: the rig reads the probe's output until every
 /// writer has closed it. The marks end in the guest console's `\r`.
@@ -84,7 +88,7 @@ if [ "$PVMM_RUN_LABEL" = {HOST_RUN} ]; then
   host=$!
   ( while kill -0 $PVMM_PID 2>/dev/null; do sleep 0.5; done; kill $host
     for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 $host 2>/dev/null || break; sleep 0.2; done
-    sed 's/^/H /' /tmp/pvmm-host.log ) 2>/dev/null &
+    sed 's/^/{DAEMON_LOG_PREFIX}/' /tmp/pvmm-host.log ) 2>/dev/null &
 fi
 "#
     )
@@ -230,7 +234,7 @@ fn pvmm_host_moves_vcpus_off_an_offline_package_and_back() {
     let daemon_log: Vec<&str> = run
         .probe
         .iter()
-        .filter_map(|l| l.strip_prefix("H "))
+        .filter_map(|l| l.strip_prefix(DAEMON_LOG_PREFIX))
         .collect();
     let package = phase(&trace, "2,3");
     let end = trace.samples.last().map_or(package.on, |s| s.t);
