@@ -93,6 +93,8 @@ struct Vcpu {
     /// baseline and the oracle).
     allowed: Vec<usize>,
     runnable: bool,
+    /// It became runnable this step (it was not the step before).
+    woke: bool,
     busy_ns: f64,
     idle_ns: f64,
     /// Time it had work but waited for its CPU (ns).
@@ -315,6 +317,7 @@ impl<'a> Sim<'a> {
                     cpu: NO_CPU,
                     allowed: Vec::new(),
                     runnable: false,
+                    woke: false,
                     busy_ns: 0.0,
                     idle_ns: 0.0,
                     waited_ns: 0.0,
@@ -414,6 +417,7 @@ impl<'a> Sim<'a> {
             v.backlog_ns += work;
             let was = v.runnable;
             v.runnable = v.backlog_ns >= EMPTY_BACKLOG_NS;
+            v.woke = v.runnable && !was;
             if !v.runnable {
                 v.displace_at_ns = f64::INFINITY;
             } else if !was && unpinned {
@@ -453,20 +457,24 @@ impl<'a> Sim<'a> {
     /// the host's wake-up path prefers; one whose CPU another vCPU already
     /// holds this step goes to a CPU of its affinity that none holds, if there
     /// is one (a move, at its cost), as the wake-up path's search for an idle
-    /// CPU does. With one CPU per vCPU (the engine's default) every vCPU runs
-    /// on that CPU.
+    /// CPU does. The vCPUs that were running keep their CPUs first, and the
+    /// ones that just woke find theirs taken: a wake-up does not evict a
+    /// running thread. With one CPU per vCPU (the engine's default) every vCPU
+    /// runs on that CPU.
     fn wake_within_affinity(&mut self) {
         let runq = &mut self.buffers.runq;
         let stacked = &mut self.buffers.stacked;
         stacked.clear();
-        for (i, v) in self.vcpus.iter().enumerate() {
-            if !v.runnable || v.cpu == NO_CPU {
-                continue;
-            }
-            if runq[v.cpu].is_empty() || v.allowed.len() <= 1 {
-                runq[v.cpu].push(i);
-            } else {
-                stacked.push(i);
+        for woken in [false, true] {
+            for (i, v) in self.vcpus.iter().enumerate() {
+                if !v.runnable || v.cpu == NO_CPU || v.woke != woken {
+                    continue;
+                }
+                if runq[v.cpu].is_empty() || v.allowed.len() <= 1 {
+                    runq[v.cpu].push(i);
+                } else {
+                    stacked.push(i);
+                }
             }
         }
         for &i in stacked.iter() {
