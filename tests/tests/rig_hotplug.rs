@@ -31,6 +31,10 @@ const PHASE_SECS: u32 = 5;
 /// Where `pvmm host` and the VMs joining it keep their sockets in L1 (L1's tmpfs root).
 const RUNTIME_DIR: &str = "/tmp";
 
+/// How many times, 0.2 s apart, L1 looks whether the daemon has exited after its SIGTERM before
+/// printing its log anyway: it hands placement back and exits within a tick or two.
+const DAEMON_EXIT_POLLS: u32 = 10;
+
 /// The run whose pvmm joins `pvmm host`.
 const HOST_RUN: &str = "host-hotplug";
 
@@ -87,7 +91,7 @@ if [ "$PVMM_RUN_LABEL" = {HOST_RUN} ]; then
   taskset -c 0 /bin/pvmm host -v --runtime-dir {RUNTIME_DIR} --policy performance --tick-ms 100 > /tmp/pvmm-host.log 2>&1 &
   host=$!
   ( while kill -0 $PVMM_PID 2>/dev/null; do sleep 0.5; done; kill $host
-    for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 $host 2>/dev/null || break; sleep 0.2; done
+    i=0; while [ $i -lt {DAEMON_EXIT_POLLS} ] && kill -0 $host 2>/dev/null; do sleep 0.2; i=$((i + 1)); done
     sed 's/^/{DAEMON_LOG_PREFIX}/' /tmp/pvmm-host.log ) 2>/dev/null &
 fi
 "#

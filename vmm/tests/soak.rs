@@ -87,6 +87,8 @@ const VM_THREADS: [&str; 4] = ["vcpu", "pvmm-", "console-in", "kvm-nx"];
 /// can be preempted in between. A thread that was not joined stays listed however long this
 /// test waits.
 const REAP_WAIT: Duration = Duration::from_secs(2);
+/// How often the wait looks again: the task is usually gone within a millisecond, and the
+/// soak's VMs take tens of milliseconds each, so polling this often costs it little.
 const REAP_POLL: Duration = Duration::from_millis(1);
 
 /// Waits (at most [`REAP_WAIT`]) until no thread of this process has a name starting with one
