@@ -8,7 +8,7 @@ use crate::acpi::MAX_VCPUS;
 use crate::config::{
     PlacementConfig, PlacementPolicy, StatsTarget, VmConfig, DEFAULT_CMDLINE,
     DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_HOST_TOPOLOGY, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
-    DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS,
+    DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS, SHARE_PACKAGE_HELP,
 };
 use crate::seccomp::SeccompMode;
 
@@ -114,9 +114,8 @@ pub struct Cli {
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_TICK_MS)]
     pub tick_ms: u64,
 
-    /// balance and powersaving: let each vCPU run on every CPU its package uses, not only on
-    /// its own, so that a vCPU waking while its CPU is busy runs on an idle one beside it.
-    #[arg(long)]
+    /// [`SHARE_PACKAGE_HELP`]
+    #[arg(long, help = SHARE_PACKAGE_HELP)]
     pub share_package: bool,
 
     /// Write one JSON object per tick to FILE, or to stderr with '-' (stdout is the guest's

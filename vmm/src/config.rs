@@ -15,6 +15,12 @@ use crate::seccomp::SeccompMode;
 /// panicking guest reboots at once (so pvmm exits with the reboot status instead of hanging),
 /// and no PCI probing (pvmm has no PCI bus).
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+
+/// `--share-package`'s help, pvmm's and `pvmm host`'s.
+pub const SHARE_PACKAGE_HELP: &str = "Under balance and powersaving, let each vCPU run on every \
+CPU its package uses, not only on its own, so that a vCPU waking while its CPU is busy runs on \
+an idle one beside it";
+
 /// Default number of vCPUs.
 pub const DEFAULT_VCPUS: u32 = 1;
 /// Default guest RAM.

@@ -9,6 +9,7 @@ use super::discover::Roots;
 use super::HostConfig;
 use crate::config::{
     DEFAULT_HOST_TOPOLOGY, DEFAULT_POLICY, DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS,
+    SHARE_PACKAGE_HELP,
 };
 
 /// The runtime directory pvmm VMs put their control sockets in to join the daemon.
@@ -65,9 +66,8 @@ pub struct HostCli {
           value_parser = clap::value_parser!(u64).range(MIN_TICK_MS..=MAX_TICK_MS))]
     pub tick_ms: u64,
 
-    /// balance and powersaving: let each vCPU run on every CPU its package uses, not only on
-    /// its own, so that a vCPU waking while its CPU is busy runs on an idle one beside it.
-    #[arg(long)]
+    /// [`SHARE_PACKAGE_HELP`]
+    #[arg(long, help = SHARE_PACKAGE_HELP)]
     pub share_package: bool,
 
     /// Where pvmm VMs' control sockets are (*.sock), and the daemon's own lock and status
