@@ -66,6 +66,8 @@ mod config;
 mod host;
 mod oracle;
 mod result;
+#[cfg(test)]
+mod tests;
 mod unpinned;
 
 pub use config::{
