@@ -74,14 +74,21 @@ fn idle_vcpus_are_packed_and_reported() {
     assert_eq!(last["packages"][0]["active"], true);
 }
 
+/// A fresh directory named after `name` holding a sysfs-like `online` file listing `cpus`:
+/// (the directory, the file).
+fn online_file(name: &str, cpus: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("pvmm-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let online = dir.join("online");
+    std::fs::write(&online, format!("{cpus}\n")).unwrap();
+    (dir, online)
+}
+
 /// A host CPU going offline moves only the vCPU that was on it, onto CPUs still online;
 /// when the CPU comes back it is used again.
 #[test]
 fn vcpus_leave_a_cpu_going_offline_and_use_it_again_when_it_returns() {
-    let dir = std::env::temp_dir().join(format!("pvmm-hotplug-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let online = dir.join("online");
-    std::fs::write(&online, "0-3\n").unwrap();
+    let (dir, online) = online_file("hotplug", "0-3");
     let topo = HostTopology::from_spec("2x2x1").unwrap();
     let vcpus = scripted_vcpus(4, 5000, 1.0);
     let mut s = LiveScheduler::new(
@@ -369,10 +376,7 @@ fn shared_packages_are_applied_as_each_threads_affinity() {
 /// chosen it for: a fresh engine is told each vCPU's own CPU, not its thread's shared set.
 #[test]
 fn sharing_vcpus_keep_their_cpus_when_another_goes_offline() {
-    let dir = std::env::temp_dir().join(format!("pvmm-hotplug-share-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let online = dir.join("online");
-    std::fs::write(&online, "0-7\n").unwrap();
+    let (dir, online) = online_file("hotplug-share", "0-7");
     let topo = HostTopology::from_spec("2x4x1").unwrap();
     let mut s = LiveScheduler::new(
         PlacementPolicy::Managed(Policy::Balance),
@@ -401,7 +405,9 @@ fn sharing_vcpus_keep_their_cpus_when_another_goes_offline() {
         "shared sets"
     );
     let gone = before[1];
-    std::fs::write(&online, format!("{}\n", topo_without(gone))).unwrap();
+    let mut left = CpuSet::range(0, 7);
+    left.remove(gone);
+    std::fs::write(&online, format!("{left}\n")).unwrap();
     s.tick().unwrap();
     let after = homes(&s);
     assert_ne!(after[1], gone, "{before:?} -> {after:?}");
@@ -411,11 +417,4 @@ fn sharing_vcpus_keep_their_cpus_when_another_goes_offline() {
         "only the vCPU of CPU {gone} moves: {before:?} -> {after:?}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// CPUs 0-7 without `cpu`, as sysfs lists them.
-fn topo_without(cpu: u32) -> CpuSet {
-    let mut set = CpuSet::range(0, 7);
-    set.remove(cpu);
-    set
 }
