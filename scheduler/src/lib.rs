@@ -27,6 +27,6 @@ pub use executor::{Executor, ExecutorError, LinuxExecutor, RecordingExecutor};
 pub use placement::{
     Assignment, Decision, Engine, EngineConfig, Migration, PlaceError, VcpuId, VcpuLoad,
 };
-pub use policy::Policy;
+pub use policy::{PlacementPolicy, Policy, DEFAULT_POLICY};
 pub use topology::{parse_host_topology_arg, HostCpu, HostTopology, TopologyError};
 pub use util::{IdleSample, LoadTracker, UtilConfig, UtilTracker};

@@ -74,6 +74,46 @@ impl fmt::Display for Policy {
     }
 }
 
+/// What pvmm does with vCPU threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementPolicy {
+    /// Never pin: the host scheduler decides (the baseline the policies are measured against).
+    None,
+    /// Pin and migrate under a balancing policy.
+    Managed(Policy),
+}
+
+/// The balancing policy pvmm (and `pvmm-host`) places under by default, `powersaving:1`:
+/// pvmm's reason to exist is packing an under-used guest onto few packages; level 1 does so
+/// without level 2's wake-up bias.
+pub const DEFAULT_POLICY: Policy = Policy::Powersaving { level: 1 };
+
+impl Default for PlacementPolicy {
+    /// [`DEFAULT_POLICY`].
+    fn default() -> Self {
+        PlacementPolicy::Managed(DEFAULT_POLICY)
+    }
+}
+
+impl FromStr for PlacementPolicy {
+    type Err = PolicyParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "none" {
+            return Ok(PlacementPolicy::None);
+        }
+        Policy::from_str(s).map(PlacementPolicy::Managed)
+    }
+}
+
+impl fmt::Display for PlacementPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlacementPolicy::None => f.write_str("none"),
+            PlacementPolicy::Managed(p) => write!(f, "{p}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

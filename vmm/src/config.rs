@@ -2,10 +2,10 @@
 //! that bad input fails before any KVM object exists.
 
 use std::path::PathBuf;
-use std::str::FromStr;
 
-use pvmm_scheduler::policy::PolicyParseError;
+#[cfg(test)]
 use pvmm_scheduler::Policy;
+pub use pvmm_scheduler::{PlacementPolicy, DEFAULT_POLICY};
 
 use crate::acpi::MAX_VCPUS;
 use crate::seccomp::SeccompMode;
@@ -51,46 +51,6 @@ pub const MAX_TICK_MS: u64 = 60_000;
 /// 100 ms, so a balancer that misses a few ticks keeps control, and one that died gives the
 /// VM back to its own policy within seconds.
 pub const DEFAULT_EXTERNAL_LEASE_MS: u64 = 3000;
-
-/// What pvmm does with vCPU threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlacementPolicy {
-    /// Never pin: the host scheduler decides (the baseline the policies are measured against).
-    None,
-    /// Pin and migrate under a balancing policy.
-    Managed(Policy),
-}
-
-/// The balancing policy pvmm (and `pvmm-host`) places under by default, `powersaving:1`:
-/// pvmm's reason to exist is packing an under-used guest onto few packages; level 1 does so
-/// without level 2's wake-up bias.
-pub const DEFAULT_POLICY: Policy = Policy::Powersaving { level: 1 };
-
-impl Default for PlacementPolicy {
-    /// [`DEFAULT_POLICY`].
-    fn default() -> Self {
-        PlacementPolicy::Managed(DEFAULT_POLICY)
-    }
-}
-
-impl FromStr for PlacementPolicy {
-    type Err = PolicyParseError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "none" {
-            return Ok(PlacementPolicy::None);
-        }
-        Policy::from_str(s).map(PlacementPolicy::Managed)
-    }
-}
-
-impl std::fmt::Display for PlacementPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PlacementPolicy::None => f.write_str("none"),
-            PlacementPolicy::Managed(p) => write!(f, "{p}"),
-        }
-    }
-}
 
 /// Errors in a configuration.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
