@@ -164,6 +164,16 @@ fn cpuid_base_mhz() -> Option<u32> {
     None
 }
 
+/// Demand counters of this process's threads, from their schedstat files: what the CPPC
+/// feedback counters report to the guest.
+pub struct ProcSchedstat;
+
+impl pvmm_devices::cppc::DemandCounters for ProcSchedstat {
+    fn read(&self, tid: i32) -> Option<(u64, u64)> {
+        pvmm_tick::procfs::thread_demand(tid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,6 @@ pub mod host;
 pub mod layout;
 pub mod live;
 pub mod memory;
-pub mod procfs;
 pub mod running;
 pub mod seccomp;
 pub mod signals;

@@ -14,13 +14,13 @@ use crate::api::{ApiServer, VmControl};
 use crate::config::PlacementPolicy;
 use crate::exit::VmExit;
 use crate::live::control::{ExternalAssignment, PlacementControl};
-use crate::live::hoststat::CpuTimes;
-use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, PlacementTotals};
 use crate::signals::SignalThread;
 use crate::vmm::ConsoleInput;
 use crate::vstate::handle::{HandleError, RunState, VcpuHandle};
 use pvmm_scheduler::HostTopology;
+use pvmm_tick::cpustat::CpuTimes;
+use pvmm_tick::own_threads::OwnThreads;
 
 /// How long pause, resume and stop wait for each vCPU thread: far longer than a kick takes
 /// (microseconds), short enough that a stuck thread is reported rather than waited on.

@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use pvmm::config::PlacementPolicy;
 use pvmm::live::capacity::CppcReporter;
 use pvmm::live::control::{ExternalAssignment, PlacementControl};
-use pvmm::live::hotplug::OnlineCpus;
 use pvmm::live::idle::{IdleError, IdleSource};
-use pvmm::live::own_threads::OwnThreads;
 use pvmm::live::scheduler::{LiveScheduler, LiveVcpu};
 use pvmm_devices::cppc::CppcShared;
 use pvmm_devices::events::GuestErrorCounter;
@@ -27,6 +25,8 @@ use pvmm_devices::ged::GedShared;
 use pvmm_scheduler::{
     CpuSet, EngineConfig, Executor, ExecutorError, HostTopology, IdleSample, Policy,
 };
+use pvmm_tick::hotplug::OnlineCpus;
+use pvmm_tick::own_threads::OwnThreads;
 use vmm_sys_util::eventfd::EventFd;
 
 struct Counting;

@@ -25,7 +25,7 @@ pub struct Roots {
     pub kvm_debugfs: PathBuf,
     /// QEMU QMP sockets (`--qmp`), asked for the vCPUs neither debugfs nor thread names map.
     pub qmp: Vec<PathBuf>,
-    /// The host's online CPUs ([`crate::live::hotplug::SYSFS_ONLINE`]).
+    /// The host's online CPUs ([`pvmm_tick::hotplug::SYSFS_ONLINE`]).
     pub cpu_online: PathBuf,
 }
 
@@ -35,7 +35,7 @@ impl Default for Roots {
             proc: "/proc".into(),
             kvm_debugfs: "/sys/kernel/debug/kvm".into(),
             qmp: Vec::new(),
-            cpu_online: crate::live::hotplug::SYSFS_ONLINE.into(),
+            cpu_online: pvmm_tick::hotplug::SYSFS_ONLINE.into(),
         }
     }
 }
@@ -272,7 +272,7 @@ pub fn pvmm_sockets(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// A thread's `schedstat` (nanoseconds it ran, waited for a CPU, and its timeslices; parsed by
-/// [`crate::procfs::parse_schedstat`]). Works for any thread on the host, not only this
+/// [`pvmm_tick::procfs::parse_schedstat`]). Works for any thread on the host, not only this
 /// process's.
 pub fn schedstat_path(proc: &Path, pid: i32, tid: i32) -> PathBuf {
     proc.join(pid.to_string())
@@ -552,7 +552,7 @@ mod tests {
         let read = |path: PathBuf| std::fs::read_to_string(path).ok();
         let proc = Path::new("/proc");
         assert!(read(schedstat_path(proc, pid, tid))
-            .and_then(|t| crate::procfs::parse_schedstat(&t))
+            .and_then(|t| pvmm_tick::procfs::parse_schedstat(&t))
             .is_some());
         assert_eq!(read(schedstat_path(proc, pid, -5)), None);
         assert!(read(process_stat_path(proc, pid))

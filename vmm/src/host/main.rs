@@ -65,7 +65,7 @@ where
 }
 
 /// Raises the soft limit on open files to the hard one. The daemon keeps one `/proc` file open
-/// per adopted vCPU and one per adopted VM ([`crate::procfs::ProcFile`]), which at thousands of
+/// per adopted vCPU and one per adopted VM ([`pvmm_tick::procfs::ProcFile`]), which at thousands of
 /// vCPUs is more than the usual soft limit of 1,024; the hard limit is what the operator
 /// allows. Where it stays too low, the files that cannot be opened are tried again at their
 /// next reading.

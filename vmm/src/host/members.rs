@@ -19,7 +19,7 @@ use super::discover::{
     parse_process_ran_ns, process_stat_path, schedstat_path, thread_ids, ForeignVm,
 };
 use crate::api::client::Connection;
-use crate::procfs::{parse_schedstat, ProcFile};
+use pvmm_tick::procfs::{parse_schedstat, ProcFile};
 
 /// One vCPU of a managed VM, as read at this tick.
 #[derive(Debug, Clone, PartialEq)]

@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember};
-use crate::live::hotplug::OnlineCpus;
+use pvmm_tick::hotplug::OnlineCpus;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
 pub const LOCK_FILE: &str = "pvmm-host.lock";
@@ -166,7 +166,7 @@ pub struct HostDaemon {
     scan: ScanSchedule,
     latest: metrics::Latest,
     /// The daemon's own threads, kept on the lowest active package like pvmm's.
-    own: crate::live::own_threads::OwnThreads,
+    own: pvmm_tick::own_threads::OwnThreads,
     /// The host's online CPUs, when the topology is this host's: the placement follows them
     /// (`config.topology` is then the online part of the topology first given).
     online: Option<OnlineCpus>,
@@ -231,7 +231,7 @@ impl HostDaemon {
             cost: TickCost::default(),
             scan: ScanSchedule::default(),
             latest: Default::default(),
-            own: crate::live::own_threads::OwnThreads::new(Vec::new()),
+            own: pvmm_tick::own_threads::OwnThreads::new(Vec::new()),
             online,
             _lock: lock,
         })

@@ -3,7 +3,7 @@
 
 use pvmm_scheduler::IdleSample;
 
-use crate::procfs::{parse_schedstat, schedstat_path, ProcFile};
+use pvmm_tick::procfs::{parse_schedstat, schedstat_path, ProcFile};
 
 use crate::vstate::stats::VcpuHaltStats;
 

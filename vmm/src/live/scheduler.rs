@@ -15,13 +15,13 @@ use pvmm_scheduler::{
 
 use super::capacity::CapacityReporter;
 use super::control::{ExternalCopy, ExternalState, PlacementControl};
-use super::hoststat::{idle_share, read_proc_stat, CpuTimes};
-use super::hotplug::OnlineCpus;
 use super::idle::IdleSource;
-use super::own_threads::OwnThreads;
 use crate::config::PlacementPolicy;
-use crate::procfs::{parse_last_cpu, stat_path, ProcFile};
 use crate::seccomp::{SeccompFilters, ThreadKind};
+use pvmm_tick::cpustat::{idle_share, read_proc_stat, CpuTimes};
+use pvmm_tick::hotplug::OnlineCpus;
+use pvmm_tick::own_threads::OwnThreads;
+use pvmm_tick::procfs::{parse_last_cpu, stat_path, ProcFile};
 
 mod snapshot;
 

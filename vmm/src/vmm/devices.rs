@@ -21,10 +21,10 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::error::{SetupError, VmmError};
 use crate::config::VmConfig;
+use crate::cppc::ProcSchedstat;
 use crate::cppc::CPPC_HIGHEST_PERF;
 use crate::exit::VmExit;
 use crate::layout::{CPPC_MMIO_START, GED_IRQ, GED_MMIO_START};
-use crate::procfs::ProcSchedstat;
 use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::vstate::vcpu::VcpuBuses;
 use crate::vstate::vm::Vm;

@@ -26,9 +26,7 @@ use crate::exit::VmExit;
 use crate::layout::{GED_IRQ, HIMEM_START};
 use crate::live::capacity::CppcReporter;
 use crate::live::control::PlacementControl;
-use crate::live::hotplug::{OnlineCpus, SYSFS_ONLINE};
 use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
-use crate::live::own_threads::OwnThreads;
 use crate::live::scheduler::{LiveScheduler, LiveVcpu};
 use crate::memory::{create_guest_memory, low_ram_end};
 use crate::running::{PlacementReport, RunningVm, VmCore};
@@ -38,6 +36,8 @@ use crate::vstate::handle::{register_kick_handler, RunControl, VcpuGate, VcpuHan
 use crate::vstate::stats::VcpuHaltStats;
 use crate::vstate::vcpu::{Vcpu, VcpuBuses, VcpuStarted};
 use crate::vstate::vm::Vm;
+use pvmm_tick::hotplug::{OnlineCpus, SYSFS_ONLINE};
+use pvmm_tick::own_threads::OwnThreads;
 
 mod devices;
 mod error;

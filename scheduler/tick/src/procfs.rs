@@ -1,13 +1,11 @@
-//! What pvmm reads about its own threads from `/proc/self/task/<tid>/`: the scheduler's
-//! accounting of each vCPU thread. The idle signal (`live::idle`) and the CPPC
-//! feedback counters (through [`pvmm_devices::cppc::DemandCounters`]) read the same files
-//! through this module.
+//! What the placement loop reads about threads from `/proc/<pid>/task/<tid>/`: the kernel
+//! scheduler's accounting of each vCPU thread (schedstat) and where it last ran (stat). pvmm's
+//! idle signal and CPPC feedback counters, and the host daemon's readings of adopted VMs, read
+//! the same files through this module.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-
-use pvmm_devices::cppc::DemandCounters;
 
 /// The most a [`ProcFile`] reads: a `stat` line is about 300 bytes, a `schedstat` line 40.
 const PROC_FILE_MAX: usize = 1024;
@@ -91,15 +89,6 @@ pub fn schedstat_path(tid: i32) -> String {
 /// long it ran, in ns since it started; None when its schedstat is unreadable.
 pub fn thread_demand(tid: i32) -> Option<(u64, u64)> {
     parse_schedstat(&std::fs::read_to_string(schedstat_path(tid)).ok()?)
-}
-
-/// Demand counters of this process's threads, from their schedstat files.
-pub struct ProcSchedstat;
-
-impl DemandCounters for ProcSchedstat {
-    fn read(&self, tid: i32) -> Option<(u64, u64)> {
-        thread_demand(tid)
-    }
 }
 
 /// `/proc/self/task/<tid>/stat` of thread `tid`.

@@ -1,0 +1,12 @@
+//! pvmm's live placement loop and what it reads of the host.
+//!
+//! - [`procfs`]: a thread's scheduler accounting (schedstat) and last CPU (stat), read from
+//!   files kept open;
+//! - [`cpustat`]: each host CPU's idle time from `/proc/stat`, for how idle a package really was;
+//! - [`hotplug`]: following host CPUs that go offline and come back;
+//! - [`own_threads`]: keeping a process's housekeeping threads on the package that holds vCPUs.
+
+pub mod cpustat;
+pub mod hotplug;
+pub mod own_threads;
+pub mod procfs;
