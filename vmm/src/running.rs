@@ -254,7 +254,7 @@ impl RunningVm {
     /// The scheduler's CPU time per tick, by phase (one line, for `-v`).
     pub fn tick_cost(&self) -> String {
         let totals = self.core.report.totals.lock();
-        LiveScheduler::tick_cost_line(&totals.map(|t| t.clone()).unwrap_or_default())
+        totals.map(|t| t.cost_line()).unwrap_or_default()
     }
 
     /// The one-line placement summary (migrations, measured package idle share).

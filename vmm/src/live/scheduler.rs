@@ -1,27 +1,29 @@
-//! The live scheduler: every tick, read each vCPU's idle signal, turn it into utilization,
-//! run the scheduler crate's placement engine (the same code `pvmm-sim` runs), apply the
-//! placement to the vCPU threads with `sched_setaffinity`, and report.
+//! The live scheduler of one VM: the placement loop ([`pvmm_tick::Tick`], the same loop
+//! `pvmm-host` and `pvmm-sim` run) over this VM's vCPU threads. Each tick reads every vCPU's
+//! idle signal into utilization, lets the engine (or an outside balancer) place, applies the
+//! placement to the threads with `sched_setaffinity`, publishes capacities to the guest
+//! (CPPC), and writes the snapshot (`--stats`, `GET /v1/placement`).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pvmm_devices::events::GuestErrorCounter;
-use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};
+use pvmm_scheduler::capacity::CAPACITY_SCALE;
 use pvmm_scheduler::{
-    CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LoadTracker, PlaceError,
-    UtilConfig, VcpuId, VcpuLoad,
+    CpuSet, Decision, EngineConfig, Executor, HostTopology, LoadTracker, PlaceError,
+    PlacementPolicy, UtilConfig, VcpuId, VcpuLoad,
 };
-
-use super::capacity::CapacityReporter;
-use super::control::{ExternalCopy, ExternalState, PlacementControl};
-use super::idle::IdleSource;
-use crate::config::PlacementPolicy;
-use crate::seccomp::{SeccompFilters, ThreadKind};
 use pvmm_tick::cpustat::{idle_share, read_proc_stat, CpuTimes};
 use pvmm_tick::hotplug::OnlineCpus;
 use pvmm_tick::own_threads::OwnThreads;
 use pvmm_tick::procfs::{parse_last_cpu, stat_path, ProcFile};
+use pvmm_tick::{Applied, Control, Members, Outside, PhaseClock, Tick, TickReport, Totals};
+
+use super::capacity::CapacityReporter;
+use super::control::{ExternalCopy, ExternalState, PlacementControl};
+use super::idle::IdleSource;
+use crate::seccomp::{SeccompFilters, ThreadKind};
 
 mod snapshot;
 
@@ -86,75 +88,30 @@ impl LiveVcpu {
     }
 }
 
-/// The ticks' CPU time by phase, in ns summed over the ticks (the scheduler thread's own CPU
-/// clock).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TickTimes {
-    /// Reading each vCPU's idle signal (`/proc` schedstat, KVM's statistics) and the host's
-    /// online CPUs.
-    pub read_ns: u64,
-    /// Control requests and the engine's decision.
-    pub decide_ns: u64,
-    /// Affinity of vCPUs and of pvmm's own threads, and publishing capacities (CPPC).
-    pub apply_ns: u64,
-    /// The snapshot: `--stats` and the control socket's copy.
-    pub report_ns: u64,
-}
-
-impl TickTimes {
-    /// All phases.
-    pub fn total_ns(&self) -> u64 {
-        self.read_ns + self.decide_ns + self.apply_ns + self.report_ns
-    }
-}
-
 /// Running totals, readable by the VMM's main thread for the exit summary.
-#[derive(Debug, Clone, Default)]
-pub struct PlacementTotals {
-    /// Ticks run.
-    pub ticks: u64,
-    /// Moves of vCPUs between CPUs (initial placements excluded).
-    pub migrations: u64,
-    /// Affinity changes the host refused.
-    pub apply_errors: u64,
-    /// Policy changes asked for at run time (control socket).
-    pub policy_changes: u64,
-    /// CPU time of the ticks, by phase.
-    pub time: TickTimes,
+pub type PlacementTotals = Totals;
+
+/// The live scheduler of one VM: the placement loop ([`Tick`]) over this VM's vCPU threads.
+pub struct LiveScheduler {
+    tick: Tick,
+    vm: VmMembers,
+    start: Instant,
+    totals: Arc<Mutex<PlacementTotals>>,
+    host_stat_at_start: Vec<(u32, CpuTimes)>,
 }
 
-/// The live scheduler of one VM.
+/// This VM's vCPU threads and pvmm's own threads, as the loop's members.
 ///
-/// Every per-tick buffer (the engine's input and decision, the capacities, an outside
-/// balancer's assignments, the snapshot) lives here and is reused, so that a tick allocates
-/// nothing once warm; the topology's CPU sets are computed when the topology changes.
-pub struct LiveScheduler {
-    policy: PlacementPolicy,
-    topology: HostTopology,
-    engine_config: EngineConfig,
-    engine: Option<Engine>,
-    /// Whether an outside balancer placed the vCPUs at the last tick.
-    external: bool,
+/// Every per-tick buffer (the capacities, an outside balancer's assignments, the snapshot)
+/// lives here and is reused, so that a tick allocates nothing once warm.
+struct VmMembers {
     control: Option<Arc<PlacementControl>>,
     own_threads: Option<OwnThreads>,
     executor: Box<dyn Executor + Send>,
     vcpus: Vec<LiveVcpu>,
-    start: Instant,
     stats: Option<Box<dyn Write + Send>>,
-    totals: Arc<Mutex<PlacementTotals>>,
-    host_stat_at_start: Vec<(u32, CpuTimes)>,
     capacity: Option<Box<dyn CapacityReporter>>,
     guest_errors: Option<Arc<GuestErrorCounter>>,
-    /// Each package's capacity (SMT counted as the engine counts it), in package order.
-    package_capacity: Vec<u32>,
-    /// Each package's CPUs, in package order.
-    package_cpus: Vec<CpuSet>,
-    /// All the topology's CPUs.
-    all_cpus: CpuSet,
-    /// The host's online CPUs, when watched: the topology follows them.
-    online: Option<OnlineCpus>,
-    loads: Vec<VcpuLoad>,
-    decision: Decision,
     capacities: Vec<u32>,
     external_copy: ExternalCopy,
     /// The snapshot's text, written anew each tick.
@@ -164,32 +121,32 @@ pub struct LiveScheduler {
 impl LiveScheduler {
     /// Publishes every placement's effective capacities to the guest through `reporter`.
     pub fn with_capacity_reporter(mut self, reporter: Box<dyn CapacityReporter>) -> Self {
-        self.capacity = Some(reporter);
+        self.vm.capacity = Some(reporter);
         self
     }
 
     /// Takes policy changes and outside placement from `control`, and publishes each tick's
     /// snapshot there.
     pub fn with_control(mut self, control: Arc<PlacementControl>) -> Self {
-        self.control = Some(control);
+        self.vm.control = Some(control);
         self
     }
 
     /// Reports the guest's ignored device accesses, counted by `errors`, in every snapshot.
     pub fn with_guest_errors(mut self, errors: Arc<GuestErrorCounter>) -> Self {
-        self.guest_errors = Some(errors);
+        self.vm.guest_errors = Some(errors);
         self
     }
 
-    /// Follows host CPUs going offline and coming back ([`super::hotplug`]).
+    /// Follows host CPUs going offline and coming back ([`pvmm_tick::hotplug`]).
     pub fn with_online_cpus(mut self, online: OnlineCpus) -> Self {
-        self.online = Some(online);
+        self.tick = self.tick.with_online_cpus(online, "pvmm");
         self
     }
 
     /// Keeps pvmm's own threads on the lowest-numbered package that holds vCPUs.
     pub fn with_own_threads(mut self, own: OwnThreads) -> Self {
-        self.own_threads = Some(own);
+        self.vm.own_threads = Some(own);
         self
     }
 
@@ -202,34 +159,24 @@ impl LiveScheduler {
         vcpus: Vec<LiveVcpu>,
         stats: Option<Box<dyn Write + Send>>,
     ) -> Self {
-        let mut s = Self {
-            engine: make_engine(policy, &topology, &engine_config),
-            package_capacity: Vec::new(),
-            package_cpus: Vec::new(),
-            all_cpus: CpuSet::new(),
-            policy,
-            topology,
-            engine_config,
-            external: false,
-            control: None,
-            own_threads: None,
-            executor,
-            vcpus,
+        Self {
+            tick: Tick::new(policy, topology, engine_config, PhaseClock::ThreadCpu),
+            vm: VmMembers {
+                control: None,
+                own_threads: None,
+                executor,
+                vcpus,
+                stats,
+                capacity: None,
+                guest_errors: None,
+                capacities: Vec::new(),
+                external_copy: ExternalCopy::default(),
+                line: Vec::new(),
+            },
             start: Instant::now(),
-            stats,
             totals: Arc::new(Mutex::new(PlacementTotals::default())),
             host_stat_at_start: read_proc_stat(),
-            capacity: None,
-            guest_errors: None,
-            online: None,
-            loads: Vec::new(),
-            decision: Decision::default(),
-            capacities: Vec::new(),
-            external_copy: ExternalCopy::default(),
-            line: Vec::new(),
-        };
-        s.topology_changed();
-        s
+        }
     }
 
     /// Shared totals for the exit summary.
@@ -241,275 +188,30 @@ impl LiveScheduler {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// Recomputes what the scheduler keeps of the topology.
-    fn topology_changed(&mut self) {
-        let packages = self.topology.packages();
-        self.package_cpus = packages
-            .iter()
-            .map(|p| self.topology.package_cpus(p.id))
-            .collect();
-        self.package_capacity = self
-            .package_cpus
-            .iter()
-            .map(|cpus| group_capacity(&self.topology, cpus).capacity)
-            .collect();
-        self.all_cpus = self.topology.cpu_set();
-    }
-
-    /// One tick: sample, take control requests, place (pvmm's policy or an outside
-    /// balancer's assignments), apply, publish capacities, report. Returns the engine's
+    /// One tick of the placement loop ([`Tick::run`]) over this VM. Returns the engine's
     /// decision (None for the `none` policy and under outside placement).
     pub fn tick(&mut self) -> Result<Option<&Decision>, LiveError> {
-        let mut clock = PhaseClock::start();
-        let mut time = TickTimes::default();
         let now_ns = self.now_ns();
-        self.sample(now_ns);
-        self.follow_online_cpus();
-        time.read_ns = clock.lap();
-        let outside = self.outside_places();
-        let decided = !outside && self.decide(now_ns)?;
-        time.decide_ns = clock.lap();
-        let (moved, apply_errors) = if outside {
-            self.apply_external()
-        } else if decided {
-            self.apply_decision()
-        } else {
-            self.follow_unpinned();
-            (0, 0)
-        };
-        let own_errors = self.pin_own_threads();
-        self.publish_capacities();
+        let decided = self.tick.run(now_ns, &mut self.vm)?.is_some();
         if let Ok(mut t) = self.totals.lock() {
-            t.ticks += 1;
-            t.migrations += moved;
-            t.apply_errors += apply_errors + own_errors;
+            t.clone_from(self.tick.totals());
         }
-        time.apply_ns = clock.lap();
-        self.report(now_ns, moved);
-        time.report_ns = clock.lap();
-        if let Ok(mut t) = self.totals.lock() {
-            t.time.read_ns += time.read_ns;
-            t.time.decide_ns += time.decide_ns;
-            t.time.apply_ns += time.apply_ns;
-            t.time.report_ns += time.report_ns;
-        }
-        Ok(decided.then_some(&self.decision))
+        Ok(decided.then(|| self.tick.decision()))
     }
 
-    fn sample(&mut self, now_ns: u64) {
-        for v in &mut self.vcpus {
-            // A failed read leaves the previous utilization in place; the thread may be exiting.
-            if let Ok(sample) = v.source.sample(now_ns) {
-                v.tracker.update(sample, v.source.waited_ns());
-            }
-        }
-    }
-
-    /// Takes the control socket's requests; whether an outside balancer places at this tick
-    /// (its assignments then in `self.external_copy`).
-    fn outside_places(&mut self) -> bool {
-        let (policy, who) = match &self.control {
-            Some(c) => (
-                c.take_policy_request(),
-                c.external(Instant::now(), &mut self.external_copy),
-            ),
-            None => (None, ExternalState::Own),
-        };
-        if let Some(policy) = policy {
-            self.set_policy(policy);
-        }
-        if who == ExternalState::Active {
-            self.external = true;
-            return true;
-        }
-        if who == ExternalState::Expired {
-            eprintln!(
-                "pvmm: external placement lease expired; placing under policy {} again",
-                self.policy
-            );
-        }
-        if std::mem::take(&mut self.external) {
-            // The engine's view of where vCPUs are is stale: start it afresh, from where the
-            // outside balancer left them.
-            self.restart_engine();
-        }
-        false
-    }
-
-    /// Runs the engine into `self.decision`; false under the `none` policy.
-    fn decide(&mut self, now_ns: u64) -> Result<bool, LiveError> {
-        let Some(engine) = &mut self.engine else {
-            return Ok(false);
-        };
-        self.loads.clear();
-        self.loads.extend(self.vcpus.iter().map(|v| {
-            v.tracker.load(VcpuId {
-                vm: THIS_VM,
-                vcpu: v.index,
-            })
-        }));
-        engine.place_into(now_ns / 1_000_000, &self.loads, &mut self.decision)?;
-        Ok(true)
-    }
-
-    /// Applies the engine's decision; returns (moves, refused affinity changes).
-    fn apply_decision(&mut self) -> (u64, u64) {
-        let mut counts = (0, 0);
-        for (v, a) in self.vcpus.iter_mut().zip(&self.decision.assignments) {
-            pin_vcpu(
-                v,
-                (&a.cpus, Some(a.cpu)),
-                self.executor.as_mut(),
-                &mut counts,
-            );
-            v.package = Some(a.package);
-            v.capacity = a.capacity;
-        }
-        counts
-    }
-
-    /// A fresh engine, told where each vCPU runs now, so that a vCPU already where the policy
-    /// would put it does not move (a vCPU on a CPU outside the topology is placed anew).
-    fn restart_engine(&mut self) {
-        self.engine = make_engine(self.policy, &self.topology, &self.engine_config);
-        if let Some(engine) = self.engine.as_mut() {
-            for v in &self.vcpus {
-                if let Some(cpu) = v.home {
-                    engine.assume(
-                        VcpuId {
-                            vm: THIS_VM,
-                            vcpu: v.index,
-                        },
-                        cpu,
-                    );
-                }
-            }
-        }
-    }
-
-    /// Places on the host CPUs that are online now, when they changed ([`super::hotplug`]):
-    /// only the vCPUs of CPUs gone move, and a CPU that returns is used again.
-    fn follow_online_cpus(&mut self) {
-        if let Some(topology) = self.online.as_mut().and_then(|o| o.follow("pvmm")) {
-            self.topology = topology;
-            self.topology_changed();
-            self.restart_engine();
-        }
-    }
-
-    /// Applies an outside balancer's assignments; vCPUs they do not name stay as they are.
-    fn apply_external(&mut self) -> (u64, u64) {
-        let mut counts = (0, 0);
-        for a in &self.external_copy.assignments {
-            let Some(v) = self.vcpus.get_mut(a.vcpu as usize) else {
-                continue;
-            };
-            pin_vcpu(
-                v,
-                (&a.cpus, single_cpu(&a.cpus)),
-                self.executor.as_mut(),
-                &mut counts,
-            );
-            v.package = a.cpus.first().and_then(|c| self.topology.package_of(c));
-            v.capacity = a.capacity;
-        }
-        counts
-    }
-
-    /// Under `none`, reports where the host scheduler last ran each thread.
-    fn follow_unpinned(&mut self) {
-        for v in &mut self.vcpus {
-            v.package = v.last_cpu().and_then(|c| self.topology.package_of(c));
-        }
-    }
-
-    /// Switches policy at run time; `none` hands every thread back to the host scheduler.
-    fn set_policy(&mut self, policy: PlacementPolicy) {
-        if policy == self.policy {
-            return;
-        }
-        self.policy = policy;
-        self.engine = make_engine(policy, &self.topology, &self.engine_config);
-        if let Ok(mut t) = self.totals.lock() {
-            t.policy_changes += 1;
-        }
-        if policy == PlacementPolicy::None {
-            for v in &mut self.vcpus {
-                if self.executor.apply(v.tid, &self.all_cpus).is_ok() {
-                    v.last_cpus = None;
-                    v.home = None;
-                }
-                v.capacity = CAPACITY_SCALE;
-            }
-            if let Some(own) = self.own_threads.as_mut() {
-                own.pin(&self.all_cpus, self.executor.as_mut());
-            }
-        }
-    }
-
-    /// Keeps pvmm's own threads on the lowest-numbered package holding vCPUs, while pvmm (or
-    /// an outside balancer) places the vCPUs. Returns refused affinity changes.
-    fn pin_own_threads(&mut self) -> u64 {
-        if self.policy == PlacementPolicy::None && !self.external {
-            return 0;
-        }
-        let Some(own) = self.own_threads.as_mut() else {
-            return 0;
-        };
-        let Some(home) = self.vcpus.iter().filter_map(|v| v.package).min() else {
-            return 0;
-        };
-        let packages = self.topology.packages().iter();
-        let Some(cpus) = packages
-            .zip(&self.package_cpus)
-            .find_map(|(p, cpus)| (p.id == home).then_some(cpus))
-        else {
-            return 0;
-        };
-        if cpus.is_empty() {
-            return 0;
-        }
-        own.pin(cpus, self.executor.as_mut())
-    }
-
-    /// Tells the guest each vCPU's capacity.
-    fn publish_capacities(&mut self) {
-        if let Some(reporter) = self.capacity.as_mut() {
-            self.capacities.clear();
-            self.capacities
-                .extend(self.vcpus.iter().map(|v| v.capacity));
-            reporter.publish(&self.capacities, Instant::now());
-        }
-    }
-
-    /// Writes this tick's snapshot to `--stats` and to the control socket's view.
-    fn report(&mut self, now_ns: u64, moved: u64) {
-        if self.stats.is_none() && self.control.is_none() {
-            return;
-        }
-        let mut line = std::mem::take(&mut self.line);
-        self.write_snapshot(&mut line, now_ns, moved);
-        if let Some(out) = self.stats.as_mut() {
-            line.push(b'\n');
-            // A stats reader that went away must not stop the VM.
-            if out.write_all(&line).and_then(|_| out.flush()).is_err() {
-                self.stats = None;
-            }
-            line.pop();
-        }
-        if let Some(control) = &self.control {
-            // The control keeps this text and hands back the buffer of the one it replaces.
-            control.publish(&mut line);
-        }
-        self.line = line;
-    }
-
-    /// The `--stats` line of this tick, parsed.
+    /// The `--stats` line of the state at `now_ns` with `moved` moves, parsed.
     #[cfg(test)]
     fn snapshot(&self, now_ns: u64, moved: u64) -> serde_json::Value {
         let mut line = Vec::new();
         self.write_snapshot(&mut line, now_ns, moved);
         serde_json::from_slice(&line).expect("the snapshot is JSON")
+    }
+
+    /// The `--stats` line of the state at `now_ns` with `moved` moves, into `out`.
+    #[cfg(test)]
+    fn write_snapshot(&self, out: &mut Vec<u8>, now_ns: u64, moved: u64) {
+        self.vm
+            .write_snapshot(out, &self.tick.report_at(now_ns, moved));
     }
 
     /// Runs ticks every `tick` on a thread named `pvmm-sched`, confined by the scheduler
@@ -571,57 +273,182 @@ impl LiveScheduler {
         )
     }
 
-    /// The `-v` exit line: the ticks' CPU time per tick, by phase ([`TickTimes`]).
-    pub fn tick_cost_line(totals: &PlacementTotals) -> String {
-        let t = &totals.time;
-        let per_tick = |ns: u64| ns as f64 / totals.ticks.max(1) as f64 / 1000.0;
-        format!(
-            "scheduler tick: {:.1} us of CPU per tick over {} ticks (read {:.1}, decide {:.1}, \
-             apply {:.1}, report {:.1} us)",
-            per_tick(t.total_ns()),
-            totals.ticks,
-            per_tick(t.read_ns),
-            per_tick(t.decide_ns),
-            per_tick(t.apply_ns),
-            per_tick(t.report_ns),
-        )
-    }
-
     /// /proc/stat at start, for the summary.
     pub fn host_stat_at_start(&self) -> Vec<(u32, CpuTimes)> {
         self.host_stat_at_start.clone()
     }
 }
 
-fn make_engine(
-    policy: PlacementPolicy,
-    topology: &HostTopology,
-    config: &EngineConfig,
-) -> Option<Engine> {
-    match policy {
-        PlacementPolicy::None => None,
-        PlacementPolicy::Managed(p) => Some(Engine::new(topology.clone(), p, *config)),
+impl Members for VmMembers {
+    type Error = LiveError;
+
+    fn sample(&mut self, now_ns: u64, loads: &mut Vec<VcpuLoad>) {
+        for v in &mut self.vcpus {
+            // A failed read leaves the previous utilization in place; the thread may be exiting.
+            if let Ok(sample) = v.source.sample(now_ns) {
+                v.tracker.update(sample, v.source.waited_ns());
+            }
+            loads.push(v.tracker.load(VcpuId {
+                vm: THIS_VM,
+                vcpu: v.index,
+            }));
+        }
+    }
+
+    fn control(&mut self) -> Control {
+        match &self.control {
+            Some(c) => Control {
+                policy: c.take_policy_request(),
+                outside: match c.external(Instant::now(), &mut self.external_copy) {
+                    ExternalState::Active => Outside::Active,
+                    ExternalState::Expired => Outside::Lapsed,
+                    ExternalState::Own => Outside::No,
+                },
+            },
+            None => Control::default(),
+        }
+    }
+
+    fn lease_lapsed(&mut self, policy: PlacementPolicy) {
+        eprintln!("pvmm: external placement lease expired; placing under policy {policy} again");
+    }
+
+    /// A fresh engine is told where each vCPU runs now (the CPU its placement chose for it,
+    /// also when its thread may run on its whole package), so that a vCPU already where the
+    /// policy would put it does not move; a vCPU on a CPU outside the topology is placed anew.
+    fn assume(&mut self, fresh: bool, assume: &mut dyn FnMut(VcpuId, u32)) {
+        if !fresh {
+            return;
+        }
+        for v in &self.vcpus {
+            if let Some(cpu) = v.home {
+                assume(
+                    VcpuId {
+                        vm: THIS_VM,
+                        vcpu: v.index,
+                    },
+                    cpu,
+                );
+            }
+        }
+    }
+
+    fn apply(&mut self, decision: &Decision) -> Result<Applied, LiveError> {
+        let mut counts = Applied::default();
+        for (v, a) in self.vcpus.iter_mut().zip(&decision.assignments) {
+            pin_vcpu(
+                v,
+                (&a.cpus, Some(a.cpu)),
+                self.executor.as_mut(),
+                &mut counts,
+            );
+            v.package = Some(a.package);
+            v.capacity = a.capacity;
+        }
+        Ok(counts)
+    }
+
+    /// Applies an outside balancer's assignments; vCPUs they do not name stay as they are.
+    fn apply_outside(&mut self, topology: &HostTopology) -> Applied {
+        let mut counts = Applied::default();
+        for a in &self.external_copy.assignments {
+            let Some(v) = self.vcpus.get_mut(a.vcpu as usize) else {
+                continue;
+            };
+            pin_vcpu(
+                v,
+                (&a.cpus, single_cpu(&a.cpus)),
+                self.executor.as_mut(),
+                &mut counts,
+            );
+            v.package = a.cpus.first().and_then(|c| topology.package_of(c));
+            v.capacity = a.capacity;
+        }
+        counts
+    }
+
+    /// Under `none`, reports where the host scheduler last ran each thread.
+    fn follow_host(&mut self, topology: &HostTopology) {
+        for v in &mut self.vcpus {
+            v.package = v.last_cpu().and_then(|c| topology.package_of(c));
+        }
+    }
+
+    fn release(&mut self, all: &CpuSet) {
+        for v in &mut self.vcpus {
+            if self.executor.apply(v.tid, all).is_ok() {
+                v.last_cpus = None;
+                v.home = None;
+            }
+            v.capacity = CAPACITY_SCALE;
+        }
+        if let Some(own) = self.own_threads.as_mut() {
+            own.pin(all, self.executor.as_mut());
+        }
+    }
+
+    fn lowest_package(&self) -> Option<u32> {
+        self.vcpus.iter().filter_map(|v| v.package).min()
+    }
+
+    fn pin_housekeeping(&mut self, cpus: &CpuSet) -> u64 {
+        match self.own_threads.as_mut() {
+            Some(own) => own.pin(cpus, self.executor.as_mut()),
+            None => 0,
+        }
+    }
+
+    /// Tells the guest each vCPU's capacity.
+    fn publish(&mut self) {
+        if let Some(reporter) = self.capacity.as_mut() {
+            self.capacities.clear();
+            self.capacities
+                .extend(self.vcpus.iter().map(|v| v.capacity));
+            reporter.publish(&self.capacities, Instant::now());
+        }
+    }
+
+    /// Writes this tick's snapshot to `--stats` and to the control socket's view.
+    fn report(&mut self, tick: &TickReport<'_>) {
+        if self.stats.is_none() && self.control.is_none() {
+            return;
+        }
+        let mut line = std::mem::take(&mut self.line);
+        self.write_snapshot(&mut line, tick);
+        if let Some(out) = self.stats.as_mut() {
+            line.push(b'\n');
+            // A stats reader that went away must not stop the VM.
+            if out.write_all(&line).and_then(|_| out.flush()).is_err() {
+                self.stats = None;
+            }
+            line.pop();
+        }
+        if let Some(control) = &self.control {
+            // The control keeps this text and hands back the buffer of the one it replaces.
+            control.publish(&mut line);
+        }
+        self.line = line;
     }
 }
 
-/// Restricts `v`'s thread to `cpus` if it is not there yet, counting (moves, refusals); once
+/// Restricts `v`'s thread to `cpus` if it is not there yet, counting moves and refusals; once
 /// its thread is allowed `cpus`, `home` is the CPU chosen for it among them.
 fn pin_vcpu(
     v: &mut LiveVcpu,
     (cpus, home): (&CpuSet, Option<u32>),
     executor: &mut dyn Executor,
-    counts: &mut (u64, u64),
+    counts: &mut Applied,
 ) {
     if v.last_cpus.as_ref() != Some(cpus) {
         match executor.apply(v.tid, cpus) {
             Ok(()) => {
                 if v.last_cpus.is_some() {
-                    counts.0 += 1;
+                    counts.moved += 1;
                 }
                 v.last_cpus = Some(cpus.clone());
             }
             Err(_) => {
-                counts.1 += 1;
+                counts.refused += 1;
                 return;
             }
         }
@@ -632,36 +459,6 @@ fn pin_vcpu(
 /// The one CPU of `cpus`, if it holds exactly one.
 fn single_cpu(cpus: &CpuSet) -> Option<u32> {
     (cpus.len() == 1).then(|| cpus.first()).flatten()
-}
-
-/// The calling thread's CPU clock, read phase by phase.
-struct PhaseClock(u64);
-
-impl PhaseClock {
-    fn start() -> Self {
-        Self(thread_cpu_ns())
-    }
-
-    /// The thread's CPU time since the last lap (or the start).
-    fn lap(&mut self) -> u64 {
-        let now = thread_cpu_ns();
-        now.saturating_sub(std::mem::replace(&mut self.0, now))
-    }
-}
-
-/// CPU time of the calling thread, in ns (0 if the clock cannot be read).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the call writes only to it.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
 
 fn round3(x: f64) -> f64 {

@@ -13,8 +13,10 @@ use pvmm_scheduler::capacity::CAPACITY_SCALE;
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
 
-use super::{round3, LiveScheduler, LiveVcpu};
-use crate::config::PlacementPolicy;
+use pvmm_scheduler::PlacementPolicy;
+use pvmm_tick::TickReport;
+
+use super::{round3, LiveVcpu, VmMembers};
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -54,10 +56,10 @@ struct Vcpu<'a> {
 }
 
 /// Per package: whether it holds vCPUs, and their utilization over its capacity.
-struct Packages<'a>(&'a LiveScheduler);
+struct Packages<'a>(&'a VmMembers, &'a TickReport<'a>);
 
 /// Per vCPU: its tracker's readings and where it is placed.
-struct Vcpus<'a>(&'a LiveScheduler);
+struct Vcpus<'a>(&'a VmMembers, &'a TickReport<'a>);
 
 /// `v`'s text as a JSON string, escaped as it is written.
 fn as_text<T: Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -70,10 +72,10 @@ fn fraction(v: u32) -> f64 {
 
 impl Serialize for Packages<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let sched = self.0;
-        let packages = sched.topology.packages();
+        let (sched, tick) = (self.0, self.1);
+        let packages = tick.topology.packages();
         let mut seq = s.serialize_seq(Some(packages.len()))?;
-        for (p, &capacity) in packages.iter().zip(&sched.package_capacity) {
+        for (p, &capacity) in packages.iter().zip(tick.package_capacity) {
             let on = || sched.vcpus.iter().filter(|v| v.package == Some(p.id));
             let demand: u32 = on().map(|v| v.tracker.util().util()).sum();
             seq.serialize_element(&Package {
@@ -88,21 +90,21 @@ impl Serialize for Packages<'_> {
 
 impl Serialize for Vcpus<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let sched = self.0;
+        let (sched, tick) = (self.0, self.1);
         let mut seq = s.serialize_seq(Some(sched.vcpus.len()))?;
         for v in &sched.vcpus {
-            seq.serialize_element(&sched.vcpu_view(v))?;
+            seq.serialize_element(&sched.vcpu_view(v, tick.all_cpus))?;
         }
         seq.end()
     }
 }
 
-impl LiveScheduler {
-    fn vcpu_view<'a>(&'a self, v: &'a LiveVcpu) -> Vcpu<'a> {
+impl VmMembers {
+    fn vcpu_view<'a>(&'a self, v: &'a LiveVcpu, all_cpus: &'a pvmm_scheduler::CpuSet) -> Vcpu<'a> {
         Vcpu {
             busy: v.tracker.util().is_busy(),
             capacity: v.capacity,
-            cpus: v.last_cpus.as_ref().unwrap_or(&self.all_cpus),
+            cpus: v.last_cpus.as_ref().unwrap_or(all_cpus),
             desired: self.capacity.as_ref().map(|r| r.guest_desired(v.index)),
             package: v.package,
             tid: v.tid,
@@ -114,22 +116,21 @@ impl LiveScheduler {
 
     /// Writes this tick's `--stats` line (without its newline) into `out`, replacing what it
     /// held.
-    pub(super) fn write_snapshot(&self, out: &mut Vec<u8>, now_ns: u64, moved: u64) {
+    pub(super) fn write_snapshot(&self, out: &mut Vec<u8>, tick: &TickReport<'_>) {
         out.clear();
-        let totals = self.totals.lock().map(|t| t.clone()).unwrap_or_default();
         let capacity = self.capacity.as_ref();
         let line = Line {
             capacity_notifications: capacity.map(|r| r.notifications()),
             cppc_enabled: capacity.map(|r| r.guest_enabled()),
-            external: self.external,
+            external: tick.outside,
             guest_register_errors: self.guest_errors.as_ref().map(|e| e.total()),
-            migrations: moved,
-            migrations_total: totals.migrations,
-            packages: Packages(self),
-            policy: self.policy,
-            policy_changes: totals.policy_changes,
-            t_ms: now_ns / 1_000_000,
-            vcpus: Vcpus(self),
+            migrations: tick.moved,
+            migrations_total: tick.totals.migrations,
+            packages: Packages(self, tick),
+            policy: tick.policy,
+            policy_changes: tick.totals.policy_changes,
+            t_ms: tick.now_ns / 1_000_000,
+            vcpus: Vcpus(self, tick),
         };
         // Serializing these types into a `Vec` cannot fail: no map keys, no I/O.
         let _ = serde_json::to_writer(&mut *out, &line);

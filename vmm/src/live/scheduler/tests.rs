@@ -101,7 +101,7 @@ fn vcpus_leave_a_cpu_going_offline_and_use_it_again_when_it_returns() {
     )
     .with_online_cpus(OnlineCpus::watch(topo, online.clone()).unwrap());
     let placed = |s: &LiveScheduler| -> Vec<CpuSet> {
-        s.vcpus
+        s.vm.vcpus
             .iter()
             .map(|v| v.last_cpus.clone().unwrap())
             .collect()
@@ -167,7 +167,11 @@ fn taking_over_from_a_lapsed_balancer_moves_nothing_needlessly() {
             .collect(),
     );
     s.tick().unwrap();
-    assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
+    assert!(s
+        .vm
+        .vcpus
+        .iter()
+        .all(|v| v.last_cpus.as_ref() == Some(&one)));
     std::thread::sleep(Duration::from_millis(40));
     assert!(!control.external_active());
     let before = s.totals.lock().unwrap().migrations;
@@ -177,7 +181,11 @@ fn taking_over_from_a_lapsed_balancer_moves_nothing_needlessly() {
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(s.totals.lock().unwrap().migrations, before);
-    assert!(s.vcpus.iter().all(|v| v.last_cpus.as_ref() == Some(&one)));
+    assert!(s
+        .vm
+        .vcpus
+        .iter()
+        .all(|v| v.last_cpus.as_ref() == Some(&one)));
 }
 
 /// A package's util is its vCPUs' demand over its capacity, SMT counted as the engine
@@ -203,11 +211,11 @@ fn package_util_is_over_its_capacity() {
     }
     errors.unclaimed_access(0x80);
     let snap = s.snapshot(s.now_ns(), 0);
-    let demand: f64 = s
-        .vcpus
-        .iter()
-        .map(|v| f64::from(v.tracker.util().util()))
-        .sum();
+    let demand: f64 =
+        s.vm.vcpus
+            .iter()
+            .map(|v| f64::from(v.tracker.util().util()))
+            .sum();
     assert!(demand > 0.0, "{snap}");
     let util = snap["packages"][0]["util"].as_f64().unwrap();
     assert!(
@@ -221,31 +229,36 @@ fn package_util_is_over_its_capacity() {
 /// the reused-buffer writer must reproduce byte for byte.
 fn reference_snapshot(s: &LiveScheduler, now_ns: u64, moved: u64) -> String {
     use serde_json::json;
-    let all_cpus = s.topology.cpu_set();
-    let vcpus: Vec<_> = s
-        .vcpus
-        .iter()
-        .map(|v| {
-            json!({
-                "vcpu": v.index,
-                "tid": v.tid,
-                "util": round3(f64::from(v.tracker.util().util()) / f64::from(CAPACITY_SCALE)),
-                "busy": v.tracker.util().is_busy(),
-                "waited": round3(f64::from(v.tracker.waited()) / f64::from(CAPACITY_SCALE)),
-                "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
-                "package": v.package,
-                "capacity": v.capacity,
-                "desired": s.capacity.as_ref().map(|r| r.guest_desired(v.index)),
+    let all_cpus = s.tick.topology().cpu_set();
+    let vcpus: Vec<_> =
+        s.vm.vcpus
+            .iter()
+            .map(|v| {
+                json!({
+                    "vcpu": v.index,
+                    "tid": v.tid,
+                    "util": round3(f64::from(v.tracker.util().util()) / f64::from(CAPACITY_SCALE)),
+                    "busy": v.tracker.util().is_busy(),
+                    "waited": round3(f64::from(v.tracker.waited()) / f64::from(CAPACITY_SCALE)),
+                    "cpus": v.last_cpus.as_ref().unwrap_or(&all_cpus).to_string(),
+                    "package": v.package,
+                    "capacity": v.capacity,
+                    "desired": s.vm.capacity.as_ref().map(|r| r.guest_desired(v.index)),
+                })
             })
-        })
-        .collect();
+            .collect();
     let packages: Vec<_> = s
-        .topology
+        .tick
+        .topology()
         .packages()
         .iter()
-        .zip(&s.package_capacity)
+        .zip(s.tick.package_capacity())
         .map(|(p, &capacity)| {
-            let on: Vec<&LiveVcpu> = s.vcpus.iter().filter(|v| v.package == Some(p.id)).collect();
+            let on: Vec<&LiveVcpu> =
+                s.vm.vcpus
+                    .iter()
+                    .filter(|v| v.package == Some(p.id))
+                    .collect();
             let demand: u32 = on.iter().map(|v| v.tracker.util().util()).sum();
             json!({
                 "id": p.id,
@@ -257,16 +270,16 @@ fn reference_snapshot(s: &LiveScheduler, now_ns: u64, moved: u64) -> String {
     let totals = s.totals.lock().unwrap().clone();
     json!({
         "t_ms": now_ns / 1_000_000,
-        "policy": s.policy.to_string(),
-        "external": s.external,
+        "policy": s.tick.policy().to_string(),
+        "external": s.tick.outside(),
         "vcpus": vcpus,
         "packages": packages,
         "migrations": moved,
         "migrations_total": totals.migrations,
         "policy_changes": totals.policy_changes,
-        "capacity_notifications": s.capacity.as_ref().map(|r| r.notifications()),
-        "cppc_enabled": s.capacity.as_ref().map(|r| r.guest_enabled()),
-        "guest_register_errors": s.guest_errors.as_ref().map(|e| e.total()),
+        "capacity_notifications": s.vm.capacity.as_ref().map(|r| r.notifications()),
+        "cppc_enabled": s.vm.capacity.as_ref().map(|r| r.guest_enabled()),
+        "guest_register_errors": s.vm.guest_errors.as_ref().map(|e| e.total()),
     })
     .to_string()
 }
@@ -357,7 +370,7 @@ fn shared_packages_are_applied_as_each_threads_affinity() {
             s.tick().unwrap();
             std::thread::sleep(Duration::from_millis(100));
         }
-        s.vcpus
+        s.vm.vcpus
             .iter()
             .map(|v| v.last_cpus.clone().unwrap())
             .collect()
@@ -396,10 +409,10 @@ fn sharing_vcpus_keep_their_cpus_when_another_goes_offline() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let homes =
-        |s: &LiveScheduler| -> Vec<u32> { s.vcpus.iter().map(|v| v.home.unwrap()).collect() };
+        |s: &LiveScheduler| -> Vec<u32> { s.vm.vcpus.iter().map(|v| v.home.unwrap()).collect() };
     let before = homes(&s);
     assert!(
-        s.vcpus
+        s.vm.vcpus
             .iter()
             .all(|v| v.last_cpus.as_ref().unwrap().len() == 3),
         "shared sets"
