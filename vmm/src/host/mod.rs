@@ -26,14 +26,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pvmm_scheduler::{
-    Assignment, CpuSet, Decision, Engine, EngineConfig, Executor, HostTopology, LinuxExecutor,
-    Policy, VcpuId, VcpuLoad,
+    Assignment, CpuSet, Decision, EngineConfig, Executor, HostTopology, LinuxExecutor, PlaceError,
+    PlacementPolicy, Policy, VcpuId, VcpuLoad,
 };
+use pvmm_tick::hotplug::OnlineCpus;
+use pvmm_tick::own_threads::OwnThreads;
+use pvmm_tick::{Applied, Members, PhaseClock, PhaseTimes, Tick, TickReport};
 use serde_json::{json, Value};
 
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember};
-use pvmm_tick::hotplug::OnlineCpus;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
 pub const LOCK_FILE: &str = "pvmm-host.lock";
@@ -134,23 +136,34 @@ pub struct TickCost {
     pub apply_us: u64,
 }
 
-/// Running totals.
-#[derive(Debug, Default, Clone)]
-struct Totals {
-    ticks: u64,
-    migrations: u64,
-    apply_errors: u64,
+impl TickCost {
+    /// The cost of a tick whose phases took `t`.
+    fn of(t: &PhaseTimes) -> Self {
+        let us = |ns: u64| ns / 1000;
+        Self {
+            discover_us: us(t.discover_ns),
+            read_us: us(t.read_ns),
+            decide_us: us(t.decide_ns),
+            apply_us: us(t.apply_ns),
+        }
+    }
 }
 
-/// The daemon.
+/// The daemon: the placement loop ([`Tick`], the loop pvmm and `pvmm-sim` run) over every VM
+/// on the host.
 pub struct HostDaemon {
+    tick: Tick,
+    host: HostMembers,
+    start: Instant,
+}
+
+/// Every VM on the host, as the loop's members.
+struct HostMembers {
     config: HostConfig,
-    engine: Engine,
     executor: Box<dyn Executor>,
     /// By pid.
     vms: BTreeMap<i32, Managed>,
     next_id: u32,
-    start: Instant,
     stats: Option<Box<dyn Write>>,
     /// Affinity each foreign thread had before the daemon touched it, restored at stop.
     original: HashMap<i32, CpuSet>,
@@ -161,15 +174,12 @@ pub struct HostDaemon {
     /// The CPU the engine chose for each vCPU in its last decision: what a fresh engine is told
     /// the vCPU runs on, also when its thread may run on its whole package (`share_package`).
     homes: HashMap<VcpuId, u32>,
-    totals: Totals,
-    cost: TickCost,
+    /// Affinity changes refused while applying this tick.
+    refusals: u64,
     scan: ScanSchedule,
     latest: metrics::Latest,
     /// The daemon's own threads, kept on the lowest active package like pvmm's.
-    own: pvmm_tick::own_threads::OwnThreads,
-    /// The host's online CPUs, when the topology is this host's: the placement follows them
-    /// (`config.topology` is then the online part of the topology first given).
-    online: Option<OnlineCpus>,
+    own: OwnThreads,
     _lock: std::fs::File,
 }
 
@@ -210,46 +220,163 @@ impl HostDaemon {
         executor: Box<dyn Executor>,
     ) -> Result<Self, HostError> {
         let lock = lock(&config.runtime_dir)?;
-        let online = OnlineCpus::watch(config.topology.clone(), config.roots.cpu_online.clone());
+        let mut tick = Tick::new(
+            PlacementPolicy::Managed(config.policy),
+            config.topology.clone(),
+            config.engine_config(),
+            PhaseClock::Wall,
+        );
+        if let Some(online) =
+            OnlineCpus::watch(config.topology.clone(), config.roots.cpu_online.clone())
+        {
+            tick = tick.with_online_cpus(online, "pvmm-host");
+        }
         Ok(Self {
-            engine: Engine::new(
-                config.topology.clone(),
-                config.policy,
-                config.engine_config(),
-            ),
-            config,
-            executor,
-            vms: BTreeMap::new(),
-            next_id: 0,
+            tick,
+            host: HostMembers {
+                config,
+                executor,
+                vms: BTreeMap::new(),
+                next_id: 0,
+                stats,
+                original: HashMap::new(),
+                homes: HashMap::new(),
+                applied: HashMap::new(),
+                refused: HashSet::new(),
+                refusals: 0,
+                scan: ScanSchedule::default(),
+                latest: Default::default(),
+                own: OwnThreads::new(Vec::new()),
+                _lock: lock,
+            },
             start: Instant::now(),
-            stats,
-            original: HashMap::new(),
-            homes: HashMap::new(),
-            applied: HashMap::new(),
-            refused: HashSet::new(),
-            totals: Totals::default(),
-            cost: TickCost::default(),
-            scan: ScanSchedule::default(),
-            latest: Default::default(),
-            own: pvmm_tick::own_threads::OwnThreads::new(Vec::new()),
-            online,
-            _lock: lock,
         })
     }
 
     /// Where the last tick's time went.
     pub fn last_cost(&self) -> TickCost {
-        self.cost
+        TickCost::of(&self.tick.totals().last)
     }
 
     /// VMs and vCPUs managed at the last tick.
     pub fn managed(&self) -> (usize, usize) {
         (
-            self.vms.len(),
-            self.vms.values().map(|m| m.vcpus.len()).sum(),
+            self.host.vms.len(),
+            self.host.vms.values().map(|m| m.vcpus.len()).sum(),
         )
     }
 
+    /// One tick of the placement loop over every VM: discover, read, decide, apply, report.
+    pub fn tick(&mut self) -> Result<(), String> {
+        let now_ns = self.start.elapsed().as_nanos() as u64;
+        self.tick
+            .run(now_ns, &mut self.host)
+            .map_err(|e| format!("placement engine: {e}"))?;
+        Ok(())
+    }
+
+    /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the
+    /// affinity it had before.
+    pub fn release(&mut self) {
+        self.host.release();
+    }
+
+    /// Ticks until SIGTERM or SIGINT, then releases everything.
+    pub fn run(&mut self) -> Result<(), String> {
+        for signal in [libc::SIGTERM, libc::SIGINT] {
+            vmm_sys_util::signal::register_signal_handler(signal, on_stop)
+                .map_err(|e| format!("signal handler: {e}"))?;
+        }
+        self.host.start_servers()?;
+        let mut next = Instant::now();
+        while !STOP.load(Ordering::Relaxed) {
+            self.tick()?;
+            next += self.host.config.tick;
+            // std's sleep resumes after a signal; a stop waits out at most one tick.
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        self.release();
+        let _ = std::fs::remove_file(self.host.config.runtime_dir.join(STATUS_SOCKET));
+        Ok(())
+    }
+}
+
+impl Members for HostMembers {
+    type Error = PlaceError;
+
+    fn discover(&mut self) {
+        self.find_vms();
+    }
+
+    fn sample(&mut self, now_ns: u64, loads: &mut Vec<VcpuLoad>) {
+        self.read(now_ns);
+        for m in self.vms.values() {
+            loads.extend(m.vcpus.iter().map(|v| VcpuLoad {
+                id: VcpuId {
+                    vm: m.id,
+                    vcpu: v.vcpu,
+                },
+                util: v.util,
+                busy: v.busy,
+                waited: v.waited,
+            }));
+        }
+    }
+
+    /// Tells the engine where each vCPU of a VM it has not placed yet runs now: the CPU this
+    /// daemon last chose for it, or else its thread's affinity when that is one CPU (where pvmm
+    /// placed it, or a foreign thread's). A fresh engine after CPU hotplug, or a restarted
+    /// daemon, then moves only the vCPUs it would put elsewhere.
+    fn assume(&mut self, fresh: bool, assume: &mut dyn FnMut(VcpuId, u32)) {
+        for m in self.vms.values_mut() {
+            m.placed &= !fresh;
+        }
+        for m in self.vms.values().filter(|m| !m.placed) {
+            for v in &m.vcpus {
+                let id = VcpuId {
+                    vm: m.id,
+                    vcpu: v.vcpu,
+                };
+                let home = self.homes.get(&id).copied().or_else(|| {
+                    let cpus = match &m.member {
+                        Member::Pvmm(_) => v.cpus.clone(),
+                        Member::Foreign(_) => self.executor.read(v.tid).ok(),
+                    };
+                    cpus.filter(|c| c.len() == 1).and_then(|c| c.first())
+                });
+                if let Some(cpu) = home {
+                    assume(id, cpu);
+                }
+            }
+        }
+    }
+
+    fn topology_changed(&mut self, topology: &HostTopology) {
+        self.config.topology = topology.clone();
+    }
+
+    fn apply(&mut self, decision: &Decision) -> Result<Applied, PlaceError> {
+        self.refusals = 0;
+        self.apply_decision(decision);
+        Ok(Applied {
+            moved: decision.migrations.len() as u64,
+            refused: std::mem::take(&mut self.refusals),
+        })
+    }
+
+    /// The daemon wakes every tick: on the lowest active package, not on one it empties.
+    fn pin_housekeeping(&mut self, cpus: &CpuSet) -> u64 {
+        self.own.pin(cpus, self.executor.as_mut())
+    }
+
+    fn report(&mut self, tick: &TickReport<'_>) {
+        if let Some(decision) = tick.decision {
+            self.report_line(tick, decision);
+        }
+    }
+}
+
+impl HostMembers {
     fn log(&self, msg: impl AsRef<str>) {
         if self.config.verbose {
             eprintln!("pvmm-host: {}", msg.as_ref());
@@ -257,7 +384,7 @@ impl HostDaemon {
     }
 
     /// Finds the VMs now: joins new ones, forgets those that ended.
-    fn discover(&mut self) {
+    fn find_vms(&mut self) {
         let mut seen: HashSet<i32> = HashSet::new();
         for socket in pvmm_sockets(&self.config.runtime_dir) {
             let known = self.vms.iter().find_map(|(pid, m)| match &m.member {
@@ -379,95 +506,6 @@ impl HostDaemon {
         }
     }
 
-    /// One tick: discover, read, decide, apply, report.
-    pub fn tick(&mut self) -> Result<(), String> {
-        let us = |t: Instant| t.elapsed().as_micros() as u64;
-        let phase = Instant::now();
-        let now_ns = self.start.elapsed().as_nanos() as u64;
-        self.follow_online_cpus();
-        self.discover();
-        self.cost.discover_us = us(phase);
-        let phase = Instant::now();
-        self.read(now_ns);
-        self.cost.read_us = us(phase);
-        let phase = Instant::now();
-        self.assume_current();
-        let loads: Vec<VcpuLoad> = self
-            .vms
-            .values()
-            .flat_map(|m| {
-                m.vcpus.iter().map(|v| VcpuLoad {
-                    id: VcpuId {
-                        vm: m.id,
-                        vcpu: v.vcpu,
-                    },
-                    util: v.util,
-                    busy: v.busy,
-                    waited: v.waited,
-                })
-            })
-            .collect();
-        let decision = self
-            .engine
-            .place(now_ns / 1_000_000, &loads)
-            .map_err(|e| format!("placement engine: {e}"))?;
-        self.cost.decide_us = us(phase);
-        let phase = Instant::now();
-        self.apply(&decision);
-        // The daemon wakes every tick: on the lowest active package, not on one it empties.
-        if let Some(home) = decision.assignments.iter().map(|a| a.package).min() {
-            let cpus = self.config.topology.package_cpus(home);
-            self.totals.apply_errors += self.own.pin(&cpus, self.executor.as_mut());
-        }
-        self.cost.apply_us = us(phase);
-        self.totals.ticks += 1;
-        self.totals.migrations += decision.migrations.len() as u64;
-        self.report(now_ns, &decision);
-        Ok(())
-    }
-
-    /// Places on the host CPUs that are online now, when they changed (as pvmm does, see
-    /// [`crate::live::hotplug`]): a fresh engine on them, told where every vCPU runs, so only
-    /// the vCPUs of the CPUs gone move.
-    fn follow_online_cpus(&mut self) {
-        if let Some(topology) = self.online.as_mut().and_then(|o| o.follow("pvmm-host")) {
-            self.engine = Engine::new(
-                topology.clone(),
-                self.config.policy,
-                self.config.engine_config(),
-            );
-            self.config.topology = topology;
-            for m in self.vms.values_mut() {
-                m.placed = false;
-            }
-        }
-    }
-
-    /// Tells the engine where each vCPU of a VM it has not placed yet runs now: the CPU this
-    /// daemon last chose for it, or else its thread's affinity when that is one CPU (where pvmm
-    /// placed it, or a foreign thread's). A fresh engine after CPU hotplug, or a restarted
-    /// daemon, then moves only the vCPUs it would put elsewhere.
-    fn assume_current(&mut self) {
-        for m in self.vms.values().filter(|m| !m.placed) {
-            for v in &m.vcpus {
-                let id = VcpuId {
-                    vm: m.id,
-                    vcpu: v.vcpu,
-                };
-                let home = self.homes.get(&id).copied().or_else(|| {
-                    let cpus = match &m.member {
-                        Member::Pvmm(_) => v.cpus.clone(),
-                        Member::Foreign(_) => self.executor.read(v.tid).ok(),
-                    };
-                    cpus.filter(|c| c.len() == 1).and_then(|c| c.first())
-                });
-                if let Some(cpu) = home {
-                    self.engine.assume(id, cpu);
-                }
-            }
-        }
-    }
-
     /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
     /// affinity (`inherited` when the thread was created while its VM was placed); a refusal
     /// is reported once.
@@ -487,14 +525,14 @@ impl HostDaemon {
             Err(e) => {
                 eprintln!("pvmm-host: cannot place thread {tid}: {e} (not tried again)");
                 self.refused.insert(tid);
-                self.totals.apply_errors += 1;
+                self.refusals += 1;
             }
         }
     }
 
     /// Applies `decision`, whose assignments follow the loads' order: the VMs in `self.vms`
     /// order, each VM's vCPUs as read. Threads already where they belong cost nothing.
-    fn apply(&mut self, decision: &Decision) {
+    fn apply_decision(&mut self, decision: &Decision) {
         self.homes.clear();
         self.homes
             .extend(decision.assignments.iter().map(|a| (a.id, a.cpu)));
@@ -549,15 +587,15 @@ impl HostDaemon {
         for (tid, cpus, inherited) in foreign_pins {
             self.pin_foreign(tid, &cpus, inherited);
         }
-        self.totals.apply_errors += failed.len() as u64;
+        self.refusals += failed.len() as u64;
         for pid in failed {
             // Read again next tick if it still answers; gone otherwise.
             self.vms.remove(&pid);
         }
     }
 
-    fn report(&mut self, now_ns: u64, decision: &Decision) {
-        let line = self.snapshot(now_ns, decision);
+    fn report_line(&mut self, tick: &TickReport<'_>, decision: &Decision) {
+        let line = self.snapshot(tick, decision);
         if let Some(out) = self.stats.as_mut() {
             if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
                 self.stats = None;
@@ -568,7 +606,8 @@ impl HostDaemon {
 
     /// This tick as JSON: every VM's vCPUs (utilization, placement, capacity) and every
     /// package (vCPUs, utilization, modelled power).
-    fn snapshot(&self, now_ns: u64, decision: &Decision) -> Value {
+    fn snapshot(&self, tick: &TickReport<'_>, decision: &Decision) -> Value {
+        let cost = TickCost::of(&tick.totals.last);
         let by_id: HashMap<VcpuId, &pvmm_scheduler::Assignment> =
             decision.assignments.iter().map(|a| (a.id, a)).collect();
         let mut cpu_load: HashMap<u32, f64> = HashMap::new();
@@ -627,18 +666,18 @@ impl HostDaemon {
             })
             .collect();
         json!({
-            "t_ms": now_ns / 1_000_000,
+            "t_ms": tick.now_ns / 1_000_000,
             "policy": self.config.policy.to_string(),
             "vms": vms,
             "packages": packages,
             "migrations": decision.migrations.len(),
-            "migrations_total": self.totals.migrations,
-            "apply_errors": self.totals.apply_errors,
+            "migrations_total": tick.totals.migrations,
+            "apply_errors": tick.totals.apply_errors,
             "tick_us": {
-                "discover": self.cost.discover_us,
-                "read": self.cost.read_us,
-                "decide": self.cost.decide_us,
-                "apply": self.cost.apply_us,
+                "discover": cost.discover_us,
+                "read": cost.read_us,
+                "decide": cost.decide_us,
+                "apply": cost.apply_us,
             },
         })
     }
@@ -665,7 +704,7 @@ impl HostDaemon {
 
     /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the
     /// affinity it had before.
-    pub fn release(&mut self) {
+    fn release(&mut self) {
         for m in self.vms.values_mut() {
             if let Member::Pvmm(p) = &mut m.member {
                 if let Err(e) = p.release() {
@@ -677,25 +716,6 @@ impl HostDaemon {
             // A thread that has ended needs nothing.
             let _ = self.executor.apply(tid, &cpus);
         }
-    }
-
-    /// Ticks until SIGTERM or SIGINT, then releases everything.
-    pub fn run(&mut self) -> Result<(), String> {
-        for signal in [libc::SIGTERM, libc::SIGINT] {
-            vmm_sys_util::signal::register_signal_handler(signal, on_stop)
-                .map_err(|e| format!("signal handler: {e}"))?;
-        }
-        self.start_servers()?;
-        let mut next = Instant::now();
-        while !STOP.load(Ordering::Relaxed) {
-            self.tick()?;
-            next += self.config.tick;
-            // std's sleep resumes after a signal; a stop waits out at most one tick.
-            std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        }
-        self.release();
-        let _ = std::fs::remove_file(self.config.runtime_dir.join(STATUS_SOCKET));
-        Ok(())
     }
 }
 

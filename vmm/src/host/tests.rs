@@ -49,11 +49,12 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
     }
     let mut d = daemon(&host, "powersaving");
     d.tick().unwrap();
-    assert_eq!(d.vms.len(), 2);
+    assert_eq!(d.host.vms.len(), 2);
     // Idle VMs: every vCPU thread and both VMMs' housekeeping on package 0 (CPUs 0-1).
     let package0 = CpuSet::range(0, 1);
     for tid in [110, 111, 210, 211, 100, 101, 200, 201] {
         let cpus = d
+            .host
             .applied
             .get(&tid)
             .unwrap_or_else(|| panic!("thread {tid} not placed"));
@@ -62,7 +63,7 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
     // The second VM ends: it is dropped, no error.
     std::fs::remove_dir_all(host.roots.proc.join("200")).unwrap();
     d.tick().unwrap();
-    assert_eq!(d.vms.len(), 1);
+    assert_eq!(d.host.vms.len(), 1);
     // A VM that starts between full scans is placed at the next tick.
     d.tick().unwrap();
     host.process(
@@ -72,7 +73,11 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
     );
     d.tick().unwrap();
     assert_eq!(d.managed(), (2, 3));
-    assert!(d.applied.get(&310).is_some_and(|c| c.is_subset(&package0)));
+    assert!(d
+        .host
+        .applied
+        .get(&310)
+        .is_some_and(|c| c.is_subset(&package0)));
     // A vCPU added to a running VM (a new thread and file descriptor) is found by the
     // next full scan; the unchanged VM is not examined again.
     host.process(
@@ -90,7 +95,7 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
         d.tick().unwrap();
     }
     assert_eq!(d.managed(), (2, 4));
-    assert!(d.applied.contains_key(&112));
+    assert!(d.host.applied.contains_key(&112));
 }
 
 /// With `--share-package` every packed vCPU thread may run on all the CPUs its package uses;
@@ -117,7 +122,8 @@ fn shared_packages_are_applied_to_adopted_vcpu_threads() {
         d.tick().unwrap();
         [110, 111]
             .map(|tid| {
-                d.applied
+                d.host
+                    .applied
                     .get(&tid)
                     .unwrap_or_else(|| panic!("thread {tid} not placed"))
                     .clone()
@@ -156,10 +162,10 @@ fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() 
     }
     let mut d = daemon_with(&host, "powersaving", executor);
     d.tick().unwrap();
-    assert_eq!(d.totals.migrations, 0);
+    assert_eq!(d.tick.totals().migrations, 0);
     for tid in [110, 111] {
         assert_eq!(
-            d.applied.get(&tid),
+            d.host.applied.get(&tid),
             Some(&CpuSet::single(1)),
             "thread {tid}"
         );
@@ -183,20 +189,20 @@ fn a_thread_created_while_placed_gets_its_process_affinity_back() {
         &[(100, "qemu"), (110, "CPU 0/KVM"), (120, "worker")],
         &[],
     );
-    let pinned = d.executor.read(100).unwrap();
+    let pinned = d.host.executor.read(100).unwrap();
     assert_ne!(pinned, CpuSet::range(0, 3));
-    d.executor.apply(120, &pinned).unwrap();
+    d.host.executor.apply(120, &pinned).unwrap();
     for _ in 0..discover::FULL_SCAN_TICKS {
         d.tick().unwrap();
     }
     assert!(
-        d.applied.contains_key(&120),
+        d.host.applied.contains_key(&120),
         "the new thread is housekeeping"
     );
     d.release();
     for tid in [100, 110, 120] {
         assert_eq!(
-            d.executor.read(tid).unwrap(),
+            d.host.executor.read(tid).unwrap(),
             CpuSet::range(0, 3),
             "thread {tid}"
         );
@@ -212,19 +218,19 @@ fn placement_follows_host_cpus_going_offline_and_coming_back() {
     let on = |d: &HostDaemon| -> CpuSet {
         [100, 110, 111]
             .iter()
-            .flat_map(|tid| d.applied.get(tid).unwrap().iter())
+            .flat_map(|tid| d.host.applied.get(tid).unwrap().iter())
             .collect()
     };
     assert!(on(&d).contains(0), "{}", on(&d));
     // CPU 0 goes offline: nothing stays on it, and package 0 keeps CPU 1.
     std::fs::write(&host.roots.cpu_online, "1-3\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.config.topology.cpu_set().to_string(), "1-3");
+    assert_eq!(d.host.config.topology.cpu_set().to_string(), "1-3");
     assert_eq!(on(&d).to_string(), "1", "{}", on(&d));
     // It comes back: the placement may use it again.
     std::fs::write(&host.roots.cpu_online, "0-3\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.config.topology.cpu_set().to_string(), "0-3");
+    assert_eq!(d.host.config.topology.cpu_set().to_string(), "0-3");
 }
 
 /// With `--share-package`, CPUs going offline move only the vCPUs the engine had chosen them
@@ -250,16 +256,16 @@ fn sharing_vcpus_keep_their_cpus_when_other_cpus_go_offline() {
     .unwrap();
     d.tick().unwrap();
     let homes = |d: &HostDaemon| -> Vec<u32> {
-        let mut h: Vec<(VcpuId, u32)> = d.homes.iter().map(|(&id, &cpu)| (id, cpu)).collect();
+        let mut h: Vec<(VcpuId, u32)> = d.host.homes.iter().map(|(&id, &cpu)| (id, cpu)).collect();
         h.sort_unstable_by_key(|&(id, _)| id.vcpu);
         h.into_iter().map(|(_, cpu)| cpu).collect()
     };
     assert_eq!(homes(&d), [1, 0]);
-    assert_eq!(d.applied.get(&110), Some(&CpuSet::range(0, 1)));
+    assert_eq!(d.host.applied.get(&110), Some(&CpuSet::range(0, 1)));
     // Package 1 goes offline: no vCPU was there, none moves.
     std::fs::write(&host.roots.cpu_online, "0-1\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.config.topology.cpu_set().to_string(), "0-1");
+    assert_eq!(d.host.config.topology.cpu_set().to_string(), "0-1");
     assert_eq!(homes(&d), [1, 0]);
 }
 
