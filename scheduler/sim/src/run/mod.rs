@@ -3,12 +3,13 @@
 //!
 //! # What happens each placement tick (default every 100 ms, as the live VMM)
 //!
-//! Each vCPU's cumulative busy and idle time (simulated) is fed as an
-//! [`IdleSample`] to its own [`UtilTracker`], the tracker's utilization and
-//! busy flag go into [`Engine::place`] for all vCPUs of all VMs, and the
-//! decision is applied through a [`RecordingExecutor`] and read back: exactly
-//! the live VMM's tick, with simulated threads. The simulator has no placement
-//! logic of its own. Migrations are the decision's moves.
+//! The simulated vCPUs are the [`Members`] of the placement loop that pvmm and
+//! `pvmm-host` run ([`Tick`]): each vCPU's cumulative busy and idle time
+//! (simulated) is fed as an [`IdleSample`] to its own utilization tracker,
+//! the tracker's utilization and busy flag go into the engine for all vCPUs
+//! of all VMs, and the decision is applied through a [`RecordingExecutor`]
+//! and read back. The simulator has no placement logic of its own.
+//! Migrations are the decision's moves.
 //!
 //! # What happens each work step (default 1 ms)
 //!
@@ -54,10 +55,12 @@
 
 use pvmm_scheduler::capacity::{thread_share, CAPACITY_SCALE};
 use pvmm_scheduler::executor::{Executor, RecordingExecutor};
-use pvmm_scheduler::placement::{Engine, VcpuId, VcpuLoad};
+use pvmm_scheduler::placement::{Decision, VcpuId, VcpuLoad};
 use pvmm_scheduler::power::thread_overlap;
 use pvmm_scheduler::topology::HostTopology;
 use pvmm_scheduler::util::{IdleSample, LoadTracker};
+use pvmm_scheduler::PlacementPolicy;
+use pvmm_tick::{Applied, Members, PhaseClock, Tick};
 
 use super::load::{LoadState, EMPTY_BACKLOG_NS, NS_PER_MS};
 use super::spec::VmSpec;
@@ -157,7 +160,6 @@ struct Clock {
 /// Per-step buffers, reused so that a step allocates nothing.
 #[derive(Default)]
 struct StepBuffers {
-    loads: Vec<VcpuLoad>,
     /// Runnable vCPUs of each dense CPU this step.
     runq: Vec<Vec<usize>>,
     /// Runnable vCPUs whose CPU another one held first this step.
@@ -178,7 +180,7 @@ struct StepBuffers {
 
 /// What a run has measured so far.
 #[derive(Default)]
-struct Totals {
+struct Measured {
     energy_j: f64,
     work_done_ns: f64,
     migrations: u64,
@@ -196,8 +198,8 @@ struct Sim<'a> {
     vms: Vec<Vm>,
     has_jobs: bool,
     total_job_ns: f64,
-    /// The engine; `None` for [`Placement::Unpinned`] and [`Placement::Oracle`].
-    engine: Option<Engine>,
+    /// The placement loop; `None` for [`Placement::Unpinned`] and [`Placement::Oracle`].
+    tick: Option<Tick>,
     executor: RecordingExecutor,
     unpinned: UnpinnedHost,
     oracle: OracleHost,
@@ -205,7 +207,62 @@ struct Sim<'a> {
     clock: Clock,
     timeline: Option<Timeline>,
     buffers: StepBuffers,
-    totals: Totals,
+    totals: Measured,
+}
+
+/// The simulated vCPU threads, as the placement loop's members.
+struct SimMembers<'s> {
+    vcpus: &'s mut [Vcpu],
+    host: &'s Host,
+    executor: &'s mut RecordingExecutor,
+    cost: MigrationCost,
+}
+
+impl Members for SimMembers<'_> {
+    type Error = SimError;
+
+    /// Utilization from the simulated busy, idle and waiting time.
+    fn sample(&mut self, now_ns: u64, loads: &mut Vec<VcpuLoad>) {
+        for v in self.vcpus.iter_mut() {
+            v.tracker.update(
+                IdleSample {
+                    t_ns: now_ns,
+                    busy_ns: (v.busy_ns + v.waited_ns).round() as u64,
+                    idle_ns: v.idle_ns.round() as u64,
+                },
+                v.waited_ns.round() as u64,
+            );
+            loads.push(v.tracker.load(v.id));
+        }
+    }
+
+    /// The simulated engine never restarts: nothing to tell it.
+    fn assume(&mut self, _fresh: bool, _assume: &mut dyn FnMut(VcpuId, u32)) {}
+
+    /// Applies the decision through the executor and reads it back. A thread
+    /// still allowed where it runs stays there; one that is not goes to the CPU
+    /// the engine chose for it, owing the migration cost.
+    fn apply(&mut self, decision: &Decision) -> Result<Applied, SimError> {
+        let mut applied = Applied::default();
+        for (i, assignment) in decision.assignments.iter().enumerate() {
+            let tid = i as i32 + 1;
+            if self.executor.current().get(&tid) != Some(&assignment.cpus) {
+                self.executor.apply(tid, &assignment.cpus)?;
+            }
+            let v = &mut self.vcpus[i];
+            self.host
+                .dense_set(&self.executor.read(tid)?, &mut v.allowed)?;
+            if v.cpu == NO_CPU || !v.allowed.contains(&v.cpu) {
+                let home = self.host.dense(assignment.cpu)?;
+                if v.cpu != NO_CPU {
+                    v.warmup_ns += self.cost.between(self.host, v.cpu, home);
+                    applied.moved += 1;
+                }
+                v.cpu = home;
+            }
+        }
+        Ok(applied)
+    }
 }
 
 /// Simulates `vms` on `topology` under `placement`. `progress` is called about
@@ -247,8 +304,13 @@ impl<'a> Sim<'a> {
         let num_cpus = host.num_cpus();
         let has_jobs = vm_state.iter().any(|v| v.remaining_ns.is_some());
         let total_job_ns: f64 = vm_state.iter().map(|v| v.total_ns).sum();
-        let engine = match placement {
-            Placement::Engine(policy) => Some(Engine::new(topology.clone(), policy, config.engine)),
+        let tick = match placement {
+            Placement::Engine(policy) => Some(Tick::new(
+                PlacementPolicy::Managed(policy),
+                topology.clone(),
+                config.engine,
+                PhaseClock::Wall,
+            )),
             Placement::Unpinned | Placement::Oracle => None,
         };
         let timeline = config.timeline.then(|| Timeline {
@@ -257,7 +319,6 @@ impl<'a> Sim<'a> {
             cells: vec![Vec::new(); vcpus.len()],
         });
         let buffers = StepBuffers {
-            loads: Vec::with_capacity(vcpus.len()),
             runq: vec![Vec::new(); num_cpus],
             cpu_busy: vec![0.0; num_cpus],
             core_busy_threads: vec![0; host.core_cpus.len()],
@@ -271,7 +332,7 @@ impl<'a> Sim<'a> {
             placement,
             has_jobs,
             total_job_ns,
-            engine,
+            tick,
             executor: RecordingExecutor::new(),
             unpinned: UnpinnedHost::new(config.seed, config.unpinned_mean_residency_ms * 1e6),
             oracle: OracleHost::new(&host),
@@ -288,9 +349,9 @@ impl<'a> Sim<'a> {
             },
             timeline,
             buffers,
-            totals: Totals {
+            totals: Measured {
                 pkg_idle_ns: vec![0.0; num_pkgs],
-                ..Totals::default()
+                ..Measured::default()
             },
             host,
             vcpus,
@@ -360,47 +421,21 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// The live VMM's tick with simulated threads: utilization from the
-    /// simulated busy/idle time, one engine decision, applied through the
-    /// executor and read back. Moved vCPUs owe the migration cost.
+    /// The placement loop's tick over the simulated threads ([`SimMembers`]).
+    /// Moved vCPUs owe the migration cost.
     fn placement_tick(&mut self) -> Result<(), SimError> {
-        let Some(engine) = self.engine.as_mut() else {
+        let Some(tick) = self.tick.as_mut() else {
             return Ok(());
         };
-        let t = self.clock.t;
-        let loads = &mut self.buffers.loads;
-        loads.clear();
-        for v in &mut self.vcpus {
-            v.tracker.update(
-                IdleSample {
-                    t_ns: t,
-                    busy_ns: (v.busy_ns + v.waited_ns).round() as u64,
-                    idle_ns: v.idle_ns.round() as u64,
-                },
-                v.waited_ns.round() as u64,
-            );
-            loads.push(v.tracker.load(v.id));
-        }
-        let decision = engine.place(t / NS_PER_MS, loads)?;
-        for (i, assignment) in decision.assignments.iter().enumerate() {
-            let tid = i as i32 + 1;
-            if self.executor.current().get(&tid) != Some(&assignment.cpus) {
-                self.executor.apply(tid, &assignment.cpus)?;
-            }
-            let v = &mut self.vcpus[i];
-            self.host
-                .dense_set(&self.executor.read(tid)?, &mut v.allowed)?;
-            // A thread still allowed where it runs stays there; one that is not
-            // goes to the CPU the engine chose for it.
-            if v.cpu == NO_CPU || !v.allowed.contains(&v.cpu) {
-                let home = self.host.dense(assignment.cpu)?;
-                if v.cpu != NO_CPU {
-                    v.warmup_ns += self.cost.between(&self.host, v.cpu, home);
-                    self.totals.migrations += 1;
-                }
-                v.cpu = home;
-            }
-        }
+        let mut members = SimMembers {
+            vcpus: &mut self.vcpus,
+            host: &self.host,
+            executor: &mut self.executor,
+            cost: self.cost,
+        };
+        let before = tick.totals().migrations;
+        tick.run(self.clock.t, &mut members)?;
+        self.totals.migrations += tick.totals().migrations - before;
         Ok(())
     }
 
