@@ -6,6 +6,9 @@ use std::path::PathBuf;
 #[cfg(test)]
 use pvmm_scheduler::Policy;
 pub use pvmm_scheduler::{PlacementPolicy, DEFAULT_POLICY};
+pub use pvmm_tick::settings::{
+    DEFAULT_HOST_TOPOLOGY, DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS, SHARE_PACKAGE_HELP,
+};
 
 use crate::acpi::MAX_VCPUS;
 use crate::seccomp::SeccompMode;
@@ -15,11 +18,6 @@ use crate::seccomp::SeccompMode;
 /// panicking guest reboots at once (so pvmm exits with the reboot status instead of hanging),
 /// and no PCI probing (pvmm has no PCI bus).
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
-
-/// `--share-package`'s help, pvmm's and `pvmm host`'s.
-pub const SHARE_PACKAGE_HELP: &str = "Under balance and powersaving, let each vCPU run on every \
-CPU its package uses, not only on its own, so that a vCPU waking while its CPU is busy runs on \
-an idle one beside it";
 
 /// Default number of vCPUs.
 pub const DEFAULT_VCPUS: u32 = 1;
@@ -32,21 +30,12 @@ pub const MIN_MEMORY_MIB: u64 = 64;
 /// Largest guest RAM pvmm accepts: 1 TiB, far above what one host package feeds usefully and
 /// below what a 4-level identity map could describe.
 pub const MAX_MEMORY_MIB: u64 = 1 << 20;
-/// `--host-topology`'s default: read the host's topology from sysfs.
-pub const DEFAULT_HOST_TOPOLOGY: &str = "auto";
 /// The KVM device.
 pub const DEFAULT_KVM_DEVICE: &str = "/dev/kvm";
 /// How long a shutdown waits for the guest to power off after the power button: a distribution
 /// guest's orderly shutdown takes seconds; systemd's own default stop timeout is 90 s, so pvmm
 /// stops well inside it.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
-/// Default placement tick: the engine's ([`pvmm_scheduler::placement::DEFAULT_TICK_MS`]).
-pub const DEFAULT_TICK_MS: u64 = pvmm_scheduler::placement::DEFAULT_TICK_MS;
-/// Shortest tick accepted: below 10 ms the decayed utilization (32 ms half-life) barely moves
-/// between decisions and affinity changes would outpace the host scheduler.
-pub const MIN_TICK_MS: u64 = 10;
-/// Longest tick accepted: one minute.
-pub const MAX_TICK_MS: u64 = 60_000;
 /// How long an outside balancer's assignments hold without renewal, by default: 30 ticks of
 /// 100 ms, so a balancer that misses a few ticks keeps control, and one that died gives the
 /// VM back to its own policy within seconds.

@@ -7,6 +7,7 @@
 //!   files kept open;
 //! - [`cpustat`]: each host CPU's idle time from `/proc/stat`, for how idle a package really was;
 //! - [`hotplug`]: following host CPUs that go offline and come back;
+//! - [`settings`]: the loop's command-line settings, their defaults and bounds;
 //! - [`own_threads`]: keeping a process's housekeeping threads on the package that holds vCPUs.
 
 pub mod cpustat;
@@ -14,6 +15,7 @@ pub mod hotplug;
 pub mod own_threads;
 pub mod phase;
 pub mod procfs;
+pub mod settings;
 pub mod tick;
 
 pub use phase::{PhaseClock, PhaseTimer, PhaseTimes, Totals};
