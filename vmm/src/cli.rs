@@ -180,7 +180,7 @@ impl Cli {
             api_socket: self.api_socket.or_else(|| {
                 self.host.map(|dir| {
                     let dir = if dir.as_os_str() == "auto" {
-                        PathBuf::from(crate::host::cli::DEFAULT_RUNTIME_DIR)
+                        PathBuf::from(pvmm_api::tool::DEFAULT_RUNTIME_DIR)
                     } else {
                         dir
                     };
@@ -219,31 +219,6 @@ where
             }
             _ => ParseOutcome::Error(one_line(&e.render().to_string())),
         },
-    }
-}
-
-/// Parses a companion tool's flags (`pvmm-ctl`, `pvmm-host`): help and version are printed
-/// (`Err(0)`), a bad flag is one line on stderr (`Err(2)`), the usual pvmm convention.
-pub fn parse_tool<P: clap::Parser, I, T>(tool: &str, args: I) -> Result<P, u8>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    match P::try_parse_from(args) {
-        Ok(parsed) => Ok(parsed),
-        Err(e) if e.use_stderr() => {
-            let text = e.to_string();
-            let line = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!(
-                "{tool}: {} (see {tool} --help)",
-                line.trim_start_matches("error: ")
-            );
-            Err(crate::exit::EXIT_BAD_INPUT as u8)
-        }
-        Err(e) => {
-            print!("{e}");
-            Err(0)
-        }
     }
 }
 
@@ -296,7 +271,7 @@ mod tests {
         let mine = format!("pvmm-{}.sock", std::process::id());
         assert_eq!(
             socket(&["pvmm", "--host", "auto", "k"]),
-            Some(PathBuf::from(crate::host::cli::DEFAULT_RUNTIME_DIR).join(&mine))
+            Some(PathBuf::from(pvmm_api::tool::DEFAULT_RUNTIME_DIR).join(&mine))
         );
         assert_eq!(
             socket(&["pvmm", "--host", "/tmp/vms", "k"]),

@@ -17,7 +17,7 @@ pub const EXIT_POWER_OFF: i32 = 0;
 /// user's input.
 pub const EXIT_HOST_ERROR: i32 = 1;
 /// Exit status: bad input (the clap convention for usage errors).
-pub const EXIT_BAD_INPUT: i32 = 2;
+pub const EXIT_BAD_INPUT: i32 = pvmm_api::tool::EXIT_BAD_INPUT as i32;
 /// Exit status: the guest rebooted.
 pub const EXIT_GUEST_RESET: i32 = 3;
 /// Exit status: triple fault.

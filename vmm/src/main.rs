@@ -10,7 +10,7 @@ fn main() {
     let tool: Option<fn(Vec<std::ffi::OsString>) -> u8> = match args.get(1).and_then(|a| a.to_str())
     {
         Some("ctl") => Some(pvmm::api::ctl::run),
-        Some("host") => Some(pvmm::host::main::run),
+        Some("host") => Some(pvmm_host::command::run),
         _ => None,
     };
     if let Some(run) = tool {

@@ -6,8 +6,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{never, select, Receiver, Sender};
+use pvmm_api::messages::{ShutdownAnswer, ThreadEntry, VcpuEntry, VcpusAnswer, VmInfo};
+use pvmm_api::stats::VmStats;
 use pvmm_devices::ged::GedShared;
-use serde_json::{json, Value};
 
 use crate::api::routes::VmShape;
 use crate::api::{ApiServer, VmControl};
@@ -38,6 +39,16 @@ pub struct PlacementReport {
     pub started: Instant,
 }
 
+/// What a VM was started as, for `GET /v1/vm`.
+pub struct VmDescription {
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Guest memory.
+    pub memory_mib: u64,
+    /// The kernel image booted.
+    pub kernel: String,
+}
+
 /// The parts of a VM that requests act on; shared by the main thread and the API.
 pub struct VmCore {
     /// vCPU threads, in vCPU order.
@@ -47,7 +58,7 @@ pub struct VmCore {
     /// The GED, for the power button.
     pub ged: Arc<GedShared>,
     /// `GET /v1/vm`'s fixed part: kernel, memory, vCPU count.
-    pub description: Value,
+    pub description: VmDescription,
     /// The VM's shape for checking requests.
     pub shape: VmShape,
     /// Where shutdown deadlines go (the main thread waits on them).
@@ -91,43 +102,56 @@ impl VmControl for VmCore {
         self.shape.clone()
     }
 
-    fn info(&self) -> Value {
-        let mut info = self.description.clone();
-        let policy = *self.policy.lock().unwrap_or_else(|p| p.into_inner());
-        info["pid"] = json!(std::process::id());
-        info["policy"] = json!(policy.to_string());
-        info["external_placement"] = json!(self.control.external_active());
-        info["uptime_ms"] = json!(self.report.started.elapsed().as_millis() as u64);
-        info["state"] = json!(self.state());
-        info["power_button_listening"] = json!((self.ged_listening)());
-        info
+    fn info(&self) -> VmInfo {
+        let d = &self.description;
+        VmInfo {
+            external_placement: self.control.external_active(),
+            kernel: d.kernel.clone(),
+            memory_mib: d.memory_mib,
+            pid: std::process::id() as i32,
+            policy: *self.policy.lock().unwrap_or_else(|p| p.into_inner()),
+            power_button_listening: (self.ged_listening)(),
+            state: self.state().into(),
+            uptime_ms: self.report.started.elapsed().as_millis() as u64,
+            vcpus: d.vcpus,
+        }
     }
 
-    fn placement(&self) -> Option<Value> {
+    fn placement(&self) -> Option<VmStats> {
         self.control.snapshot()
     }
 
-    fn vcpus(&self) -> Value {
-        let snapshot = self.control.snapshot();
-        let placed = snapshot.as_ref().and_then(|s| s["vcpus"].as_array());
-        let vcpus: Vec<Value> = self
+    fn vcpus(&self) -> VcpusAnswer {
+        let placed = self.control.snapshot().map(|s| s.vcpus);
+        let vcpus = self
             .vcpus
             .iter()
             .map(|h| {
-                let mut v = placed
-                    .and_then(|all| all.get(h.index() as usize).cloned())
-                    .unwrap_or_else(|| json!({ "vcpu": h.index(), "tid": h.tid() }));
-                v["state"] = json!(h.state().name());
-                v
+                let state = h.state().name().to_string();
+                let tick = placed.as_ref().and_then(|all| all.get(h.index() as usize));
+                match tick {
+                    Some(stats) => VcpuEntry::Placed {
+                        stats: stats.clone(),
+                        state,
+                    },
+                    None => VcpuEntry::Unplaced {
+                        vcpu: h.index(),
+                        tid: h.tid(),
+                        state,
+                    },
+                }
             })
             .collect();
         let tids: Vec<i32> = self.vcpus.iter().map(VcpuHandle::tid).collect();
-        let own: Vec<Value> = OwnThreads::new(tids)
+        let threads = OwnThreads::new(tids)
             .list()
             .into_iter()
-            .map(|t| json!({ "tid": t.tid, "name": t.name }))
+            .map(|t| ThreadEntry {
+                tid: t.tid,
+                name: t.name,
+            })
             .collect();
-        json!({ "vcpus": vcpus, "threads": own })
+        VcpusAnswer { threads, vcpus }
     }
 
     fn set_policy(&self, policy: PlacementPolicy) {
@@ -151,7 +175,7 @@ impl VmControl for VmCore {
         self.set_all(RunState::Running)
     }
 
-    fn shutdown(&self, timeout: Option<Duration>) -> Value {
+    fn shutdown(&self, timeout: Option<Duration>) -> ShutdownAnswer {
         let timeout = timeout.unwrap_or(self.shutdown_timeout);
         // A paused guest cannot answer the power button.
         let _ = self.set_all(RunState::Running);
@@ -160,10 +184,10 @@ impl VmControl for VmCore {
         let wait = if pressed { timeout } else { Duration::ZERO };
         // The main thread may already be ending the VM; then there is nothing to stop.
         let _ = self.deadlines.send(Instant::now() + wait);
-        json!({
-            "power_button": pressed,
-            "stop_after_ms": wait.as_millis() as u64,
-        })
+        ShutdownAnswer {
+            power_button: pressed,
+            stop_after_ms: wait.as_millis() as u64,
+        }
     }
 }
 

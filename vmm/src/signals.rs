@@ -56,10 +56,10 @@ impl SignalThread {
                         }
                     }
                     let done = vm.shutdown(None);
-                    if done["power_button"] == true {
+                    if done.power_button {
                         eprintln!(
                             "pvmm: {name}: pressed the guest's power button; stopping it in {} ms if it has not powered off",
-                            done["stop_after_ms"]
+                            done.stop_after_ms
                         );
                     } else {
                         eprintln!("pvmm: {name}: the guest does not listen for the power button; stopping it");

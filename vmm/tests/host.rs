@@ -30,6 +30,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `pvmm host`: the daemon as the multicall binary runs it (the `pvmm-host` crate's own
+/// binary runs the same entry point).
+fn host_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pvmm"));
+    c.arg("host");
+    c
+}
+
 struct Proc(Child);
 
 impl Drop for Proc {
@@ -74,7 +82,7 @@ fn start_vm(dir: &Path, name: &str, code: &[u8], vcpus: &str) -> (Proc, PathBuf)
 
 fn start_daemon(dir: &Path, extra: &[&str]) -> Proc {
     Proc(
-        Command::new(env!("CARGO_BIN_EXE_pvmm-host"))
+        host_command()
             .args([
                 "--host-topology",
                 "2x1x1",
@@ -188,7 +196,7 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
         || format!("{:?} {:?}", allowed(&sa), allowed(&sb)),
     );
     // What operators see: `pvmm-host status`, and the metrics on the status socket.
-    let status = Command::new(env!("CARGO_BIN_EXE_pvmm-host"))
+    let status = host_command()
         .args(["status", "--runtime-dir"])
         .arg(dir.join("run"))
         .output()
@@ -219,7 +227,7 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
         "{metrics}"
     );
     // A second daemon on the same runtime directory is refused.
-    let second = Command::new(env!("CARGO_BIN_EXE_pvmm-host"))
+    let second = host_command()
         .args(["--host-topology", "2x1x1", "--runtime-dir"])
         .arg(dir.join("run"))
         .output()

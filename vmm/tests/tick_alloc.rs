@@ -242,8 +242,8 @@ fn run(policy: PlacementPolicy, outside: Option<&[ExternalAssignment]>, dir: &Pa
     let affinity_changes = calls.lock().unwrap().len() - changes_before;
 
     let text = String::from_utf8(line.lock().unwrap().clone()).unwrap();
-    let stats: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
-    assert_eq!(stats["vcpus"].as_array().unwrap().len(), VCPUS as usize);
+    let stats: pvmm_api::stats::VmStats = serde_json::from_str(text.trim_end()).unwrap();
+    assert_eq!(stats.vcpus.len(), VCPUS as usize);
     assert_eq!(control.snapshot(), Some(stats));
     Run {
         allocations,

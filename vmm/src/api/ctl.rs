@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 /// Exit status when pvmm refused the request (a 4xx or 5xx answer) or could not be reached.
 const EXIT_REFUSED: u8 = 1;
 /// Exit status for bad flags: pvmm's own.
-const EXIT_BAD_INPUT: u8 = crate::exit::EXIT_BAD_INPUT as u8;
+use pvmm_api::tool::EXIT_BAD_INPUT;
 
 /// Talk to a running pvmm through its control socket.
 #[derive(Debug, Parser)]
@@ -122,7 +122,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli: Cli = match crate::cli::parse_tool("pvmm-ctl", args) {
+    let cli: Cli = match pvmm_api::tool::parse_tool("pvmm-ctl", args) {
         Ok(cli) => cli,
         Err(status) => return status,
     };

@@ -8,10 +8,9 @@
 //!
 //! A request is checked completely before anything changes, so a bad one changes nothing.
 
-pub mod client;
 pub mod ctl;
-pub mod http;
-pub mod routes;
+
+pub use pvmm_api::{client, http, routes};
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -20,7 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use pvmm_api::messages::{
+    ExternalAnswer, PolicyAnswer, ShutdownAnswer, StateAnswer, VcpusAnswer, VmInfo,
+};
+use pvmm_api::stats::VmStats;
+use serde::Serialize;
 
 use self::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
 use self::routes::{parse_request, ApiRequest, VmShape};
@@ -55,11 +58,11 @@ pub trait VmControl: Send + Sync {
     /// What requests are checked against.
     fn shape(&self) -> VmShape;
     /// `GET /v1/vm`.
-    fn info(&self) -> Value;
+    fn info(&self) -> VmInfo;
     /// `GET /v1/placement`: the latest tick's snapshot, if a tick has run.
-    fn placement(&self) -> Option<Value>;
+    fn placement(&self) -> Option<VmStats>;
     /// `GET /v1/vcpus`.
-    fn vcpus(&self) -> Value;
+    fn vcpus(&self) -> VcpusAnswer;
     /// Switches the placement policy from the next tick.
     fn set_policy(&self, policy: PlacementPolicy);
     /// Hands placement to an outside balancer (or renews its lease).
@@ -72,41 +75,72 @@ pub trait VmControl: Send + Sync {
     fn resume(&self) -> Result<(), HandleError>;
     /// Power button, then a hard stop after `timeout` (None: the VM's `--shutdown-timeout`);
     /// says which was done.
-    fn shutdown(&self, timeout: Option<Duration>) -> Value;
+    fn shutdown(&self, timeout: Option<Duration>) -> ShutdownAnswer;
+}
+
+/// An answer with `body`, the status it is sent with.
+fn answer<T: Serialize>(status: u16, body: &T) -> HttpResponse {
+    match serde_json::to_value(body) {
+        Ok(v) => HttpResponse::new(status, v),
+        // The answer types have no maps with non-text keys: serializing them cannot fail.
+        Err(e) => HttpResponse::error(500, format!("answer not written: {e}")),
+    }
 }
 
 /// Answers one checked request.
 pub fn dispatch(request: ApiRequest, vm: &dyn VmControl) -> HttpResponse {
-    let ok = |body| HttpResponse::new(200, body);
+    let state = |state: &str| {
+        answer(
+            200,
+            &StateAnswer {
+                state: state.into(),
+            },
+        )
+    };
     match request {
-        ApiRequest::GetVm => ok(vm.info()),
+        ApiRequest::GetVm => answer(200, &vm.info()),
         ApiRequest::GetPlacement => match vm.placement() {
-            Some(snapshot) => ok(snapshot),
+            Some(snapshot) => answer(200, &snapshot),
             None => HttpResponse::error(503, "no placement tick has run yet"),
         },
-        ApiRequest::GetVcpus => ok(vm.vcpus()),
+        ApiRequest::GetVcpus => answer(200, &vm.vcpus()),
         ApiRequest::SetPolicy(policy) => {
             vm.set_policy(policy);
-            ok(json!({ "policy": policy.to_string(), "applies": "next tick" }))
+            let applies = "next tick".into();
+            answer(200, &PolicyAnswer { applies, policy })
         }
         ApiRequest::SetExternal(assignments) => {
             let n = assignments.len();
             vm.set_external(assignments);
-            ok(json!({ "external": true, "assignments": n }))
+            answer(
+                200,
+                &ExternalAnswer {
+                    assignments: Some(n),
+                    external: true,
+                    was_external: None,
+                },
+            )
         }
         ApiRequest::ClearExternal => {
             let was = vm.clear_external();
-            ok(json!({ "external": false, "was_external": was }))
+            answer(
+                200,
+                &ExternalAnswer {
+                    assignments: None,
+                    external: false,
+                    was_external: Some(was),
+                },
+            )
         }
         ApiRequest::Pause => match vm.pause() {
-            Ok(()) => ok(json!({ "state": "paused" })),
+            Ok(()) => state("paused"),
             Err(e) => HttpResponse::error(409, e.to_string()),
         },
         ApiRequest::Resume => match vm.resume() {
-            Ok(()) => ok(json!({ "state": "running" })),
+            Ok(()) => state("running"),
             Err(e) => HttpResponse::error(409, e.to_string()),
         },
-        ApiRequest::Shutdown(timeout) => HttpResponse::new(202, vm.shutdown(timeout)),
+        ApiRequest::Shutdown(timeout) => answer(202, &vm.shutdown(timeout)),
     }
 }
 

@@ -8,20 +8,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use pvmm_scheduler::CpuSet;
+use pvmm_api::stats::VmStats;
 
 use crate::config::PlacementPolicy;
 
-/// One vCPU's placement as an outside balancer sets it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExternalAssignment {
-    /// vCPU index.
-    pub vcpu: u32,
-    /// Host CPUs its thread may run on.
-    pub cpus: CpuSet,
-    /// The capacity published to the guest (1..1024).
-    pub capacity: u32,
-}
+pub use pvmm_api::messages::ExternalAssignment;
 
 /// Who places the vCPUs at a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +93,7 @@ impl PlacementControl {
     }
 
     /// The latest tick's snapshot (the `--stats` line), if a tick has run.
-    pub fn snapshot(&self) -> Option<serde_json::Value> {
+    pub fn snapshot(&self) -> Option<VmStats> {
         let state = self.state();
         if state.snapshot.is_empty() {
             return None;
@@ -152,6 +143,7 @@ impl PlacementControl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pvmm_scheduler::CpuSet;
 
     fn one() -> Vec<ExternalAssignment> {
         vec![ExternalAssignment {
@@ -201,15 +193,29 @@ mod tests {
     fn a_published_snapshot_is_read_back_and_its_buffer_reused() {
         let c = PlacementControl::new(Duration::from_secs(3));
         assert_eq!(c.snapshot(), None);
-        let mut line = br#"{"t_ms":1}"#.to_vec();
+        let stats = |t_ms: u64| VmStats {
+            capacity_notifications: None,
+            cppc_enabled: None,
+            external: false,
+            guest_register_errors: None,
+            migrations: 0,
+            migrations_total: 0,
+            packages: Vec::new(),
+            policy: PlacementPolicy::None,
+            policy_changes: 0,
+            t_ms,
+            vcpus: Vec::new(),
+        };
+        let first = serde_json::to_vec(&stats(1)).unwrap();
+        let mut line = first.clone();
         c.publish(&mut line);
         assert!(
             line.is_empty(),
             "the previous (empty) snapshot's buffer comes back"
         );
-        line.extend_from_slice(br#"{"t_ms":2}"#);
+        line.extend_from_slice(&serde_json::to_vec(&stats(2)).unwrap());
         c.publish(&mut line);
-        assert_eq!(line, br#"{"t_ms":1}"#);
-        assert_eq!(c.snapshot(), Some(serde_json::json!({ "t_ms": 2 })));
+        assert_eq!(line, first);
+        assert_eq!(c.snapshot(), Some(stats(2)));
     }
 }

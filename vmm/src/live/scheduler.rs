@@ -461,9 +461,5 @@ fn single_cpu(cpus: &CpuSet) -> Option<u32> {
     (cpus.len() == 1).then(|| cpus.first()).flatten()
 }
 
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
 #[cfg(test)]
 mod tests;

@@ -13,7 +13,6 @@ use std::time::Duration;
 use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
 use pvmm_devices::ged::GedShared;
 use pvmm_scheduler::{CpuSet, EngineConfig, Executor, HostTopology, LinuxExecutor};
-use serde_json::json;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::acpi::build_tables;
@@ -29,7 +28,7 @@ use crate::live::control::PlacementControl;
 use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
 use crate::live::scheduler::{LiveScheduler, LiveVcpu};
 use crate::memory::{create_guest_memory, low_ram_end};
-use crate::running::{PlacementReport, RunningVm, VmCore};
+use crate::running::{PlacementReport, RunningVm, VmCore, VmDescription};
 use crate::seccomp::{SeccompFilters, ThreadKind};
 use crate::signals::SignalThread;
 use crate::vstate::handle::{register_kick_handler, RunControl, VcpuGate, VcpuHandle};
@@ -379,11 +378,11 @@ fn vm_core(
         vcpus,
         control: placement.0,
         ged,
-        description: json!({
-            "vcpus": config.vcpus,
-            "memory_mib": config.memory_mib,
-            "kernel": config.kernel.display().to_string(),
-        }),
+        description: VmDescription {
+            vcpus: config.vcpus,
+            memory_mib: config.memory_mib,
+            kernel: config.kernel.display().to_string(),
+        },
         shape: VmShape {
             vcpus: config.vcpus,
             cpus: topology.cpu_set(),

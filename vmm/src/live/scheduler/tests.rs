@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::live::control::ExternalAssignment;
+use pvmm_api::stats::round3;
 use pvmm_scheduler::{IdleSample, Policy, RecordingExecutor};
 
 struct Scripted {
@@ -344,7 +345,7 @@ fn the_snapshot_is_serde_jsons_text_byte_for_byte() {
         std::str::from_utf8(&text).unwrap(),
         reference_snapshot(&full, now, 0)
     );
-    assert_eq!(control.snapshot().unwrap()["policy"], "none");
+    assert_eq!(control.snapshot().unwrap().policy, PlacementPolicy::None);
 }
 
 /// With `share_package`, the affinity pvmm applies to each packed vCPU thread is every CPU its

@@ -14,15 +14,15 @@ use std::sync::{Arc, Mutex};
 
 use pvmm_scheduler::power::{thread_overlap, PowerModel};
 use pvmm_scheduler::HostTopology;
-use serde_json::{json, Value};
 
-use crate::api::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
+use pvmm_api::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
+use pvmm_api::stats::{HostPackage, HostStatus, HostVcpu};
 
 /// Where RAPL's package domains are.
 pub const POWERCAP_ROOT: &str = "/sys/class/powercap";
 
 /// The latest snapshot, shared by the tick loop and the servers.
-pub type Latest = Arc<Mutex<Option<Value>>>;
+pub type Latest = Arc<Mutex<Option<HostStatus>>>;
 
 /// Per-package modelled power (W) for per-CPU loads (`load[cpu]`, 0..1 of a CPU): a package
 /// is awake while any of its CPUs is busy (so at least the busiest CPU's share of the time),
@@ -74,48 +74,46 @@ pub fn rapl_energy(root: &Path) -> Vec<(u32, f64)> {
     out
 }
 
-fn label_value(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.replace('\\', "\\\\").replace('"', "\\\""),
-        other => other.to_string(),
-    }
-}
+/// A package family's value: the package's field it shows.
+type PackageValue = fn(&HostPackage) -> Option<f64>;
+/// A vCPU family's value: the vCPU's field it shows (None: not placed, no sample).
+type VcpuValue = fn(&HostVcpu) -> Option<f64>;
 
-/// Per-package families: name, help, and the snapshot's package key they show.
-const PACKAGE_FAMILIES: &[(&str, &str, &str)] = &[
+/// Per-package families: name, help, and the status field they show.
+const PACKAGE_FAMILIES: &[(&str, &str, PackageValue)] = &[
     (
         "pvmm_package_active",
         "1 when the placement puts vCPUs on the package.",
-        "active",
+        |p| Some(f64::from(u8::from(p.active))),
     ),
     (
         "pvmm_package_utilization",
         "Summed utilization of the vCPUs on the package over its CPUs, 0..1.",
-        "util",
+        |p| Some(p.util),
     ),
     (
         "pvmm_package_power_watts_model",
         "Modelled package power for the current placement (a model, not a measurement).",
-        "power_w_model",
+        |p| Some(p.power_w_model),
     ),
 ];
 
-/// Per-vCPU families: name, help, and the snapshot's vCPU key they show.
-const VCPU_FAMILIES: &[(&str, &str, &str)] = &[
+/// Per-vCPU families: name, help, and the status field they show.
+const VCPU_FAMILIES: &[(&str, &str, VcpuValue)] = &[
     (
         "pvmm_vcpu_utilization",
         "Decayed vCPU utilization, 0..1 of a CPU.",
-        "util",
+        |v| Some(v.util),
     ),
     (
         "pvmm_vcpu_package",
         "The package the vCPU is placed on.",
-        "package",
+        |v| v.package.map(f64::from),
     ),
     (
         "pvmm_vcpu_capacity",
         "The capacity the placement gives the vCPU, 1..1024.",
-        "capacity",
+        |v| v.capacity.map(f64::from),
     ),
 ];
 
@@ -127,25 +125,14 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(String,
     }
 }
 
-fn number(v: &Value) -> Option<f64> {
-    match v {
-        Value::Bool(b) => Some(f64::from(u8::from(*b))),
-        other => other.as_f64(),
-    }
-}
-
-/// The Prometheus text exposition of `snapshot` (a `--stats` line) plus RAPL counters.
-pub fn prometheus_text(snapshot: &Value, rapl: &[(u32, f64)]) -> String {
-    let empty = Vec::new();
+/// The Prometheus text exposition of a daemon tick's status plus RAPL counters.
+pub fn prometheus_text(status: &HostStatus, rapl: &[(u32, f64)]) -> String {
     let mut out = String::new();
-    let packages = snapshot["packages"].as_array().unwrap_or(&empty);
-    for (name, help, key) in PACKAGE_FAMILIES {
-        let rows: Vec<(String, f64)> = packages
+    for (name, help, value) in PACKAGE_FAMILIES {
+        let rows: Vec<(String, f64)> = status
+            .packages
             .iter()
-            .filter_map(|p| {
-                let labels = format!("{{package=\"{}\"}}", label_value(&p["id"]));
-                Some((labels, number(&p[*key])?))
-            })
+            .filter_map(|p| Some((format!("{{package=\"{}\"}}", p.id), value(p)?)))
             .collect();
         family(&mut out, name, "gauge", help, &rows);
     }
@@ -163,27 +150,20 @@ pub fn prometheus_text(snapshot: &Value, rapl: &[(u32, f64)]) -> String {
             &rows,
         );
     }
-    let vms = snapshot["vms"].as_array().unwrap_or(&empty);
-    for (name, help, key) in VCPU_FAMILIES {
-        let rows: Vec<(String, f64)> = vms
+    for (name, help, value) in VCPU_FAMILIES {
+        let rows: Vec<(String, f64)> = status
+            .vms
             .iter()
             .flat_map(|vm| {
-                let id = label_value(&vm["id"]);
-                vm["vcpus"]
-                    .as_array()
-                    .unwrap_or(&empty)
-                    .iter()
-                    .filter_map(move |v| {
-                        let labels =
-                            format!("{{vm=\"{id}\",vcpu=\"{}\"}}", label_value(&v["vcpu"]));
-                        Some((labels, number(&v[*key])?))
-                    })
+                vm.vcpus.iter().filter_map(move |v| {
+                    let labels = format!("{{vm=\"{}\",vcpu=\"{}\"}}", vm.id, v.vcpu);
+                    Some((labels, value(v)?))
+                })
             })
             .collect();
         family(&mut out, name, "gauge", help, &rows);
     }
-    let total = number(&snapshot["migrations_total"]).unwrap_or(0.0);
-    let moves = [(String::new(), total)];
+    let moves = [(String::new(), status.migrations_total as f64)];
     family(
         &mut out,
         "pvmm_migrations_total",
@@ -191,7 +171,7 @@ pub fn prometheus_text(snapshot: &Value, rapl: &[(u32, f64)]) -> String {
         "vCPU moves between CPUs.",
         &moves,
     );
-    let count = [(String::new(), vms.len() as f64)];
+    let count = [(String::new(), status.vms.len() as f64)];
     family(&mut out, "pvmm_vms", "gauge", "VMs managed.", &count);
     out
 }
@@ -211,7 +191,10 @@ pub fn serve_stream<S: Read + Write>(mut stream: S, latest: &Latest, powercap: &
         ("GET", "/v1/host" | "/metrics", None) => {
             HttpResponse::error(503, "no placement tick has run yet")
         }
-        ("GET", "/v1/host", Some(s)) => HttpResponse::new(200, s),
+        ("GET", "/v1/host", Some(s)) => match serde_json::to_value(&s) {
+            Ok(body) => HttpResponse::new(200, body),
+            Err(e) => HttpResponse::error(500, format!("status not written: {e}")),
+        },
         ("GET", "/metrics", Some(s)) => {
             let text = prometheus_text(&s, &rapl_energy(powercap));
             let _ = write!(
@@ -280,56 +263,41 @@ impl Acceptor for std::os::unix::net::UnixListener {
 }
 
 /// `pvmm-host status` for people: packages, then every vCPU of every VM.
-pub fn format_status(snapshot: &Value) -> String {
-    let empty = Vec::new();
+pub fn format_status(status: &HostStatus) -> String {
     let mut out = format!(
         "policy {}, {} VMs, migrations {}\n\npackage  active  vcpus  util   model W\n",
-        snapshot["policy"].as_str().unwrap_or("?"),
-        snapshot["vms"].as_array().map_or(0, Vec::len),
-        snapshot["migrations_total"]
+        status.policy,
+        status.vms.len(),
+        status.migrations_total
     );
-    for p in snapshot["packages"].as_array().unwrap_or(&empty) {
+    for p in &status.packages {
         let _ = writeln!(
             out,
             "{:<8} {:<7} {:<6} {:<6.3} {:.1}",
-            p["id"],
-            p["active"],
-            p["vcpus"],
-            p["util"].as_f64().unwrap_or(0.0),
-            p["power_w_model"].as_f64().unwrap_or(0.0)
+            p.id, p.active, p.vcpus, p.util, p.power_w_model
         );
     }
     out.push_str("\nvm  kind     pid      vcpu  tid      util   busy   cpus  package  capacity\n");
-    for vm in snapshot["vms"].as_array().unwrap_or(&empty) {
-        for v in vm["vcpus"].as_array().unwrap_or(&empty) {
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    for vm in &status.vms {
+        for v in &vm.vcpus {
             let _ = writeln!(
                 out,
                 "{:<3} {:<8} {:<8} {:<5} {:<8} {:<6.3} {:<6} {:<5} {:<8} {}",
-                vm["id"],
-                vm["kind"].as_str().unwrap_or("?"),
-                vm["pid"],
-                v["vcpu"],
-                v["tid"],
-                v["util"].as_f64().unwrap_or(0.0),
-                v["busy"],
-                v["cpus"].as_str().unwrap_or("-"),
-                v["package"],
-                v["capacity"]
+                vm.id,
+                vm.kind.name(),
+                vm.pid,
+                v.vcpu,
+                v.tid,
+                v.util,
+                v.busy,
+                or_dash(v.cpus.as_ref().map(ToString::to_string)),
+                or_dash(v.package.map(|p| p.to_string())),
+                or_dash(v.capacity.map(|c| c.to_string())),
             );
         }
     }
     out
-}
-
-/// A package entry of the snapshot.
-pub fn package_json(id: u32, vcpus: usize, util: f64, power_w_model: f64) -> Value {
-    json!({
-        "id": id,
-        "active": vcpus > 0,
-        "vcpus": vcpus,
-        "util": (util * 1000.0).round() / 1000.0,
-        "power_w_model": (power_w_model * 10.0).round() / 10.0,
-    })
 }
 
 #[cfg(test)]
@@ -338,13 +306,19 @@ mod tests {
 
     #[test]
     fn metrics_name_every_family_and_label_each_vcpu() {
-        let snap = json!({
-            "policy": "powersaving:1", "migrations_total": 7,
-            "packages": [package_json(0, 2, 0.5, 60.0), package_json(1, 0, 0.0, 10.0)],
-            "vms": [{"id": 3, "kind": "pvmm", "pid": 9, "vcpus": [
-                {"vcpu": 0, "tid": 10, "util": 0.9, "busy": true, "cpus": "0", "package": 0, "capacity": 1024},
+        let snap: HostStatus = serde_json::from_value(serde_json::json!({
+            "apply_errors": 0, "migrations": 0, "policy": "powersaving:1", "migrations_total": 7,
+            "t_ms": 1, "tick_us": {"apply": 0, "decide": 0, "discover": 0, "read": 0},
+            "packages": [
+                {"id": 0, "active": true, "vcpus": 2, "util": 0.5, "power_w_model": 60.0},
+                {"id": 1, "active": false, "vcpus": 0, "util": 0.0, "power_w_model": 10.0},
+            ],
+            "vms": [{"id": 3, "kind": "pvmm", "name": "a.sock", "pid": 9, "vcpus": [
+                {"vcpu": 0, "tid": 10, "util": 0.9, "busy": true, "cpus": "0", "package": 0,
+                 "capacity": 1024, "waited": 0.0},
             ]}],
-        });
+        }))
+        .unwrap();
         let text = prometheus_text(&snap, &[(0, 12.5)]);
         for line in [
             "pvmm_package_active{package=\"0\"} 1",

@@ -4,13 +4,15 @@
 use std::io::Write;
 
 use super::cli::{HostCli, HostCommand};
+use pvmm_api::stats::HostStatus;
+
 use super::metrics::format_status;
 use super::{HostDaemon, STATUS_SOCKET};
 
 /// Exit status for failures while running.
 const EXIT_FAILURE: u8 = 1;
 /// Exit status for bad flags: pvmm's own.
-const EXIT_BAD_INPUT: u8 = crate::exit::EXIT_BAD_INPUT as u8;
+use pvmm_api::tool::EXIT_BAD_INPUT;
 
 /// Runs `pvmm-host` with `args` (the program name first); returns its exit status.
 pub fn run<I, T>(args: I) -> u8
@@ -18,7 +20,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli: HostCli = match crate::cli::parse_tool("pvmm-host", args) {
+    let cli: HostCli = match pvmm_api::tool::parse_tool("pvmm-host", args) {
         Ok(cli) => cli,
         Err(status) => return status,
     };
@@ -88,14 +90,22 @@ fn raise_open_file_limit() {
 
 /// `pvmm-host status`: the running daemon's latest tick.
 fn status(socket: &std::path::Path, json: bool) -> u8 {
-    match crate::api::client::request(socket, "GET", "/v1/host", None) {
+    match pvmm_api::client::request(socket, "GET", "/v1/host", None) {
         Ok(answer) if answer.status == 200 => {
             if json {
                 println!("{}", answer.body);
-            } else {
-                print!("{}", format_status(&answer.body));
+                return 0;
             }
-            0
+            match serde_json::from_value::<HostStatus>(answer.body) {
+                Ok(status) => {
+                    print!("{}", format_status(&status));
+                    0
+                }
+                Err(e) => {
+                    eprintln!("pvmm-host: {}: not a status: {e}", socket.display());
+                    EXIT_FAILURE
+                }
+            }
         }
         Ok(answer) => {
             eprintln!(

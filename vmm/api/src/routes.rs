@@ -4,12 +4,11 @@
 use std::time::Duration;
 
 use pvmm_scheduler::capacity::CAPACITY_SCALE;
-use pvmm_scheduler::CpuSet;
+use pvmm_scheduler::{CpuSet, PlacementPolicy};
 use serde::Deserialize;
 
-use super::http::{HttpRequest, HttpResponse};
-use crate::config::PlacementPolicy;
-use crate::live::control::ExternalAssignment;
+use crate::http::{HttpRequest, HttpResponse};
+use crate::messages::{ExternalAssignment, ExternalBody, PolicyBody, ShutdownBody};
 
 /// The longest shutdown wait a request may ask for: ten minutes.
 pub const MAX_SHUTDOWN_TIMEOUT_MS: u64 = 600_000;
@@ -44,32 +43,6 @@ pub enum ApiRequest {
     Resume,
     /// `PUT /v1/vm/shutdown`, with the request's timeout (None: pvmm's `--shutdown-timeout`).
     Shutdown(Option<Duration>),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PolicyBody {
-    policy: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AssignmentBody {
-    vcpu: u32,
-    cpus: String,
-    capacity: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExternalBody {
-    assignments: Vec<AssignmentBody>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ShutdownBody {
-    timeout_ms: Option<u64>,
 }
 
 /// The paths served and the methods each allows.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::http::{IO_TIMEOUT, MAX_BODY_BYTES, MAX_HEAD_BYTES};
+use crate::http::{IO_TIMEOUT, MAX_BODY_BYTES, MAX_HEAD_BYTES};
 
 /// Most response headers read.
 const MAX_RESPONSE_HEADERS: usize = 32;

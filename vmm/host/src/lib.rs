@@ -13,8 +13,8 @@
 //! (SIGTERM, SIGINT) hands placement back and restores foreign threads' affinity first.
 
 pub mod cli;
+pub mod command;
 pub mod discover;
-pub mod main;
 pub mod members;
 pub mod metrics;
 pub mod qmp;
@@ -25,6 +25,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use pvmm_api::stats::{
+    round3, round_watts, share, HostPackage, HostStatus, HostVcpu, HostVm, TickUs, VmKind,
+};
 use pvmm_scheduler::{
     Assignment, CpuSet, Decision, EngineConfig, Executor, HostTopology, LinuxExecutor, PlaceError,
     PlacementPolicy, Policy, VcpuId, VcpuLoad,
@@ -32,7 +35,6 @@ use pvmm_scheduler::{
 use pvmm_tick::hotplug::OnlineCpus;
 use pvmm_tick::own_threads::OwnThreads;
 use pvmm_tick::{Applied, Members, PhaseClock, PhaseTimes, Tick, TickReport};
-use serde_json::{json, Value};
 
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember};
@@ -121,31 +123,15 @@ struct Managed {
     placed: bool,
 }
 
-/// Where one tick's time went, in microseconds: finding VMs, reading their vCPUs'
-/// utilization, deciding, applying (sockets and affinity), for operators and the scale
-/// benchmark.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct TickCost {
-    /// Discovery: the runtime directory and, with adoption, `/proc/*/fd`.
-    pub discover_us: u64,
-    /// Reading utilization: pvmm sockets and foreign threads' schedstat.
-    pub read_us: u64,
-    /// The engine's decision.
-    pub decide_us: u64,
-    /// Applying: pvmm sockets, affinity, the daemon's own threads.
-    pub apply_us: u64,
-}
-
-impl TickCost {
-    /// The cost of a tick whose phases took `t`.
-    fn of(t: &PhaseTimes) -> Self {
-        let us = |ns: u64| ns / 1000;
-        Self {
-            discover_us: us(t.discover_ns),
-            read_us: us(t.read_ns),
-            decide_us: us(t.decide_ns),
-            apply_us: us(t.apply_ns),
-        }
+/// Where one tick's time went, in microseconds (the stats schema's `tick_us`): finding VMs,
+/// reading their vCPUs' utilization, deciding, applying (sockets and affinity).
+fn tick_us(t: &PhaseTimes) -> TickUs {
+    let us = |ns: u64| ns / 1000;
+    TickUs {
+        discover: us(t.discover_ns),
+        read: us(t.read_ns),
+        decide: us(t.decide_ns),
+        apply: us(t.apply_ns),
     }
 }
 
@@ -254,8 +240,8 @@ impl HostDaemon {
     }
 
     /// Where the last tick's time went.
-    pub fn last_cost(&self) -> TickCost {
-        TickCost::of(&self.tick.totals().last)
+    pub fn last_cost(&self) -> TickUs {
+        tick_us(&self.tick.totals().last)
     }
 
     /// VMs and vCPUs managed at the last tick.
@@ -597,25 +583,28 @@ impl HostMembers {
     fn report_line(&mut self, tick: &TickReport<'_>, decision: &Decision) {
         let line = self.snapshot(tick, decision);
         if let Some(out) = self.stats.as_mut() {
-            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            let written = serde_json::to_writer(&mut *out, &line)
+                .map_err(std::io::Error::from)
+                .and_then(|_| writeln!(out))
+                .and_then(|_| out.flush());
+            if written.is_err() {
                 self.stats = None;
             }
         }
         *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
     }
 
-    /// This tick as JSON: every VM's vCPUs (utilization, placement, capacity) and every
+    /// This tick's status: every VM's vCPUs (utilization, placement, capacity) and every
     /// package (vCPUs, utilization, modelled power).
-    fn snapshot(&self, tick: &TickReport<'_>, decision: &Decision) -> Value {
-        let cost = TickCost::of(&tick.totals.last);
+    fn snapshot(&self, tick: &TickReport<'_>, decision: &Decision) -> HostStatus {
         let by_id: HashMap<VcpuId, &pvmm_scheduler::Assignment> =
             decision.assignments.iter().map(|a| (a.id, a)).collect();
         let mut cpu_load: HashMap<u32, f64> = HashMap::new();
-        let vms: Vec<Value> = self
+        let vms = self
             .vms
             .iter()
             .map(|(pid, m)| {
-                let vcpus: Vec<Value> = m
+                let vcpus = m
                     .vcpus
                     .iter()
                     .map(|v| {
@@ -623,26 +612,32 @@ impl HostMembers {
                             vm: m.id,
                             vcpu: v.vcpu,
                         });
-                        let util = f64::from(v.util) / 1024.0;
                         if let Some(a) = a {
-                            *cpu_load.entry(a.cpu).or_default() += util;
+                            *cpu_load.entry(a.cpu).or_default() += f64::from(v.util) / 1024.0;
                         }
-                        json!({
-                            "vcpu": v.vcpu, "tid": v.tid,
-                            "util": (util * 1000.0).round() / 1000.0,
-                            "busy": v.busy,
-                            "waited": (f64::from(v.waited) / 1024.0 * 1000.0).round() / 1000.0,
-                            "cpus": a.map(|a| a.cpus.to_string()),
-                            "package": a.map(|a| a.package),
-                            "capacity": a.map(|a| a.capacity),
-                        })
+                        HostVcpu {
+                            busy: v.busy,
+                            capacity: a.map(|a| a.capacity),
+                            cpus: a.map(|a| a.cpus.clone()),
+                            package: a.map(|a| a.package),
+                            tid: v.tid,
+                            util: share(v.util),
+                            vcpu: v.vcpu,
+                            waited: share(v.waited),
+                        }
                     })
                     .collect();
                 let (kind, name) = match &m.member {
-                    Member::Pvmm(p) => ("pvmm", p.socket.display().to_string()),
-                    Member::Foreign(f) => ("foreign", f.found.comm.clone()),
+                    Member::Pvmm(p) => (VmKind::Pvmm, p.socket.display().to_string()),
+                    Member::Foreign(f) => (VmKind::Foreign, f.found.comm.clone()),
                 };
-                json!({ "id": m.id, "pid": pid, "kind": kind, "name": name, "vcpus": vcpus })
+                HostVm {
+                    id: m.id,
+                    kind,
+                    name,
+                    pid: *pid,
+                    vcpus,
+                }
             })
             .collect();
         let topology = &self.config.topology;
@@ -650,7 +645,7 @@ impl HostMembers {
         let power: HashMap<u32, f64> = metrics::package_power_model(topology, &load)
             .into_iter()
             .collect();
-        let packages: Vec<Value> = topology
+        let packages = topology
             .packages()
             .iter()
             .map(|p| {
@@ -661,25 +656,25 @@ impl HostMembers {
                     .filter(|a| a.package == p.id)
                     .count();
                 let util: f64 = cpus.iter().map(load).sum::<f64>() / cpus.len().max(1) as f64;
-                let watts = power.get(&p.id).copied().unwrap_or(0.0);
-                metrics::package_json(p.id, on, util, watts)
+                HostPackage {
+                    active: on > 0,
+                    id: p.id,
+                    power_w_model: round_watts(power.get(&p.id).copied().unwrap_or(0.0)),
+                    util: round3(util),
+                    vcpus: on as u32,
+                }
             })
             .collect();
-        json!({
-            "t_ms": tick.now_ns / 1_000_000,
-            "policy": self.config.policy.to_string(),
-            "vms": vms,
-            "packages": packages,
-            "migrations": decision.migrations.len(),
-            "migrations_total": tick.totals.migrations,
-            "apply_errors": tick.totals.apply_errors,
-            "tick_us": {
-                "discover": cost.discover_us,
-                "read": cost.read_us,
-                "decide": cost.decide_us,
-                "apply": cost.apply_us,
-            },
-        })
+        HostStatus {
+            apply_errors: tick.totals.apply_errors,
+            migrations: decision.migrations.len() as u64,
+            migrations_total: tick.totals.migrations,
+            packages,
+            policy: self.config.policy,
+            t_ms: tick.now_ns / 1_000_000,
+            tick_us: tick_us(&tick.totals.last),
+            vms,
+        }
     }
 
     /// Starts the status socket in the runtime directory and, with `--metrics`, the TCP

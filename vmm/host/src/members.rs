@@ -12,13 +12,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use pvmm_api::messages::{AssignmentBody, ExternalBody, VmInfo};
+use pvmm_api::stats::{share_of_1024, VmStats};
 use pvmm_scheduler::{CpuSet, IdleSample, LoadTracker, UtilConfig};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::discover::{
     parse_process_ran_ns, process_stat_path, schedstat_path, thread_ids, ForeignVm,
 };
-use crate::api::client::Connection;
+use pvmm_api::client::Connection;
 use pvmm_tick::procfs::{parse_schedstat, ProcFile};
 
 /// One vCPU of a managed VM, as read at this tick.
@@ -50,13 +52,6 @@ pub enum MemberError {
         /// What failed.
         why: String,
     },
-}
-
-/// A share of a CPU in pvmm's JSON (0.0-1.0) on the 1024 scale; 0 when absent.
-fn share_of_1024(value: &Value) -> u32 {
-    (value.as_f64().unwrap_or(0.0) * 1024.0)
-        .round()
-        .clamp(0.0, 1024.0) as u32
 }
 
 /// A pvmm VM joined through its control socket.
@@ -99,14 +94,13 @@ impl PvmmMember {
     pub fn join(socket: &Path) -> Result<Self, MemberError> {
         let mut conn = Connection::new(socket);
         let vm = call(&mut conn, socket, "GET", "/v1/vm", None)?;
-        let pid = vm["pid"].as_i64().and_then(|p| i32::try_from(p).ok());
-        let pid = pid.ok_or_else(|| MemberError::Socket {
+        let info: VmInfo = serde_json::from_value(vm).map_err(|e| MemberError::Socket {
             socket: socket.to_path_buf(),
-            why: format!("GET /v1/vm has no pid: {vm}"),
+            why: format!("GET /v1/vm: {e}"),
         })?;
         Ok(Self {
             socket: socket.to_path_buf(),
-            pid,
+            pid: info.pid,
             conn,
         })
     }
@@ -133,32 +127,40 @@ impl PvmmMember {
                 })
             }
         };
-        let empty = Vec::new();
-        let vcpus = body["vcpus"].as_array().unwrap_or(&empty);
-        Ok(vcpus
-            .iter()
-            .filter_map(|v| {
-                Some(MemberVcpu {
-                    vcpu: u32::try_from(v["vcpu"].as_u64()?).ok()?,
-                    tid: i32::try_from(v["tid"].as_i64()?).ok()?,
-                    util: share_of_1024(&v["util"]),
-                    busy: v["busy"].as_bool().unwrap_or(false),
-                    waited: share_of_1024(&v["waited"]),
-                    cpus: v["cpus"].as_str().and_then(|c| c.parse().ok()),
-                })
+        let stats: VmStats = serde_json::from_value(body).map_err(|e| MemberError::Socket {
+            socket: self.socket.clone(),
+            why: format!("GET /v1/placement: {e}"),
+        })?;
+        Ok(stats
+            .vcpus
+            .into_iter()
+            .map(|v| MemberVcpu {
+                vcpu: v.vcpu,
+                tid: v.tid,
+                util: share_of_1024(v.util),
+                busy: v.busy,
+                waited: share_of_1024(v.waited),
+                cpus: Some(v.cpus),
             })
             .collect())
     }
 
     /// Places its vCPUs (and renews the lease): (vCPU, CPUs, capacity) each.
     pub fn place(&mut self, assignments: &[(u32, CpuSet, u32)]) -> Result<(), MemberError> {
-        let list: Vec<Value> = assignments
-            .iter()
-            .map(|(vcpu, cpus, capacity)| {
-                json!({ "vcpu": vcpu, "cpus": cpus.to_string(), "capacity": capacity })
-            })
-            .collect();
-        let body = json!({ "assignments": list }).to_string();
+        let body = ExternalBody {
+            assignments: assignments
+                .iter()
+                .map(|(vcpu, cpus, capacity)| AssignmentBody {
+                    vcpu: *vcpu,
+                    cpus: cpus.to_string(),
+                    capacity: *capacity,
+                })
+                .collect(),
+        };
+        let body = serde_json::to_string(&body).map_err(|e| MemberError::Socket {
+            socket: self.socket.clone(),
+            why: format!("PUT /v1/placement/external: {e}"),
+        })?;
         call(
             &mut self.conn,
             &self.socket,

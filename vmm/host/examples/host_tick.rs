@@ -5,21 +5,21 @@
 //! of one CPU at a 100 ms tick: once with every vCPU idle, once with vCPU 0 of every VM
 //! running all the time (its thread's and its process's CPU time advancing between ticks).
 //!
-//! `cargo run --release -p pvmm --example host_tick -- 100 10 1000 10` (pairs of VMS VCPUS).
+//! `cargo run --release -p pvmm-host --example host_tick -- 100 10 1000 10` (pairs of VMS VCPUS).
 //! The fake tree lives under the temporary directory (tmpfs or disk: the machine's own
 //! `/proc` is in memory, so a disk-backed tree overstates the reading cost a little).
 
 use std::path::Path;
 use std::time::Duration;
 
-use pvmm::host::discover::Roots;
-use pvmm::host::{HostConfig, HostDaemon};
+use pvmm_host::discover::Roots;
+use pvmm_host::{HostConfig, HostDaemon};
 use pvmm_scheduler::{HostTopology, RecordingExecutor};
 
 /// Ticks measured: two full discovery scans' worth.
-const TICKS: usize = 2 * pvmm::host::discover::FULL_SCAN_TICKS as usize;
+const TICKS: usize = 2 * pvmm_host::discover::FULL_SCAN_TICKS as usize;
 /// Ticks run first: past the time every process counts as new.
-const WARMUP: usize = pvmm::host::discover::FULL_SCAN_TICKS as usize + 1;
+const WARMUP: usize = pvmm_host::discover::FULL_SCAN_TICKS as usize + 1;
 /// The host: 2 sockets x 20 cores x 2 threads, a common two-socket server.
 const HOST: &str = "2x20x2";
 /// The tick the share of a CPU is computed against (pvmm-host's default).
@@ -130,12 +130,12 @@ fn run(vms: u32, vcpus: u32, busy: bool) -> Result<(), String> {
         }
     }
     let (found_vms, found_vcpus) = daemon.managed();
-    let phase = |f: fn(&pvmm::host::TickCost) -> u64| mean(costs.iter().map(f).collect());
+    let phase = |f: fn(&pvmm_api::stats::TickUs) -> u64| mean(costs.iter().map(f).collect());
     let (d, r, c, a) = (
-        phase(|c| c.discover_us),
-        phase(|c| c.read_us),
-        phase(|c| c.decide_us),
-        phase(|c| c.apply_us),
+        phase(|c| c.discover),
+        phase(|c| c.read),
+        phase(|c| c.decide),
+        phase(|c| c.apply),
     );
     let total = d + r + c + a;
     println!(

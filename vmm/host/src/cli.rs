@@ -7,9 +7,9 @@ use pvmm_scheduler::{CpuSet, Policy};
 
 use super::discover::Roots;
 use super::HostConfig;
-use crate::config::{
-    DEFAULT_HOST_TOPOLOGY, DEFAULT_POLICY, DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS,
-    SHARE_PACKAGE_HELP,
+use pvmm_scheduler::DEFAULT_POLICY;
+use pvmm_tick::settings::{
+    DEFAULT_HOST_TOPOLOGY, DEFAULT_TICK_MS, MAX_TICK_MS, MIN_TICK_MS, SHARE_PACKAGE_HELP,
 };
 
 /// The runtime directory pvmm VMs put their control sockets in to join the daemon.
