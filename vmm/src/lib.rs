@@ -19,6 +19,7 @@ pub mod api;
 pub mod boot;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod cppc;
 pub mod cpuid;
 pub mod exit;

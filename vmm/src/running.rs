@@ -13,11 +13,11 @@ use pvmm_devices::ged::GedShared;
 use crate::api::routes::VmShape;
 use crate::api::{ApiServer, VmControl};
 use crate::config::PlacementPolicy;
+use crate::console::ConsoleInput;
 use crate::exit::VmExit;
 use crate::live::control::{ExternalAssignment, PlacementControl};
 use crate::live::scheduler::{LiveScheduler, PlacementTotals};
 use crate::signals::SignalThread;
-use crate::vmm::ConsoleInput;
 use crate::vstate::handle::{HandleError, RunState, VcpuHandle};
 use pvmm_scheduler::HostTopology;
 use pvmm_tick::cpustat::CpuTimes;
@@ -75,11 +75,6 @@ pub struct VmCore {
 }
 
 impl VmCore {
-    /// Ends the VM now: the main thread stops it (exit 6) unless the guest ended it first.
-    pub fn stop_now(&self) {
-        let _ = self.deadlines.send(Instant::now());
-    }
-
     fn set_all(&self, state: RunState) -> Result<(), HandleError> {
         for v in &self.vcpus {
             v.set_state(state, VCPU_STATE_TIMEOUT)?;
@@ -173,6 +168,10 @@ impl VmControl for VmCore {
 
     fn resume(&self) -> Result<(), HandleError> {
         self.set_all(RunState::Running)
+    }
+
+    fn stop_now(&self) {
+        let _ = self.deadlines.send(Instant::now());
     }
 
     fn shutdown(&self, timeout: Option<Duration>) -> ShutdownAnswer {

@@ -19,7 +19,6 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::{Handle, Signals};
 
 use crate::api::VmControl;
-use crate::running::VmCore;
 use crate::seccomp::{SeccompFilters, ThreadKind};
 
 /// The signal thread and the handle that ends it.
@@ -31,7 +30,10 @@ pub struct SignalThread {
 impl SignalThread {
     /// Starts answering SIGTERM, SIGINT and SIGHUP for `vm`, on a thread confined by the
     /// signals seccomp filter.
-    pub fn spawn(vm: Arc<VmCore>, seccomp: Arc<SeccompFilters>) -> std::io::Result<SignalThread> {
+    pub fn spawn(
+        vm: Arc<dyn VmControl>,
+        seccomp: Arc<SeccompFilters>,
+    ) -> std::io::Result<SignalThread> {
         let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
         let handle = signals.handle();
         let hup_is_term = std::io::stdin().is_terminal();

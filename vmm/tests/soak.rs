@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use pvmm::api::client::Connection;
+use pvmm::api::VmControl;
 
 use pvmm::config::{
     PlacementConfig, VmConfig, DEFAULT_CMDLINE, DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_KVM_DEVICE,

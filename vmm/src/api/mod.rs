@@ -76,6 +76,9 @@ pub trait VmControl: Send + Sync {
     /// Power button, then a hard stop after `timeout` (None: the VM's `--shutdown-timeout`);
     /// says which was done.
     fn shutdown(&self, timeout: Option<Duration>) -> ShutdownAnswer;
+    /// Ends the VM now, without asking the guest: pvmm stops it (exit 6) unless the guest
+    /// ended it first.
+    fn stop_now(&self);
 }
 
 /// An answer with `body`, the status it is sent with.

@@ -42,8 +42,8 @@ mod devices;
 mod error;
 mod phases;
 
-pub use devices::ConsoleInput;
-use devices::{build_devices, spawn_console_input, Devices};
+use crate::console::spawn_console_input;
+use devices::{build_devices, Devices};
 pub use error::{PlacementInputError, PlacementStartError, SetupError, VmmError};
 
 /// Resolves `--host-topology` and `--cpus`, and checks that pvmm may run on every CPU left.
