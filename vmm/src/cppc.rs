@@ -128,7 +128,7 @@ impl CppcFrequencies {
     }
 
     /// The host's, read once when a VM starts: the nominal frequency from cpufreq in
-    /// `cpufreq_dir` ([`NOMINAL_FREQ_FILES`]), else CPUID leaf 0x16, else
+    /// `cpufreq_dir` (`NOMINAL_FREQ_FILES`), else CPUID leaf 0x16, else
     /// [`DEFAULT_NOMINAL_FREQ_MHZ`]; a value below [`MIN_NOMINAL_FREQ_MHZ`] counts as none.
     pub fn host(cpufreq_dir: &Path) -> Self {
         let plausible = |mhz: u32| (mhz >= MIN_NOMINAL_FREQ_MHZ).then_some(mhz);

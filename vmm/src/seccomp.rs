@@ -18,7 +18,7 @@
 //!   filters;
 //! - `off`: no filter.
 //!
-//! What every filter allows is in [`common_rules`]; what each kind adds is in [`rules_for`].
+//! What every filter allows is in `common_rules`; what each kind adds is in `rules_for`.
 //! Memory may be mapped and protected but never executable (`PROT_EXEC` is refused), no
 //! thread may execute a program or create a process (only the control socket's thread may
 //! create threads), `ioctl` is allowed only with the KVM requests each kind uses (and the

@@ -146,7 +146,7 @@ pub struct VcpuLoad {
     pub busy: bool,
     /// The part of `util` it spent runnable but waiting for a host CPU, 0..=`util` (larger
     /// values are clamped): the contention it met where it sits, not load of its own. 0 where
-    /// the source cannot tell waiting from running. See [`demand`] for how it is used.
+    /// the source cannot tell waiting from running. See `demand` for how it is used.
     pub waited: u32,
 }
 

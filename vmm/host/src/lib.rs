@@ -2,7 +2,7 @@
 //!
 //! Each pvmm process places only its own vCPUs, so two of them under `powersaving` both pick
 //! the lowest package and its lowest CPUs and stack their busy vCPUs there. The daemon runs
-//! the same [`Engine`] as pvmm and `pvmm-sim`, over the vCPUs of all VMs at once: pvmm VMs
+//! the same [`Engine`](pvmm_scheduler::Engine) as pvmm and `pvmm-sim`, over the vCPUs of all VMs at once: pvmm VMs
 //! found by their control sockets in the runtime directory, and (with `--adopt auto`) VMs of
 //! other VMMs found by their KVM vCPU file descriptors ([`discover`], [`members`]).
 //!

@@ -358,7 +358,7 @@ impl ForeignMember {
 
     /// Samples the vCPU threads' demand at `now_ns` and returns the vCPUs. Watched vCPUs are
     /// read every time; idle ones when the process's CPU time shows unexplained running, or
-    /// in their turn every [`IDLE_REREAD_TICKS`].
+    /// in their turn every `IDLE_REREAD_TICKS`.
     pub fn read(&mut self, now_ns: u64) -> Vec<MemberVcpu> {
         self.reads += 1;
         let read = self.reads;

@@ -251,7 +251,7 @@ pub struct ApiServer {
 
 impl ApiServer {
     /// Stops accepting and joins the accept thread, which first ends every connection and
-    /// joins its thread (see [`Connections::close`]), then removes the socket file. When this
+    /// joins its thread (see `Connections::close`), then removes the socket file. When this
     /// returns, no thread of the control socket is left and no connection holds the VM, but
     /// for a request still being dispatched after the grace, which is named on stderr.
     pub fn stop(&mut self) {
