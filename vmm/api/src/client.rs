@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::stats::VmStats;
+
 use crate::http::{IO_TIMEOUT, MAX_BODY_BYTES, MAX_HEAD_BYTES};
 
 /// Most response headers read.
@@ -288,27 +290,42 @@ pub fn format_vcpus(body: &Value) -> String {
 }
 
 /// `GET /v1/placement` for people: a summary line, the vCPUs, the packages.
-pub fn format_placement(body: &Value) -> String {
-    let empty = Vec::new();
+pub fn format_placement(stats: &VmStats) -> String {
     let mut out = format!(
         "t {} ms, policy {}{}, migrations {} (total {}), policy changes {}\n\n",
-        cell(&body["t_ms"]),
-        cell(&body["policy"]),
-        if body["external"] == Value::Bool(true) {
+        stats.t_ms,
+        stats.policy,
+        if stats.external {
             " (external placement)"
         } else {
             ""
         },
-        cell(&body["migrations"]),
-        cell(&body["migrations_total"]),
-        cell(&body["policy_changes"]),
+        stats.migrations,
+        stats.migrations_total,
+        stats.policy_changes,
     );
-    out.push_str(&vcpu_table(body["vcpus"].as_array().unwrap_or(&empty)));
-    let packages: Vec<Vec<String>> = body["packages"]
-        .as_array()
-        .unwrap_or(&empty)
+    let or_dash = |v: Option<u32>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let vcpus: Vec<Vec<String>> = stats
+        .vcpus
         .iter()
-        .map(|p| vec![cell(&p["id"]), cell(&p["util"]), cell(&p["active"])])
+        .map(|v| {
+            vec![
+                v.vcpu.to_string(),
+                v.tid.to_string(),
+                v.util.to_string(),
+                v.busy.to_string(),
+                v.cpus.to_string(),
+                or_dash(v.package),
+                v.capacity.to_string(),
+            ]
+        })
+        .collect();
+    let headers = ["vcpu", "tid", "util", "busy", "cpus", "package", "capacity"];
+    out.push_str(&table(&headers, &vcpus));
+    let packages: Vec<Vec<String>> = stats
+        .packages
+        .iter()
+        .map(|p| vec![p.id.to_string(), p.util.to_string(), p.active.to_string()])
         .collect();
     out.push('\n');
     out.push_str(&table(&["package", "util", "active"], &packages));

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use super::client::{format_object, format_placement, format_vcpus, request, Answer};
 use clap::{Parser, Subcommand};
+use pvmm_api::messages::{PolicyBody, ShutdownBody};
+use pvmm_api::stats::VmStats;
 
 /// Exit status when pvmm refused the request (a 4xx or 5xx answer) or could not be reached.
 const EXIT_REFUSED: u8 = 1;
@@ -82,6 +84,11 @@ fn read_body(file: &PathBuf) -> Result<String, String> {
         .map_err(|e| format!("{}: {e}", file.display()))
 }
 
+/// `body` as a request's JSON.
+fn to_json<T: serde::Serialize>(body: &T) -> Result<String, String> {
+    serde_json::to_string(body).map_err(|e| format!("request body: {e}"))
+}
+
 /// The request a command makes: method, path, body.
 fn plan(command: &Command) -> Result<(&'static str, &'static str, Option<String>), String> {
     Ok(match command {
@@ -91,7 +98,9 @@ fn plan(command: &Command) -> Result<(&'static str, &'static str, Option<String>
         Command::Policy { policy } => (
             "PUT",
             "/v1/policy",
-            Some(serde_json::json!({ "policy": policy }).to_string()),
+            Some(to_json(&PolicyBody {
+                policy: policy.clone(),
+            })?),
         ),
         Command::External { file } => ("PUT", "/v1/placement/external", Some(read_body(file)?)),
         Command::Release => ("DELETE", "/v1/placement/external", None),
@@ -100,7 +109,12 @@ fn plan(command: &Command) -> Result<(&'static str, &'static str, Option<String>
         Command::Shutdown { timeout_ms } => (
             "PUT",
             "/v1/vm/shutdown",
-            timeout_ms.map(|ms| serde_json::json!({ "timeout_ms": ms }).to_string()),
+            match timeout_ms {
+                Some(ms) => Some(to_json(&ShutdownBody {
+                    timeout_ms: Some(*ms),
+                })?),
+                None => None,
+            },
         ),
     })
 }
@@ -111,7 +125,10 @@ fn show(command: &Command, answer: &Answer, json: bool) -> String {
     }
     match command {
         Command::Vcpus => format_vcpus(&answer.body),
-        Command::Placement => format_placement(&answer.body),
+        Command::Placement => match serde_json::from_value::<VmStats>(answer.body.clone()) {
+            Ok(stats) => format_placement(&stats),
+            Err(e) => format!("not a placement answer ({e}): {}\n", answer.body),
+        },
         _ => format_object(&answer.body),
     }
 }
