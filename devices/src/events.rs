@@ -19,6 +19,11 @@ pub trait GuestEvents: Send + Sync {
     /// A power-control write asking for something pvmm does not implement: a sleep state other
     /// than S5, a wrong reset value, an i8042 command other than the CPU reset pulse.
     fn ignored_power_write(&self);
+    /// A virtio driver mistake the device refused: a malformed request (a looping or
+    /// over-long descriptor chain, an address outside RAM, a bad length, a write to a
+    /// read-only disk, a sector past the end), a notification before DRIVER_OK, or a queue
+    /// change while the queue is live.
+    fn virtio_error(&self);
 }
 
 /// A shared events sink, as devices hold it.
@@ -32,6 +37,7 @@ impl GuestEvents for NoEvents {
     fn unclaimed_access(&self, _addr: u64) {}
     fn ignored_register_access(&self) {}
     fn ignored_power_write(&self) {}
+    fn virtio_error(&self) {}
 }
 
 /// Counts every guest mistake in one counter.
@@ -59,6 +65,9 @@ impl GuestEvents for GuestErrorCounter {
     fn ignored_power_write(&self) {
         self.count();
     }
+    fn virtio_error(&self) {
+        self.count();
+    }
 }
 
 #[cfg(test)]
@@ -71,7 +80,8 @@ mod tests {
         c.unclaimed_access(0x80);
         c.ignored_register_access();
         c.ignored_power_write();
-        assert_eq!(c.total(), 3);
+        c.virtio_error();
+        assert_eq!(c.total(), 4);
         NoEvents.unclaimed_access(0);
     }
 }

@@ -13,6 +13,7 @@
 //! - [`ged`]: the ACPI Generic Event Device that notifies the guest of capacity changes.
 //! - [`power`]: the ACPI hardware-reduced sleep control/status and reset registers, plus the
 //!   i8042 reset line, turning guest power-off and reboot into [`power::PowerEvent`]s.
+//! - [`virtio`]: virtio 1.x devices (disk, entropy) on the virtio-mmio transport.
 
 pub mod bus;
 pub mod cppc;
@@ -20,3 +21,4 @@ pub mod events;
 pub mod ged;
 pub mod power;
 pub mod serial;
+pub mod virtio;
