@@ -23,6 +23,7 @@ use pvmm_devices::power::{
     SLEEP_STATUS_OFFSET,
 };
 use pvmm_devices::serial::{COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN};
+use pvmm_devices::virtio::mmio::MMIO_WINDOW_LEN;
 
 use pvmm_devices::cppc::{CppcRegister, CPPC_WINDOW_VCPUS};
 use pvmm_devices::ged::{GED_MMIO_LEN, POWER_BUTTON_STATUS};
@@ -30,8 +31,8 @@ use pvmm_devices::ged::{GED_MMIO_LEN, POWER_BUTTON_STATUS};
 use crate::cppc::{CppcFrequencies, CPPC_HIGHEST_PERF};
 
 use crate::layout::{
-    ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ, GED_MMIO_START,
-    IOAPIC_START,
+    VirtioSlot, ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ,
+    GED_MMIO_START, IOAPIC_START,
 };
 
 /// OEM id written in every table.
@@ -340,13 +341,33 @@ fn ged_device() -> Vec<u8> {
     ))
 }
 
+/// `\_SB.VRnn`: virtio device `index` (`LNRO0005`, which Linux's `virtio_mmio` driver
+/// matches): its register window and its interrupt, edge-triggered and active high as the
+/// irqfd that raises it.
+fn virtio_device(index: usize, slot: &VirtioSlot) -> Vec<u8> {
+    let hid = aml::Name::new("_HID".into(), &"LNRO0005");
+    let uid = aml::Name::new("_UID".into(), &(index as u32));
+    let window = aml::Memory32Fixed::new(true, slot.base as u32, MMIO_WINDOW_LEN as u32);
+    let irq = aml::Interrupt::new(true, true, false, false, slot.irq);
+    let crs = aml::Name::new(
+        "_CRS".into(),
+        &aml::ResourceTemplate::new(vec![&window, &irq]),
+    );
+    let name = format!("VR{index:02X}");
+    aml_bytes(&aml::Device::new(
+        name.as_str().into(),
+        vec![&hid, &uid, &crs],
+    ))
+}
+
 /// Name of vCPU `index`'s processor device: `C` and three hex digits (AML names are 4 chars).
 pub fn processor_device_name(index: u32) -> String {
     format!("C{index:03X}")
 }
 
-/// The DSDT body (AML after the header) for `vcpus` processors whose `_CPC` names `freqs`.
-pub fn dsdt_aml(vcpus: u32, freqs: &CppcFrequencies) -> Vec<u8> {
+/// The DSDT body (AML after the header) for `vcpus` processors whose `_CPC` names `freqs`, and
+/// the virtio devices in `virtio`.
+pub fn dsdt_aml(vcpus: u32, freqs: &CppcFrequencies, virtio: &[VirtioSlot]) -> Vec<u8> {
     let mut body = Vec::new();
     let cpus: Vec<Vec<u8>> = (0..vcpus)
         .map(|i| {
@@ -376,6 +397,9 @@ pub fn dsdt_aml(vcpus: u32, freqs: &CppcFrequencies) -> Vec<u8> {
     sb_children.extend(notify_method(vcpus));
     sb_children.extend(power_button_device());
     sb_children.extend(ged_device());
+    for (i, slot) in virtio.iter().enumerate() {
+        sb_children.extend(virtio_device(i, slot));
+    }
     body.extend(aml::Scope::raw("\\_SB_".into(), sb_children));
     let s5_type = S5_SLEEP_TYPE;
     let s5 = aml::Package::new(vec![&s5_type]);
@@ -456,8 +480,13 @@ fn align(addr: u64) -> u64 {
     addr.div_ceil(TABLE_ALIGN) * TABLE_ALIGN
 }
 
-/// Builds every table for `vcpus` vCPUs whose `_CPC` names `freqs`, with their guest addresses.
-pub fn build_tables(vcpus: u32, freqs: &CppcFrequencies) -> Result<AcpiTables, AcpiError> {
+/// Builds every table for `vcpus` vCPUs whose `_CPC` names `freqs` and the virtio devices in
+/// `virtio`, with their guest addresses.
+pub fn build_tables(
+    vcpus: u32,
+    freqs: &CppcFrequencies,
+    virtio: &[VirtioSlot],
+) -> Result<AcpiTables, AcpiError> {
     let mut next = align(ACPI_TABLES_START + Rsdp::len() as u64);
     let mut place = |name: &str, bytes: Vec<u8>| {
         let t = AcpiTable {
@@ -470,7 +499,7 @@ pub fn build_tables(vcpus: u32, freqs: &CppcFrequencies) -> Result<AcpiTables, A
     };
     let dsdt = place(
         "DSDT",
-        sdt_with_body(*b"DSDT", DSDT_REVISION, &dsdt_aml(vcpus, freqs)),
+        sdt_with_body(*b"DSDT", DSDT_REVISION, &dsdt_aml(vcpus, freqs, virtio)),
     );
     let fadt = place("FACP", fadt(dsdt.addr));
     let madt = place(
@@ -515,7 +544,7 @@ mod tests {
     #[test]
     fn checksums_and_lengths() {
         for vcpus in [1, 4, 8, 255] {
-            let t = build_tables(vcpus, &freqs()).unwrap();
+            let t = build_tables(vcpus, &freqs(), &[]).unwrap();
             for tab in &t.tables {
                 if tab.name == "RSDP" {
                     assert_eq!(sum(&tab.bytes[..20]), 0);
@@ -544,7 +573,7 @@ mod tests {
 
     #[test]
     fn pointers_chain_rsdp_xsdt_fadt_dsdt() {
-        let t = build_tables(4, &freqs()).unwrap();
+        let t = build_tables(4, &freqs(), &[]).unwrap();
         let rsdp = table(&t, "RSDP");
         let xsdt_addr = u64::from_le_bytes(rsdp.bytes[24..32].try_into().unwrap());
         assert_eq!(xsdt_addr, table(&t, "XSDT").addr);
@@ -598,7 +627,7 @@ mod tests {
 
     #[test]
     fn dsdt_declares_each_processor() {
-        let aml = dsdt_aml(3, &freqs());
+        let aml = dsdt_aml(3, &freqs(), &[]);
         let text = String::from_utf8_lossy(&aml);
         for i in 0..3 {
             assert!(text.contains(&processor_device_name(i)));

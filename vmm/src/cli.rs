@@ -6,9 +6,10 @@ use clap::Parser;
 
 use crate::acpi::MAX_VCPUS;
 use crate::config::{
-    PlacementConfig, PlacementPolicy, StatsTarget, VmConfig, DEFAULT_CMDLINE,
-    DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_HOST_TOPOLOGY, DEFAULT_KVM_DEVICE, DEFAULT_MEMORY_MIB,
-    DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS, SHARE_PACKAGE_HELP,
+    DiskConfig, PlacementConfig, PlacementPolicy, StatsTarget, VirtioConfig, VmConfig,
+    DEFAULT_CMDLINE, DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_HOST_TOPOLOGY, DEFAULT_KVM_DEVICE,
+    DEFAULT_MEMORY_MIB, DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS,
+    SHARE_PACKAGE_HELP,
 };
 use crate::seccomp::SeccompMode;
 
@@ -150,6 +151,17 @@ pub struct Cli {
     #[arg(long, value_name = "off|log|kill", default_value_t = SeccompMode::default(),
           value_parser = clap::value_parser!(SeccompMode))]
     pub seccomp: SeccompMode,
+
+    /// A virtio disk on a raw image file; repeat for more (the first is the guest's
+    /// /dev/vda). readonly=on makes the guest's writes fail. pvmm locks the image: one
+    /// that another running VM holds writable is refused.
+    #[arg(long = "disk", value_name = "PATH[,readonly=on]")]
+    pub disks: Vec<DiskConfig>,
+
+    /// A virtio entropy device fed from the host's getrandom, so that the guest does not
+    /// wait for entropy (the guest needs the virtio_mmio and virtio_rng drivers).
+    #[arg(long)]
+    pub rng: bool,
 }
 
 impl Cli {
@@ -190,6 +202,10 @@ impl Cli {
             external_lease_ms: self.external_lease_ms,
             shutdown_timeout_secs: self.shutdown_timeout,
             seccomp: self.seccomp,
+            virtio: VirtioConfig {
+                disks: self.disks,
+                rng: self.rng,
+            },
         }
     }
 }

@@ -11,6 +11,7 @@ pub use pvmm_tick::settings::{
 };
 
 use crate::acpi::MAX_VCPUS;
+use crate::layout::MAX_VIRTIO_DEVICES;
 use crate::seccomp::SeccompMode;
 
 /// The kernel command line pvmm uses when `--cmdline` is not given: the serial console on
@@ -55,6 +56,56 @@ pub enum ConfigError {
     /// vCPU count outside the accepted range.
     #[error("--vcpus {0} is out of range: 1..={MAX_VCPUS}")]
     VcpusOutOfRange(u32),
+    /// More virtio devices than the platform has slots for.
+    #[error("{0} virtio devices (--disk, --rng): pvmm has slots for {MAX_VIRTIO_DEVICES}")]
+    TooManyDevices(usize),
+}
+
+/// One `--disk PATH[,readonly=on]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The raw image.
+    pub path: PathBuf,
+    /// The guest may not write it.
+    pub readonly: bool,
+}
+
+impl std::str::FromStr for DiskConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let path = parts.next().filter(|p| !p.is_empty());
+        let path = path.ok_or_else(|| "expected PATH[,readonly=on]".to_string())?;
+        let mut readonly = false;
+        for option in parts {
+            readonly = match option {
+                "readonly=on" => true,
+                "readonly=off" => false,
+                other => return Err(format!("unknown disk option {other:?} (readonly=on|off)")),
+            };
+        }
+        Ok(Self {
+            path: path.into(),
+            readonly,
+        })
+    }
+}
+
+/// The VM's virtio devices.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VirtioConfig {
+    /// Disks, in order: the first is the guest's `/dev/vda`.
+    pub disks: Vec<DiskConfig>,
+    /// An entropy device (`--rng`).
+    pub rng: bool,
+}
+
+impl VirtioConfig {
+    /// How many devices the VM gets.
+    pub fn count(&self) -> usize {
+        self.disks.len() + usize::from(self.rng)
+    }
 }
 
 /// What to run.
@@ -84,6 +135,8 @@ pub struct VmConfig {
     pub shutdown_timeout_secs: u64,
     /// What a system call outside a thread's seccomp filter does.
     pub seccomp: SeccompMode,
+    /// virtio devices.
+    pub virtio: VirtioConfig,
 }
 
 /// Where stats lines go.
@@ -138,6 +191,9 @@ impl VmConfig {
         if !(MIN_TICK_MS..=MAX_TICK_MS).contains(&self.placement.tick_ms) {
             return Err(ConfigError::TickOutOfRange(self.placement.tick_ms));
         }
+        if self.virtio.count() > MAX_VIRTIO_DEVICES {
+            return Err(ConfigError::TooManyDevices(self.virtio.count()));
+        }
         Ok(())
     }
 
@@ -165,6 +221,7 @@ mod tests {
             external_lease_ms: DEFAULT_EXTERNAL_LEASE_MS,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
             seccomp: SeccompMode::default(),
+            virtio: VirtioConfig::default(),
         }
     }
 
@@ -196,5 +253,22 @@ mod tests {
         assert!(c.validate().is_ok());
         c.placement.tick_ms = 1;
         assert_eq!(c.validate(), Err(ConfigError::TickOutOfRange(1)));
+        let mut c = config();
+        let disk: DiskConfig = "a.img".parse().unwrap();
+        c.virtio.disks = vec![disk; MAX_VIRTIO_DEVICES];
+        assert!(c.validate().is_ok());
+        c.virtio.rng = true;
+        assert_eq!(c.validate(), Err(ConfigError::TooManyDevices(9)));
+    }
+
+    #[test]
+    fn disk_options() {
+        let d: DiskConfig = "/img/root.raw,readonly=on".parse().unwrap();
+        assert_eq!(d.path, PathBuf::from("/img/root.raw"));
+        assert!(d.readonly);
+        assert!(!"x,readonly=off".parse::<DiskConfig>().unwrap().readonly);
+        assert!("".parse::<DiskConfig>().is_err());
+        assert!(",readonly=on".parse::<DiskConfig>().is_err());
+        assert!("x,ro".parse::<DiskConfig>().is_err());
     }
 }

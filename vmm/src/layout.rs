@@ -1,6 +1,8 @@
 //! Guest physical memory layout. Every fixed guest address pvmm uses is named here, with why.
 
 use pvmm_devices::cppc::CPPC_MMIO_LEN;
+use pvmm_devices::ged::GED_MMIO_LEN;
+use pvmm_devices::virtio::mmio::MMIO_WINDOW_LEN;
 
 /// Where the GDT lives while the boot vCPU enters 64-bit mode: low memory that Linux treats as
 /// scratch once it has set up its own tables.
@@ -50,6 +52,33 @@ pub const CPPC_MMIO_START: u64 = PVMM_MMIO_START;
 pub const GED_MMIO_START: u64 = CPPC_MMIO_START + CPPC_MMIO_LEN;
 /// The GED's interrupt: ISA line 5, free on pvmm's platform (COM1 uses 4).
 pub const GED_IRQ: u32 = 5;
+/// Where the virtio-mmio windows start: the page after the GED's register.
+pub const VIRTIO_MMIO_START: u64 = (GED_MMIO_START + GED_MMIO_LEN).next_multiple_of(0x1000);
+/// The first virtio device's interrupt: IOAPIC pins 16..23 are no ISA device's, so the
+/// devices' lines never meet a legacy one.
+pub const VIRTIO_IRQ_BASE: u32 = 16;
+/// virtio devices a VM may have: one per IOAPIC pin from [`VIRTIO_IRQ_BASE`] to the last (23).
+pub const MAX_VIRTIO_DEVICES: usize = 8;
+
+/// Where virtio device `index` is: its register window's base and its interrupt line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtioSlot {
+    /// The window's base (its length is `pvmm_devices::virtio::mmio::MMIO_WINDOW_LEN`).
+    pub base: u64,
+    /// Its IOAPIC pin.
+    pub irq: u32,
+}
+
+/// The slots of `count` virtio devices, in device order.
+pub fn virtio_slots(count: usize) -> Vec<VirtioSlot> {
+    (0..count.min(MAX_VIRTIO_DEVICES) as u32)
+        .map(|i| VirtioSlot {
+            base: VIRTIO_MMIO_START + u64::from(i) * MMIO_WINDOW_LEN,
+            irq: VIRTIO_IRQ_BASE + i,
+        })
+        .collect()
+}
+
 /// IOAPIC base address (PC default; KVM's in-kernel IOAPIC answers here).
 pub const IOAPIC_START: u64 = 0xfec0_0000;
 /// Local APIC base address (architectural default).

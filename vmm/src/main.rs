@@ -30,9 +30,11 @@ fn main() {
         }
     };
     if let Some(dir) = cli.dump_acpi.clone() {
+        let virtio = pvmm::layout::virtio_slots(cli.disks.len() + usize::from(cli.rng));
         let tables = match pvmm::acpi::build_tables(
             cli.vcpus,
             &pvmm::cppc::CppcFrequencies::host(std::path::Path::new(pvmm::cppc::SYSFS_CPUFREQ)),
+            &virtio,
         ) {
             Ok(t) => t,
             Err(e) => {

@@ -18,6 +18,7 @@ use crate::exit::VmExit;
 use crate::live::control::{ExternalAssignment, PlacementControl};
 use crate::live::scheduler::{LiveScheduler, PlacementTotals};
 use crate::signals::SignalThread;
+use crate::vmm::VirtioWorkers;
 use crate::vstate::handle::{HandleError, RunState, VcpuHandle};
 use pvmm_scheduler::HostTopology;
 use pvmm_tick::cpustat::CpuTimes;
@@ -201,6 +202,7 @@ pub struct RunningVm {
     api: Option<ApiServer>,
     signals: SignalThread,
     console: Option<ConsoleInput>,
+    virtio: VirtioWorkers,
     // Guest memory outlives the vCPU threads, which are joined before it is dropped.
     _mem: crate::memory::GuestMemory,
 }
@@ -213,7 +215,7 @@ impl RunningVm {
         deadlines: Receiver<Instant>,
         scheduler: (Sender<()>, JoinHandle<()>),
         (api, signals): (Option<ApiServer>, SignalThread),
-        console: Option<ConsoleInput>,
+        (console, virtio): (Option<ConsoleInput>, VirtioWorkers),
         mem: crate::memory::GuestMemory,
     ) -> Self {
         Self {
@@ -225,6 +227,7 @@ impl RunningVm {
             api,
             signals,
             console,
+            virtio,
             _mem: mem,
         }
     }
@@ -268,6 +271,8 @@ impl RunningVm {
                 Err(e) => eprintln!("pvmm: {e}"),
             }
         }
+        // No vCPU notifies any more: each device finishes the request it is serving.
+        self.virtio.stop();
         drop(self.scheduler_stop.take());
         if let Some(t) = self.scheduler.take() {
             let _ = t.join();

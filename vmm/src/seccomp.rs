@@ -104,17 +104,20 @@ pub enum ThreadKind {
     Signals,
     /// The main thread once the VM runs: waits for the end, stops the threads, exits.
     Main,
+    /// `pvmm-blk<N>`, `pvmm-rng<N>`: a virtio device's worker.
+    Device,
 }
 
 impl ThreadKind {
     /// Every kind.
-    pub const ALL: [ThreadKind; 6] = [
+    pub const ALL: [ThreadKind; 7] = [
         ThreadKind::Vcpu,
         ThreadKind::ConsoleInput,
         ThreadKind::Scheduler,
         ThreadKind::Api,
         ThreadKind::Signals,
         ThreadKind::Main,
+        ThreadKind::Device,
     ];
 
     /// The filter's name, as messages and the test hook spell it.
@@ -126,6 +129,7 @@ impl ThreadKind {
             ThreadKind::Api => "api",
             ThreadKind::Signals => "signals",
             ThreadKind::Main => "main",
+            ThreadKind::Device => "device",
         }
     }
 
@@ -387,6 +391,19 @@ fn rules_for(kind: ThreadKind) -> Rules {
             // this thread's /proc/self/task/<tid>/schedstat for the guest's feedback counters.
             r.ioctls(&[KVM_RUN(), KVM_GET_REGS(), KVM_GET_SREGS()])
                 .open_read_only();
+        }
+        ThreadKind::Device => {
+            // Waits on its queues' notify eventfds and its stop eventfd, reads them; moves a
+            // disk's sectors with positioned reads and writes, flushes with fdatasync; writes
+            // its interrupt's eventfd. Entropy is getrandom, which every filter allows.
+            r.allow(&[
+                libc::SYS_epoll_wait,
+                libc::SYS_epoll_pwait,
+                libc::SYS_read,
+                libc::SYS_pread64,
+                libc::SYS_pwrite64,
+                libc::SYS_fdatasync,
+            ]);
         }
         ThreadKind::ConsoleInput => {
             // Waits for stdin (a terminal, a pipe, /dev/null) or the VM's stop eventfd, reads

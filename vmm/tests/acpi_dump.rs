@@ -144,3 +144,49 @@ fn dump_to_an_unwritable_place_is_bad_input() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn virtio_devices_are_described_where_their_windows_are() {
+    let dir = scratch("acpi-virtio");
+    let out = pvmm(&[
+        "--disk",
+        "a.img",
+        "--disk",
+        "b.img,readonly=on",
+        "--rng",
+        "--dump-acpi",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !iasl_available() {
+        return;
+    }
+    let out = Command::new("iasl")
+        .args(["-d", "dsdt.dat"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let dsl = std::fs::read_to_string(dir.join("dsdt.dsl")).unwrap();
+    assert_eq!(dsl.matches("\"LNRO0005\"").count(), 3, "{dsl}");
+    for (i, slot) in pvmm::layout::virtio_slots(3).iter().enumerate() {
+        let device = dsl
+            .split(&format!("Device (VR{i:02X})"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("VR{i:02X} missing: {dsl}"));
+        let device = device.split("Device (").next().unwrap();
+        assert!(
+            device.contains(&format!("0x{:08X},", slot.base)),
+            "{device}"
+        );
+        assert!(device.contains("0x00001000,"), "{device}");
+        assert!(device.contains(&format!("0x{:08X},", slot.irq)), "{device}");
+        assert!(device.contains("Edge, ActiveHigh, Exclusive"), "{device}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

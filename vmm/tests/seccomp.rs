@@ -40,8 +40,9 @@ fn violation_line(thread: &str, kind: ThreadKind) -> String {
     )
 }
 
-/// Runs a halting guest with every kind of pvmm thread (the control socket too) under
-/// `--seccomp kill`, the test hook naming `kind`; checks the status and the line.
+/// Runs a halting guest with every kind of pvmm thread (the control socket and a virtio
+/// device too) under `--seccomp kill`, the test hook naming `kind`; checks the status and the
+/// line.
 fn assert_violation_ends_pvmm(kind: ThreadKind, thread: &str) {
     let dir = scratch(&format!("seccomp-{}", kind.name()));
     let kernel = write_kernel(&dir, &HALT_LOOP);
@@ -50,6 +51,7 @@ fn assert_violation_ends_pvmm(kind: ThreadKind, thread: &str) {
         &[
             "--memory",
             "64",
+            "--rng",
             "--api-socket",
             socket.to_str().unwrap(),
             kernel.to_str().unwrap(),
@@ -85,6 +87,7 @@ fn every_other_kind_of_thread_is_confined_too() {
         (ThreadKind::Api, "pvmm-api"),
         (ThreadKind::Signals, "pvmm-signals"),
         (ThreadKind::Main, "main"),
+        (ThreadKind::Device, "pvmm-rng0"),
     ] {
         assert_violation_ends_pvmm(kind, thread);
     }

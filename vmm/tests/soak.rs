@@ -134,6 +134,7 @@ fn config(kernel: &std::path::Path, vcpus: u32, api_socket: Option<PathBuf>) -> 
         shutdown_timeout_secs: 1,
         // Filters are per thread and the main thread's would confine this test's thread.
         seccomp: SeccompMode::Off,
+        virtio: Default::default(),
     }
 }
 

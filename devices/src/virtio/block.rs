@@ -99,6 +99,11 @@ impl Block {
             path: path.to_path_buf(),
             source,
         };
+        // A directory or device node is refused by name, before an open that would fail (or
+        // not) in its own way.
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(BlockError::NotAFile(path.to_path_buf()));
+        }
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(!readonly)

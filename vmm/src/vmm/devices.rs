@@ -17,11 +17,13 @@ use pvmm_devices::serial::{SerialConsole, COM1_IRQ, COM1_PORT_BASE, COM_PORT_LEN
 use vmm_sys_util::eventfd::EventFd;
 
 use super::error::{SetupError, VmmError};
+use super::virtio::{attach, AttachedDevice, OpenDevice};
 use crate::config::VmConfig;
 use crate::cppc::ProcSchedstat;
 use crate::cppc::CPPC_HIGHEST_PERF;
 use crate::exit::VmExit;
 use crate::layout::{CPPC_MMIO_START, GED_IRQ, GED_MMIO_START};
+use crate::memory::GuestMemory;
 use crate::vstate::vcpu::VcpuBuses;
 use crate::vstate::vm::Vm;
 
@@ -49,6 +51,8 @@ pub(super) struct Devices {
     pub(super) ged: Arc<GedShared>,
     /// Every guest mistake the buses and devices report.
     pub(super) guest_errors: Arc<GuestErrorCounter>,
+    /// The virtio devices, on the MMIO bus, not yet served.
+    pub(super) virtio: Vec<AttachedDevice>,
 }
 
 /// Builds every device, wires its interrupt, and puts it on its bus.
@@ -56,6 +60,7 @@ pub(super) fn build_devices(
     config: &VmConfig,
     vm: &Vm,
     exit_tx: &Sender<VmExit>,
+    (virtio, mem): (Vec<OpenDevice>, &GuestMemory),
 ) -> Result<Devices, VmmError> {
     let guest_errors = Arc::new(GuestErrorCounter::default());
     let events: SharedEvents = guest_errors.clone();
@@ -82,10 +87,11 @@ pub(super) fn build_devices(
         CPPC_MMIO_LEN,
     )?;
     mmio.insert(
-        Arc::new(Mutex::new(GedDevice::new(ged.clone(), events))),
+        Arc::new(Mutex::new(GedDevice::new(ged.clone(), events.clone()))),
         GED_MMIO_START,
         GED_MMIO_LEN,
     )?;
+    let virtio = attach(virtio, vm, mem, &mut mmio, &events)?;
     Ok(Devices {
         buses: VcpuBuses {
             pio: Arc::new(pio),
@@ -95,6 +101,7 @@ pub(super) fn build_devices(
         cppc,
         ged,
         guest_errors,
+        virtio,
     })
 }
 

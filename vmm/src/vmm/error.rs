@@ -53,6 +53,9 @@ pub enum VmmError {
     /// The seccomp filters could not be built or installed.
     #[error(transparent)]
     Seccomp(#[from] SeccompError),
+    /// A `--disk` image cannot back a disk: the user's input.
+    #[error(transparent)]
+    Disk(#[from] pvmm_devices::virtio::block::BlockError),
 }
 
 impl From<BusError> for VmmError {
@@ -85,6 +88,12 @@ pub enum SetupError {
     /// The signal thread could not be spawned.
     #[error("signal thread: {0}")]
     SignalThread(#[source] std::io::Error),
+    /// A virtio device's transport could not be built.
+    #[error(transparent)]
+    Virtio(pvmm_devices::virtio::mmio::TransportError),
+    /// A virtio device's worker thread could not be spawned.
+    #[error("{0} thread: {1}")]
+    DeviceThread(String, #[source] std::io::Error),
 }
 
 /// Placement input that cannot be used: the user's flags or environment.
@@ -154,7 +163,7 @@ impl VmmError {
                 VmError::Open { .. } | VmError::NotKvm(_) | VmError::TooManyVcpus { .. },
             ) => EXIT_BAD_INPUT,
             VmmError::Acpi(AcpiError::TooManyVcpus(_)) => EXIT_BAD_INPUT,
-            VmmError::Placement(_) => EXIT_BAD_INPUT,
+            VmmError::Placement(_) | VmmError::Disk(_) => EXIT_BAD_INPUT,
             VmmError::Api(_) => EXIT_BAD_INPUT,
             VmmError::Seccomp(SeccompError::SelfTest(_)) => EXIT_BAD_INPUT,
             _ => EXIT_HOST_ERROR,

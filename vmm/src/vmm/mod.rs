@@ -22,7 +22,7 @@ use crate::boot::{detect_kernel_format, load_kernel, open_input_file, BootError,
 use crate::config::{PlacementPolicy, StatsTarget, VmConfig};
 use crate::cppc::{CppcFrequencies, SYSFS_CPUFREQ};
 use crate::exit::VmExit;
-use crate::layout::{GED_IRQ, HIMEM_START};
+use crate::layout::{virtio_slots, GED_IRQ, HIMEM_START};
 use crate::live::capacity::CppcReporter;
 use crate::live::control::PlacementControl;
 use crate::live::idle::{IdleSource, KvmHaltIdle, ThreadRunTime};
@@ -41,6 +41,9 @@ use pvmm_tick::own_threads::OwnThreads;
 mod devices;
 mod error;
 mod phases;
+mod virtio;
+
+pub use virtio::VirtioWorkers;
 
 use crate::console::spawn_console_input;
 use devices::{build_devices, Devices};
@@ -150,7 +153,8 @@ fn load_guest(
             freqs.nominal_mhz, freqs.lowest_mhz
         ),
     );
-    let tables = build_tables(config.vcpus, &freqs)?;
+    let virtio = virtio_slots(config.virtio.count());
+    let tables = build_tables(config.vcpus, &freqs, &virtio)?;
     for t in &tables.tables {
         mem.write_slice(&t.bytes, GuestAddress(t.addr))
             .map_err(BootError::GuestMemory)?;
@@ -334,6 +338,7 @@ fn start_scheduler(
 /// What the user can get wrong, checked and opened before any KVM object exists.
 struct Prepared {
     topology: HostTopology,
+    virtio: Vec<virtio::OpenDevice>,
     stats_out: Option<Box<dyn Write + Send>>,
     api_socket: Option<ApiSocket>,
 }
@@ -343,6 +348,7 @@ struct Prepared {
 /// umask).
 fn prepare(config: &VmConfig) -> Result<Prepared, VmmError> {
     check_inputs(config)?;
+    let virtio = virtio::open_devices(&config.virtio)?;
     let topology = resolve_topology(config)?;
     let stats_out = open_stats(&config.placement.stats)?;
     let api_socket = match &config.api_socket {
@@ -351,6 +357,7 @@ fn prepare(config: &VmConfig) -> Result<Prepared, VmmError> {
     };
     Ok(Prepared {
         topology,
+        virtio,
         stats_out,
         api_socket,
     })
@@ -424,14 +431,16 @@ fn serve(
 /// do the vCPUs run guest code. On an error the vCPUs end without running any.
 pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
     let mut phases = phases::Phases::start();
-    let prepared = prepare(config)?;
+    let mut prepared = prepare(config)?;
     let seccomp = Arc::new(SeccompFilters::new(config.seccomp)?);
     phases.mark("checks");
     let vm = Arc::new(Vm::new(&config.kvm_device, config.vcpus)?);
     phases.mark("kvm-vm");
     let (mem, entry) = load_guest(config, &vm, &mut phases)?;
     let (exit_tx, exits) = unbounded::<VmExit>();
-    let devices = build_devices(config, &vm, &exit_tx)?;
+    let open = std::mem::take(&mut prepared.virtio);
+    let mut devices = build_devices(config, &vm, &exit_tx, (open, &mem))?;
+    let workers = virtio::start_workers(std::mem::take(&mut devices.virtio), &seccomp)?;
     phases.mark("devices");
     let started = start_vcpus(
         config,
@@ -476,7 +485,7 @@ pub fn start(config: &VmConfig) -> Result<RunningVm, VmmError> {
         deadlines,
         placement.thread,
         services,
-        console,
+        (console, workers),
         mem,
     ))
 }

@@ -10,7 +10,7 @@ use kvm_bindings::{
     KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP, KVM_MSR_EXIT_REASON_UNKNOWN,
     KVM_PIT_SPEAKER_DUMMY,
 };
-use kvm_ioctls::{Cap, Kvm, VmFd};
+use kvm_ioctls::{Cap, IoEventAddress, Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -120,6 +120,7 @@ impl Vm {
         for (cap, name) in [
             (Cap::Irqchip, "an in-kernel irqchip (KVM_CAP_IRQCHIP)"),
             (Cap::Irqfd, "irqfd (KVM_CAP_IRQFD)"),
+            (Cap::Ioeventfd, "ioeventfd (KVM_CAP_IOEVENTFD)"),
             (Cap::Pit2, "an in-kernel PIT (KVM_CAP_PIT2)"),
             (Cap::UserMemory, "user memory slots (KVM_CAP_USER_MEMORY)"),
         ] {
@@ -211,6 +212,19 @@ impl Vm {
             .get(pin as usize)
             // SAFETY: every bit pattern of the redirection entry is a valid u64.
             .is_some_and(|e| unsafe { e.bits } & IOAPIC_REDIR_MASKED == 0)
+    }
+
+    /// Makes a 4-byte guest write of `value` at MMIO address `addr` signal `evt` inside KVM,
+    /// without an exit to pvmm (a virtio queue notification).
+    pub fn register_mmio_notify(
+        &self,
+        evt: &EventFd,
+        addr: u64,
+        value: u32,
+    ) -> Result<(), VmError> {
+        self.fd
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), value)
+            .map_err(kvm_err("ioeventfd registration"))
     }
 
     /// Makes a signal on `evt` raise interrupt line `gsi`.
