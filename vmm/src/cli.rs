@@ -6,7 +6,7 @@ use clap::Parser;
 
 use crate::acpi::MAX_VCPUS;
 use crate::config::{
-    DiskConfig, PlacementConfig, PlacementPolicy, StatsTarget, VirtioConfig, VmConfig,
+    DiskConfig, NetConfig, PlacementConfig, PlacementPolicy, StatsTarget, VirtioConfig, VmConfig,
     DEFAULT_CMDLINE, DEFAULT_EXTERNAL_LEASE_MS, DEFAULT_HOST_TOPOLOGY, DEFAULT_KVM_DEVICE,
     DEFAULT_MEMORY_MIB, DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_TICK_MS, DEFAULT_VCPUS,
     SHARE_PACKAGE_HELP,
@@ -158,6 +158,12 @@ pub struct Cli {
     #[arg(long = "disk", value_name = "PATH[,readonly=on]")]
     pub disks: Vec<DiskConfig>,
 
+    /// A virtio network card on an existing tap device (ip tuntap add NAME mode tap); repeat
+    /// for more. Without mac=, the card's address is derived from the tap's name, so it stays
+    /// the same for that tap. No offloads: the guest sends and takes plain frames.
+    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]")]
+    pub nets: Vec<NetConfig>,
+
     /// A virtio entropy device fed from the host's getrandom, so that the guest does not
     /// wait for entropy (the guest needs the virtio_mmio and virtio_rng drivers).
     #[arg(long)]
@@ -204,6 +210,7 @@ impl Cli {
             seccomp: self.seccomp,
             virtio: VirtioConfig {
                 disks: self.disks,
+                nets: self.nets,
                 rng: self.rng,
             },
         }

@@ -57,7 +57,7 @@ pub enum ConfigError {
     #[error("--vcpus {0} is out of range: 1..={MAX_VCPUS}")]
     VcpusOutOfRange(u32),
     /// More virtio devices than the platform has slots for.
-    #[error("{0} virtio devices (--disk, --rng): pvmm has slots for {MAX_VIRTIO_DEVICES}")]
+    #[error("{0} virtio devices (--disk, --net, --rng): pvmm has slots for {MAX_VIRTIO_DEVICES}")]
     TooManyDevices(usize),
 }
 
@@ -92,11 +92,49 @@ impl std::str::FromStr for DiskConfig {
     }
 }
 
+/// One `--net tap=NAME[,mac=MAC]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetConfig {
+    /// The existing tap device.
+    pub tap: String,
+    /// The guest's address (None: one derived from the tap's name, the same every time).
+    pub mac: Option<[u8; 6]>,
+}
+
+impl std::str::FromStr for NetConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut tap = None;
+        let mut mac = None;
+        for option in s.split(',') {
+            match option.split_once('=') {
+                Some(("tap", name)) if !name.is_empty() => tap = Some(name.to_string()),
+                Some(("mac", text)) => {
+                    let parsed = pvmm_devices::virtio::tap::parse_mac(text);
+                    mac = Some(parsed.ok_or_else(|| {
+                        format!("mac={text}: expected a unicast aa:bb:cc:dd:ee:ff")
+                    })?);
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown net option {option:?} (tap=NAME[,mac=MAC])"
+                    ))
+                }
+            }
+        }
+        let tap = tap.ok_or_else(|| "expected tap=NAME[,mac=MAC]".to_string())?;
+        Ok(Self { tap, mac })
+    }
+}
+
 /// The VM's virtio devices.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VirtioConfig {
     /// Disks, in order: the first is the guest's `/dev/vda`.
     pub disks: Vec<DiskConfig>,
+    /// Network cards, in order: the first is the guest's first Ethernet interface.
+    pub nets: Vec<NetConfig>,
     /// An entropy device (`--rng`).
     pub rng: bool,
 }
@@ -104,7 +142,7 @@ pub struct VirtioConfig {
 impl VirtioConfig {
     /// How many devices the VM gets.
     pub fn count(&self) -> usize {
-        self.disks.len() + usize::from(self.rng)
+        self.disks.len() + self.nets.len() + usize::from(self.rng)
     }
 }
 
@@ -270,5 +308,22 @@ mod tests {
         assert!("".parse::<DiskConfig>().is_err());
         assert!(",readonly=on".parse::<DiskConfig>().is_err());
         assert!("x,ro".parse::<DiskConfig>().is_err());
+    }
+
+    #[test]
+    fn net_options() {
+        let n: NetConfig = "tap=tap0,mac=52:54:00:00:00:01".parse().unwrap();
+        assert_eq!(n.tap, "tap0");
+        assert_eq!(n.mac, Some([0x52, 0x54, 0, 0, 0, 1]));
+        assert_eq!("tap=t".parse::<NetConfig>().unwrap().mac, None);
+        for bad in [
+            "",
+            "tap=",
+            "t0",
+            "tap=t,mac=01:00:00:00:00:00",
+            "tap=t,speed=10",
+        ] {
+            assert!(bad.parse::<NetConfig>().is_err(), "{bad}");
+        }
     }
 }

@@ -30,7 +30,8 @@ fn main() {
         }
     };
     if let Some(dir) = cli.dump_acpi.clone() {
-        let virtio = pvmm::layout::virtio_slots(cli.disks.len() + usize::from(cli.rng));
+        let devices = cli.disks.len() + cli.nets.len() + usize::from(cli.rng);
+        let virtio = pvmm::layout::virtio_slots(devices);
         let tables = match pvmm::acpi::build_tables(
             cli.vcpus,
             &pvmm::cppc::CppcFrequencies::host(std::path::Path::new(pvmm::cppc::SYSFS_CPUFREQ)),

@@ -158,3 +158,56 @@ fn bad_disks_end_pvmm_with_one_line_and_status_2() {
     drop(holder);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Moves this test's thread into a network namespace of its own, which the processes it starts
+/// inherit, so that the taps it makes are no one else's and no traffic reaches the machine's
+/// network. False where that is not allowed (not root): the test skips loudly, or fails
+/// under PVMM_REQUIRE_KVM=1 (CI, which runs as root).
+fn own_network_namespace(test: &str) -> bool {
+    // SAFETY: unshare changes only the calling thread's namespaces.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0 {
+        return true;
+    }
+    let why = std::io::Error::last_os_error();
+    if std::env::var("PVMM_REQUIRE_KVM").as_deref() == Ok("1") {
+        panic!("{test}: cannot make a network namespace ({why}) and PVMM_REQUIRE_KVM=1");
+    }
+    eprintln!("\n!!! SKIPPED {test}: cannot make a network namespace: {why} !!!\n");
+    false
+}
+
+#[test]
+fn a_network_card_opens_its_tap_and_bad_taps_are_refused() {
+    if !kvm_available("virtio_net") || !own_network_namespace("virtio_net") {
+        return;
+    }
+    let made = Command::new("ip")
+        .args(["tuntap", "add", "pvmmtap0", "mode", "tap"])
+        .status()
+        .expect("ip (iproute2)");
+    assert!(made.success());
+    let dir = scratch("virtio-net");
+    let kernel = write_kernel(&dir, &HALT_LOOP);
+    let socket = dir.join("api.sock");
+    let vm = start(&kernel, &socket, &["--net", "tap=pvmmtap0"]);
+    let answer = request(&socket, "GET", "/v1/vcpus", None).unwrap();
+    let threads = answer.body["threads"].as_array().unwrap();
+    assert!(
+        threads.iter().any(|t| t["name"] == "pvmm-net0"),
+        "{threads:?}"
+    );
+    drop(vm);
+    for (net, needle) in [
+        ("tap=pvmmtap9", "no such tap device"),
+        ("tap=lo", "not a tap device"),
+        ("tap=pvmmtap0,mac=01:02:03:04:05:06", "unicast"),
+        ("mac=52:54:00:00:00:01", "tap=NAME"),
+    ] {
+        let out = pvmm(&["--memory", "64", "--net", net, kernel.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{net}: {err}");
+        assert_eq!(err.lines().count(), 1, "{net}: {err}");
+        assert!(err.contains(needle), "{net}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -13,8 +13,8 @@
 //! - [`worker`]: the thread that serves a device's queues: it wakes on each queue's notify
 //!   eventfd (registered with KVM as an ioeventfd, so a notification never leaves the kernel
 //!   on the vCPU's exit path) and interrupts the guest through an irqfd;
-//! - [`rng`] (entropy from the host's `getrandom`) and [`block`] (a raw image file): the
-//!   devices, each a [`VirtioDevice`].
+//! - [`rng`] (entropy from the host's `getrandom`), [`block`] (a raw image file) and [`net`]
+//!   (an existing [`tap`]): the devices, each a [`VirtioDevice`].
 //!
 //! A hostile driver never panics pvmm and never reaches memory outside guest RAM (every
 //! access goes through vm-memory, bounded by the guest's regions): a bad request gets an
@@ -23,7 +23,9 @@
 
 pub mod block;
 pub mod mmio;
+pub mod net;
 pub mod rng;
+pub mod tap;
 pub mod worker;
 
 use virtio_queue::{Queue, QueueOwnedT};
@@ -83,6 +85,12 @@ pub trait VirtioDevice: Send {
         mem: &GuestMemory,
         events: &dyn GuestEvents,
     ) -> Result<bool, QueueError>;
+    /// A host file whose readiness is work for the device (a tap with frames to receive), and
+    /// the queue to serve when it is readable. The worker waits on it edge-triggered, so the
+    /// device reads it until it would block (or keeps what it read for later).
+    fn backend(&self) -> Option<(std::os::fd::RawFd, usize)> {
+        None
+    }
     /// The driver reset the device: anything it asked for is forgotten.
     fn reset(&mut self) {}
 }

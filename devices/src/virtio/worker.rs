@@ -18,6 +18,8 @@ use super::mmio::{MmioTransport, Transport, INT_USED_BUFFER};
 
 /// The epoll token of the stop eventfd; queue `i` is token `i`.
 const STOP_TOKEN: u64 = u64::MAX;
+/// The epoll token of the device's backend file.
+const BACKEND_TOKEN: u64 = u64::MAX - 1;
 /// Events taken from epoll per wait: one per queue is plenty for these devices.
 const EVENTS_PER_WAIT: usize = 8;
 
@@ -49,11 +51,20 @@ impl Worker {
             stop.as_raw_fd(),
             EpollEvent::new(EventSet::IN, STOP_TOKEN),
         )?;
+        let backend = transport.lock().device.backend();
+        if let Some((fd, _)) = backend {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, BACKEND_TOKEN),
+            )?;
+        }
+        let backend_queue = backend.map(|(_, queue)| queue);
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
                 confine();
-                serve(&epoll, &transport);
+                serve(&epoll, &transport, backend_queue);
             })?;
         Ok(Self {
             stop,
@@ -78,7 +89,7 @@ impl Drop for Worker {
 }
 
 /// The worker's loop: until the stop eventfd is written.
-fn serve(epoll: &Epoll, transport: &MmioTransport) {
+fn serve(epoll: &Epoll, transport: &MmioTransport, backend_queue: Option<usize>) {
     let mut events = [EpollEvent::default(); EVENTS_PER_WAIT];
     loop {
         let n = match epoll.wait(-1, &mut events) {
@@ -89,6 +100,12 @@ fn serve(epoll: &Epoll, transport: &MmioTransport) {
         for e in &events[..n] {
             if e.data() == STOP_TOKEN {
                 return;
+            }
+            if e.data() == BACKEND_TOKEN {
+                if let Some(index) = backend_queue {
+                    backend_ready(transport, index);
+                }
+                continue;
             }
             let index = e.data() as usize;
             if let Some(fd) = transport.notifiers().get(index) {
@@ -102,10 +119,24 @@ fn serve(epoll: &Epoll, transport: &MmioTransport) {
 
 /// Queue `index` was notified: serve it if the device is live, else count the mistake.
 pub fn notified(transport: &MmioTransport, index: usize) {
+    serve_queue(transport, index, true);
+}
+
+/// The device's backend has work for queue `index`: serve it if the device is live (before
+/// that, the work waits in the backend).
+pub fn backend_ready(transport: &MmioTransport, index: usize) {
+    serve_queue(transport, index, false);
+}
+
+/// Serves queue `index`; `by_guest`: a notification, which is a mistake unless the device is
+/// live and the queue ready.
+fn serve_queue(transport: &MmioTransport, index: usize, by_guest: bool) {
     let events = transport.events().clone();
     let mut t = transport.lock();
     if !t.live() {
-        events.virtio_error();
+        if by_guest {
+            events.virtio_error();
+        }
         return;
     }
     let Transport {
@@ -115,7 +146,9 @@ pub fn notified(transport: &MmioTransport, index: usize) {
         ..
     } = &mut *t;
     let Some(queue) = queues.get_mut(index).filter(|q| q.ready()) else {
-        events.virtio_error();
+        if by_guest {
+            events.virtio_error();
+        }
         return;
     };
     match device.process_queue(index, queue, mem, events.as_ref()) {

@@ -56,6 +56,9 @@ pub enum VmmError {
     /// A `--disk` image cannot back a disk: the user's input.
     #[error(transparent)]
     Disk(#[from] pvmm_devices::virtio::block::BlockError),
+    /// A `--net` tap cannot back a network card: the user's input.
+    #[error(transparent)]
+    Tap(#[from] pvmm_devices::virtio::tap::TapError),
 }
 
 impl From<BusError> for VmmError {
@@ -163,7 +166,7 @@ impl VmmError {
                 VmError::Open { .. } | VmError::NotKvm(_) | VmError::TooManyVcpus { .. },
             ) => EXIT_BAD_INPUT,
             VmmError::Acpi(AcpiError::TooManyVcpus(_)) => EXIT_BAD_INPUT,
-            VmmError::Placement(_) | VmmError::Disk(_) => EXIT_BAD_INPUT,
+            VmmError::Placement(_) | VmmError::Disk(_) | VmmError::Tap(_) => EXIT_BAD_INPUT,
             VmmError::Api(_) => EXIT_BAD_INPUT,
             VmmError::Seccomp(SeccompError::SelfTest(_)) => EXIT_BAD_INPUT,
             _ => EXIT_HOST_ERROR,

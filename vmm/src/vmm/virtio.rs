@@ -1,5 +1,6 @@
 //! The VM's virtio devices, in three steps: opened (and their images locked) with the other
-//! input checks, before any KVM object exists, so that a bad `--disk` ends pvmm with status 2;
+//! input checks, before any KVM object exists, so that a bad `--disk` or `--net` ends pvmm
+//! with status 2;
 //! put on the MMIO bus at their slots ([`crate::layout::virtio_slots`], which the DSDT
 //! describes), their queue notifications registered as ioeventfds and their interrupts as
 //! irqfds; then served each by a worker thread (`pvmm-blk0`, `pvmm-rng0`) under the device
@@ -11,7 +12,9 @@ use pvmm_devices::bus::Bus;
 use pvmm_devices::events::SharedEvents;
 use pvmm_devices::virtio::block::Block;
 use pvmm_devices::virtio::mmio::{Interrupt, MmioTransport, MMIO_WINDOW_LEN, QUEUE_NOTIFY_OFFSET};
+use pvmm_devices::virtio::net::{Net, NET_HEADER_LEN};
 use pvmm_devices::virtio::rng::Rng;
+use pvmm_devices::virtio::tap::{stable_mac, Tap};
 use pvmm_devices::virtio::worker::Worker;
 use pvmm_devices::virtio::VirtioDevice;
 use vmm_sys_util::eventfd::EventFd;
@@ -30,13 +33,21 @@ pub(super) struct OpenDevice {
 }
 
 /// Opens every device `config` asks for, in slot order: disks first (the first is `vda`),
-/// then the entropy device.
+/// then network cards, then the entropy device.
 pub(super) fn open_devices(config: &VirtioConfig) -> Result<Vec<OpenDevice>, VmmError> {
     let mut out = Vec::with_capacity(config.count());
     for (i, disk) in config.disks.iter().enumerate() {
         out.push(OpenDevice {
             name: format!("pvmm-blk{i}"),
             device: Box::new(Block::open(&disk.path, disk.readonly)?),
+        });
+    }
+    for (i, net) in config.nets.iter().enumerate() {
+        let tap = Tap::open(&net.tap, NET_HEADER_LEN)?;
+        let mac = net.mac.unwrap_or_else(|| stable_mac(&net.tap));
+        out.push(OpenDevice {
+            name: format!("pvmm-net{i}"),
+            device: Box::new(Net::new(tap.into_file(), mac)),
         });
     }
     if config.rng {
