@@ -16,10 +16,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress};
 
-use super::{descriptors, pop_chain, GuestMemory, QueueError, VirtioDevice, VIRTIO_F_VERSION_1};
+use super::{serve_chains, GuestMemory, QueueError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::events::GuestEvents;
 
 /// virtio device ID of a block device.
@@ -277,20 +277,7 @@ impl VirtioDevice for Block {
         mem: &GuestMemory,
         events: &dyn GuestEvents,
     ) -> Result<bool, QueueError> {
-        let mut used = false;
-        while let Some(chain) = pop_chain(queue, mem)? {
-            let head = chain.head_index();
-            let len = match descriptors(chain) {
-                Some(all) => self.request(&all, mem, events),
-                None => {
-                    events.virtio_error();
-                    0
-                }
-            };
-            queue.add_used(mem, head, len)?;
-            used = true;
-        }
-        Ok(used)
+        serve_chains(queue, mem, events, |all| self.request(all, mem, events))
     }
 }
 

@@ -28,7 +28,8 @@ pub mod rng;
 pub mod tap;
 pub mod worker;
 
-use virtio_queue::{Queue, QueueOwnedT};
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use crate::events::GuestEvents;
@@ -108,9 +109,34 @@ pub(crate) fn pop_chain<'m>(
     Ok(available.next())
 }
 
+/// Serves every chain available on `queue` with `serve`, which answers the chain's descriptors
+/// (None for a chain cut short, already counted) with the length it wrote; returns whether any
+/// chain was used.
+pub(crate) fn serve_chains(
+    queue: &mut Queue,
+    mem: &GuestMemory,
+    events: &dyn GuestEvents,
+    mut serve: impl FnMut(&[Descriptor]) -> u32,
+) -> Result<bool, QueueError> {
+    let mut used = false;
+    while let Some(chain) = pop_chain(queue, mem)? {
+        let head = chain.head_index();
+        let len = match descriptors(chain) {
+            Some(all) => serve(&all),
+            None => {
+                events.virtio_error();
+                0
+            }
+        };
+        queue.add_used(mem, head, len)?;
+        used = true;
+    }
+    Ok(used)
+}
+
 /// Every descriptor of `chain`, or None when the chain is cut short: it loops, is longer than
 /// the queue, or names a descriptor past the table (the last one read still has NEXT set).
-pub(crate) fn descriptors(chain: Chain<'_>) -> Option<Vec<virtio_queue::desc::split::Descriptor>> {
+pub(crate) fn descriptors(chain: Chain<'_>) -> Option<Vec<Descriptor>> {
     let all: Vec<_> = chain.collect();
     match all.last() {
         Some(last) if !last.has_next() => Some(all),

@@ -16,10 +16,13 @@ use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::Bytes;
 
-use super::{descriptors, pop_chain, GuestMemory, QueueError, VirtioDevice, VIRTIO_F_VERSION_1};
+use super::{
+    descriptors, pop_chain, serve_chains, GuestMemory, QueueError, VirtioDevice, VIRTIO_F_VERSION_1,
+};
 use crate::events::GuestEvents;
 
 /// virtio device ID of a network card.
@@ -75,38 +78,34 @@ impl Net {
         mem: &GuestMemory,
         events: &dyn GuestEvents,
     ) -> Result<bool, QueueError> {
-        let mut used = false;
-        while let Some(chain) = pop_chain(queue, mem)? {
-            let head = chain.head_index();
-            match descriptors(chain) {
-                Some(all) if all.iter().all(|d| !d.is_write_only()) => {
-                    let mut len = 0usize;
-                    let mut fits = true;
-                    for d in &all {
-                        let n = d.len() as usize;
-                        let Some(room) = self.buffer.get_mut(len..len + n) else {
-                            fits = false;
-                            break;
-                        };
-                        if mem.read_slice(room, d.addr()).is_err() {
-                            fits = false;
-                            break;
-                        }
-                        len += n;
-                    }
-                    if fits && len >= NET_HEADER_LEN {
-                        // A full tap queue drops the frame, as a busy link would.
-                        let _ = self.frames.write(&self.buffer[..len]);
-                    } else {
-                        events.virtio_error();
-                    }
-                }
-                _ => events.virtio_error(),
+        serve_chains(queue, mem, events, |all| {
+            if !self.gather(all, mem) {
+                events.virtio_error();
             }
-            queue.add_used(mem, head, 0)?;
-            used = true;
+            0
+        })
+    }
+
+    /// Copies a transmit chain's frame into the buffer and writes it to the file; false when
+    /// the chain is not a frame (device-writable, shorter than its header, too long, or
+    /// outside RAM). A frame the file refuses is dropped, as a full link drops it.
+    fn gather(&mut self, all: &[Descriptor], mem: &GuestMemory) -> bool {
+        let mut len = 0usize;
+        for d in all {
+            let n = d.len() as usize;
+            let Some(room) = self.buffer.get_mut(len..len.saturating_add(n)) else {
+                return false;
+            };
+            if d.is_write_only() || mem.read_slice(room, d.addr()).is_err() {
+                return false;
+            }
+            len += n;
         }
-        Ok(used)
+        if len < NET_HEADER_LEN {
+            return false;
+        }
+        let _ = self.frames.write(&self.buffer[..len]);
+        true
     }
 
     /// Moves frames from the file into the guest's receive buffers while both have some.

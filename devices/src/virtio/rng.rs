@@ -1,10 +1,10 @@
 //! virtio-rng (virtio 1.2, 5.4): entropy for the guest from the host's `getrandom`, so that a
 //! guest's early boot does not stall waiting for its own entropy to build up.
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::Bytes;
 
-use super::{descriptors, pop_chain, GuestMemory, QueueError, VirtioDevice, VIRTIO_F_VERSION_1};
+use super::{serve_chains, GuestMemory, QueueError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::events::GuestEvents;
 
 /// virtio device ID of an entropy source.
@@ -70,31 +70,25 @@ impl VirtioDevice for Rng {
         mem: &GuestMemory,
         events: &dyn GuestEvents,
     ) -> Result<bool, QueueError> {
-        let mut used = false;
-        while let Some(chain) = pop_chain(queue, mem)? {
-            let head = chain.head_index();
-            let mut written: u32 = 0;
-            match descriptors(chain) {
-                Some(all) if all.iter().all(|d| d.is_write_only()) => {
-                    let mut room = MAX_BYTES_PER_REQUEST;
-                    for d in all {
-                        let len = (d.len() as usize).min(room);
-                        self.buffer.resize(len, 0);
-                        if !fill_random(&mut self.buffer)
-                            || mem.write_slice(&self.buffer, d.addr()).is_err()
-                        {
-                            events.virtio_error();
-                            break;
-                        }
-                        written += len as u32;
-                        room -= len;
-                    }
-                }
-                _ => events.virtio_error(),
+        serve_chains(queue, mem, events, |all| {
+            if !all.iter().all(|d| d.is_write_only()) {
+                events.virtio_error();
+                return 0;
             }
-            queue.add_used(mem, head, written)?;
-            used = true;
-        }
-        Ok(used)
+            let mut written: u32 = 0;
+            let mut room = MAX_BYTES_PER_REQUEST;
+            for d in all {
+                let len = (d.len() as usize).min(room);
+                self.buffer.resize(len, 0);
+                let filled = fill_random(&mut self.buffer);
+                if !filled || mem.write_slice(&self.buffer, d.addr()).is_err() {
+                    events.virtio_error();
+                    break;
+                }
+                written += len as u32;
+                room -= len;
+            }
+            written
+        })
     }
 }
