@@ -164,6 +164,11 @@ pub struct Cli {
     #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]")]
     pub nets: Vec<NetConfig>,
 
+    /// The VM's name: how pvmm-host's status and metrics call it (default: the control
+    /// socket's file name without .sock).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
     /// A virtio entropy device fed from the host's getrandom, so that the guest does not
     /// wait for entropy (the guest needs the virtio_mmio and virtio_rng drivers).
     #[arg(long)]
@@ -208,6 +213,7 @@ impl Cli {
             external_lease_ms: self.external_lease_ms,
             shutdown_timeout_secs: self.shutdown_timeout,
             seccomp: self.seccomp,
+            name: self.name,
             virtio: VirtioConfig {
                 disks: self.disks,
                 nets: self.nets,

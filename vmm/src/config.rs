@@ -175,6 +175,8 @@ pub struct VmConfig {
     pub seccomp: SeccompMode,
     /// virtio devices.
     pub virtio: VirtioConfig,
+    /// The VM's name, for the host daemon's status and metrics (`--name`).
+    pub name: Option<String>,
 }
 
 /// Where stats lines go.
@@ -260,6 +262,7 @@ mod tests {
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
             seccomp: SeccompMode::default(),
             virtio: VirtioConfig::default(),
+            name: None,
         }
     }
 

@@ -48,6 +48,8 @@ pub struct VmDescription {
     pub memory_mib: u64,
     /// The kernel image booted.
     pub kernel: String,
+    /// The name it was given (`--name`).
+    pub name: Option<String>,
 }
 
 /// The parts of a VM that requests act on; shared by the main thread and the API.
@@ -104,6 +106,7 @@ impl VmControl for VmCore {
             external_placement: self.control.external_active(),
             kernel: d.kernel.clone(),
             memory_mib: d.memory_mib,
+            name: d.name.clone(),
             pid: std::process::id() as i32,
             policy: *self.policy.lock().unwrap_or_else(|p| p.into_inner()),
             power_button_listening: (self.ged_listening)(),

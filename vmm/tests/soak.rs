@@ -135,6 +135,7 @@ fn config(kernel: &std::path::Path, vcpus: u32, api_socket: Option<PathBuf>) -> 
         // Filters are per thread and the main thread's would confine this test's thread.
         seccomp: SeccompMode::Off,
         virtio: Default::default(),
+        name: None,
     }
 }
 

@@ -74,6 +74,9 @@ pub struct VmInfo {
     pub kernel: String,
     /// Guest memory.
     pub memory_mib: u64,
+    /// The name it was given (`--name`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// pvmm's pid.
     pub pid: i32,
     /// The policy in force.

@@ -11,6 +11,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::names::{foreign_name, read_cmdline};
+
 /// The prefix of a KVM vCPU file descriptor's link target.
 const KVM_VCPU_LINK: &str = "anon_inode:kvm-vcpu:";
 /// The link target of a KVM VM file descriptor.
@@ -47,6 +49,8 @@ pub struct ForeignVm {
     pub pid: i32,
     /// Its command name.
     pub comm: String,
+    /// Its stable name ([`crate::names`]).
+    pub name: String,
     /// vCPU index -> thread id, for the vCPUs whose thread was found.
     pub vcpu_tids: BTreeMap<u32, i32>,
     /// vCPUs whose thread could not be found (no debugfs entry, no known thread name).
@@ -173,9 +177,11 @@ fn map_vcpus(roots: &Roots, pid: i32, vm_fd: Option<u32>, vcpus: &[u32]) -> Fore
             None => unmapped.push(n),
         }
     }
+    let proc_pid = roots.proc.join(pid.to_string());
     ForeignVm {
         pid,
-        comm: read_trimmed(&roots.proc.join(pid.to_string()).join("comm")).unwrap_or_default(),
+        comm: read_trimmed(&proc_pid.join("comm")).unwrap_or_default(),
+        name: foreign_name(&read_cmdline(&proc_pid), pid),
         vcpu_tids,
         unmapped,
     }

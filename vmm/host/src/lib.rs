@@ -17,6 +17,7 @@ pub mod command;
 pub mod discover;
 pub mod members;
 pub mod metrics;
+pub mod names;
 pub mod qmp;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -441,10 +442,11 @@ impl HostMembers {
 
     fn add(&mut self, pid: i32, member: Member) {
         let what = match &member {
-            Member::Pvmm(p) => format!("pvmm VM pid {pid} ({})", p.socket.display()),
+            Member::Pvmm(p) => format!("pvmm VM {} pid {pid} ({})", p.name, p.socket.display()),
             Member::Foreign(f) => format!(
-                "{} VM pid {pid} ({} vCPUs{})",
+                "{} VM {} pid {pid} ({} vCPUs{})",
                 f.found.comm,
+                f.found.name,
                 f.found.vcpu_tids.len(),
                 if f.found.unmapped.is_empty() {
                     String::new()
@@ -628,8 +630,8 @@ impl HostMembers {
                     })
                     .collect();
                 let (kind, name) = match &m.member {
-                    Member::Pvmm(p) => (VmKind::Pvmm, p.socket.display().to_string()),
-                    Member::Foreign(f) => (VmKind::Foreign, f.found.comm.clone()),
+                    Member::Pvmm(p) => (VmKind::Pvmm, p.name.clone()),
+                    Member::Foreign(f) => (VmKind::Foreign, f.found.name.clone()),
                 };
                 HostVm {
                     id: m.id,

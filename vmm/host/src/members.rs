@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::names::pvmm_name;
 use pvmm_api::messages::{AssignmentBody, ExternalBody, VmInfo};
 use pvmm_api::stats::{share_of_1024, VmStats};
 use pvmm_scheduler::{CpuSet, IdleSample, LoadTracker, UtilConfig};
@@ -61,6 +62,8 @@ pub struct PvmmMember {
     pub socket: PathBuf,
     /// Its pid.
     pub pid: i32,
+    /// Its stable name ([`crate::names`]).
+    pub name: String,
     /// The connection kept open to it: two requests a tick cost no connection, and pvmm
     /// no thread, each.
     conn: Connection,
@@ -101,6 +104,7 @@ impl PvmmMember {
         Ok(Self {
             socket: socket.to_path_buf(),
             pid: info.pid,
+            name: pvmm_name(info.name.as_deref(), socket),
             conn,
         })
     }

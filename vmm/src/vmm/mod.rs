@@ -389,6 +389,7 @@ fn vm_core(
             vcpus: config.vcpus,
             memory_mib: config.memory_mib,
             kernel: config.kernel.display().to_string(),
+            name: config.name.clone(),
         },
         shape: VmShape {
             vcpus: config.vcpus,
