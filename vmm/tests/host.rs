@@ -223,9 +223,19 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("pvmm_package_power_watts_model{package=\"0\"}"),
+        metrics.contains("pvmm_package_power_model_watts{package=\"0\"}"),
         "{metrics}"
     );
+    // Each VM under its stable name: its socket's, in the metrics and status's first column.
+    for name in ["a", "b"] {
+        let series = format!("pvmm_vm_vcpus{{vm=\"{name}\"}} 2\n");
+        assert!(metrics.contains(&series), "{metrics}");
+        let rows = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name} ")))
+            .count();
+        assert_eq!(rows, 2, "{text}");
+    }
     // A second daemon on the same runtime directory is refused.
     let second = host_command()
         .args(["--host-topology", "2x1x1", "--runtime-dir"])

@@ -1,13 +1,13 @@
 //! What `pvmm-host` shows operators: each tick's snapshot as JSON (`GET /v1/host`, the
-//! `--stats` line, `pvmm-host status`) and as Prometheus text (`GET /metrics`), named in the
-//! style of node_exporter and Kepler. Cluster engines (OpenStack Watcher, oVirt) read such
-//! metrics to move whole VMs between hosts; pvmm-host places vCPUs within one host.
+//! `--stats` line, `pvmm-host status`, an aligned table) and as metrics (`GET /metrics`,
+//! the Prometheus text format written by the `prometheus` crate), named in the style of node_exporter and
+//! Kepler and labelled with each VM's stable name. Cluster engines (OpenStack Watcher, oVirt)
+//! read such metrics to move whole VMs between hosts; pvmm-host places vCPUs within one host.
 //!
 //! Energy: `pvmm_package_energy_joules_total` comes from powercap RAPL where the host exposes
-//! it; everywhere else only `pvmm_package_power_watts_model` is given, the simulator's power
+//! it; everywhere else only `pvmm_package_power_model_watts` is given, the simulator's power
 //! model applied to the placement, named as a model so nobody takes it for a measurement.
 
-use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,8 +15,13 @@ use std::sync::{Arc, Mutex};
 use pvmm_scheduler::power::{thread_overlap, PowerModel};
 use pvmm_scheduler::HostTopology;
 
+use comfy_table::{presets, Table};
+use prometheus::{CounterVec, Encoder, GaugeVec, Opts, Registry, TextEncoder};
 use pvmm_api::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
-use pvmm_api::stats::{HostPackage, HostStatus, HostVcpu};
+use pvmm_api::stats::HostStatus;
+
+/// The exposition's content type: the Prometheus text format, version 0.0.4.
+const METRICS_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Where RAPL's package domains are.
 pub const POWERCAP_ROOT: &str = "/sys/class/powercap";
@@ -74,106 +79,116 @@ pub fn rapl_energy(root: &Path) -> Vec<(u32, f64)> {
     out
 }
 
-/// A package family's value: the package's field it shows.
-type PackageValue = fn(&HostPackage) -> Option<f64>;
-/// A vCPU family's value: the vCPU's field it shows (None: not placed, no sample).
-type VcpuValue = fn(&HostVcpu) -> Option<f64>;
-
-/// Per-package families: name, help, and the status field they show.
-const PACKAGE_FAMILIES: &[(&str, &str, PackageValue)] = &[
-    (
-        "pvmm_package_active",
-        "1 when the placement puts vCPUs on the package.",
-        |p| Some(f64::from(u8::from(p.active))),
-    ),
-    (
-        "pvmm_package_utilization",
-        "Summed utilization of the vCPUs on the package over its CPUs, 0..1.",
-        |p| Some(p.util),
-    ),
-    (
-        "pvmm_package_power_watts_model",
-        "Modelled package power for the current placement (a model, not a measurement).",
-        |p| Some(p.power_w_model),
-    ),
-];
-
-/// Per-vCPU families: name, help, and the status field they show.
-const VCPU_FAMILIES: &[(&str, &str, VcpuValue)] = &[
-    (
-        "pvmm_vcpu_utilization",
-        "Decayed vCPU utilization, 0..1 of a CPU.",
-        |v| Some(v.util),
-    ),
-    (
-        "pvmm_vcpu_package",
-        "The package the vCPU is placed on.",
-        |v| v.package.map(f64::from),
-    ),
-    (
-        "pvmm_vcpu_capacity",
-        "The capacity the placement gives the vCPU, 1..1024.",
-        |v| v.capacity.map(f64::from),
-    ),
-];
-
-/// Appends one metric family.
-fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(String, f64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, value) in rows {
-        let _ = writeln!(out, "{name}{labels} {value}");
-    }
+/// A family of gauges with `labels`, registered in `r`.
+fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+    let family = GaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(family.clone()))?;
+    Ok(family)
 }
 
-/// The Prometheus text exposition of a daemon tick's status plus RAPL counters.
-pub fn prometheus_text(status: &HostStatus, rapl: &[(u32, f64)]) -> String {
-    let mut out = String::new();
-    for (name, help, value) in PACKAGE_FAMILIES {
-        let rows: Vec<(String, f64)> = status
-            .packages
-            .iter()
-            .filter_map(|p| Some((format!("{{package=\"{}\"}}", p.id), value(p)?)))
-            .collect();
-        family(&mut out, name, "gauge", help, &rows);
+/// A counter family with `labels`, registered in `r`.
+fn counters(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<CounterVec> {
+    let family = CounterVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(family.clone()))?;
+    Ok(family)
+}
+
+/// The metrics of a daemon tick's status plus RAPL counters (`(package, joules)`), in the
+/// Prometheus text format (the `prometheus` crate's encoder: the format `promtool check
+/// metrics` reads, which prometheus-client's OpenMetrics output is not, its counters' help
+/// being on the name without `_total`): names in node_exporter's and Kepler's style, base
+/// units, counters ending in `_total`, each VM labelled with its stable name.
+pub fn prometheus_text(status: &HostStatus, rapl: &[(u32, f64)]) -> prometheus::Result<String> {
+    let r = Registry::new();
+    let pkg = ["package"];
+    let active = gauges(
+        &r,
+        "pvmm_package_active",
+        "1 when the placement puts vCPUs on the package",
+        &pkg,
+    )?;
+    let util = gauges(
+        &r,
+        "pvmm_package_utilization_ratio",
+        "Summed utilization of the vCPUs on the package over its CPUs",
+        &pkg,
+    )?;
+    let power = gauges(
+        &r,
+        "pvmm_package_power_model_watts",
+        "Modelled package power for the current placement (a model, not a measurement)",
+        &pkg,
+    )?;
+    for p in &status.packages {
+        let id = p.id.to_string();
+        active
+            .with_label_values(&[&id])
+            .set(f64::from(u8::from(p.active)));
+        util.with_label_values(&[&id]).set(p.util);
+        power.with_label_values(&[&id]).set(p.power_w_model);
     }
     if !rapl.is_empty() {
-        let rows: Vec<(String, f64)> = rapl
-            .iter()
-            .map(|(n, j)| (format!("{{package=\"{n}\"}}"), *j))
-            .collect();
-        let help = "Package energy from powercap RAPL.";
-        family(
-            &mut out,
+        let energy = counters(
+            &r,
             "pvmm_package_energy_joules_total",
-            "counter",
-            help,
-            &rows,
-        );
+            "Package energy from powercap RAPL",
+            &pkg,
+        )?;
+        for (n, joules) in rapl {
+            energy.with_label_values(&[&n.to_string()]).inc_by(*joules);
+        }
     }
-    for (name, help, value) in VCPU_FAMILIES {
-        let rows: Vec<(String, f64)> = status
-            .vms
-            .iter()
-            .flat_map(|vm| {
-                vm.vcpus.iter().filter_map(move |v| {
-                    let labels = format!("{{vm=\"{}\",vcpu=\"{}\"}}", vm.id, v.vcpu);
-                    Some((labels, value(v)?))
-                })
-            })
-            .collect();
-        family(&mut out, name, "gauge", help, &rows);
+    let vcpu = ["vm", "vcpu"];
+    let vcpu_util = gauges(
+        &r,
+        "pvmm_vcpu_utilization_ratio",
+        "Decayed vCPU utilization, in CPUs",
+        &vcpu,
+    )?;
+    let vcpu_package = gauges(
+        &r,
+        "pvmm_vcpu_package",
+        "The package the vCPU is placed on",
+        &vcpu,
+    )?;
+    let vcpu_capacity = gauges(
+        &r,
+        "pvmm_vcpu_capacity",
+        "The capacity the placement gives the vCPU, 1..1024",
+        &vcpu,
+    )?;
+    let vm_vcpus = gauges(&r, "pvmm_vm_vcpus", "vCPUs of the VM", &["vm"])?;
+    for vm in &status.vms {
+        vm_vcpus
+            .with_label_values(&[&vm.name])
+            .set(vm.vcpus.len() as f64);
+        for v in &vm.vcpus {
+            let index = v.vcpu.to_string();
+            let labels = [vm.name.as_str(), index.as_str()];
+            vcpu_util.with_label_values(&labels).set(v.util);
+            if let Some(p) = v.package {
+                vcpu_package.with_label_values(&labels).set(f64::from(p));
+            }
+            if let Some(c) = v.capacity {
+                vcpu_capacity.with_label_values(&labels).set(f64::from(c));
+            }
+        }
     }
-    let moves = [(String::new(), status.migrations_total as f64)];
-    family(
-        &mut out,
-        "pvmm_migrations_total",
-        "counter",
-        "vCPU moves between CPUs.",
-        &moves,
-    );
-    let count = [(String::new(), status.vms.len() as f64)];
-    family(&mut out, "pvmm_vms", "gauge", "VMs managed.", &count);
-    out
+    let moves = counters(&r, "pvmm_migrations_total", "vCPU moves between CPUs", &[])?;
+    moves
+        .with_label_values(&[] as &[&str])
+        .inc_by(status.migrations_total as f64);
+    let vms = gauges(&r, "pvmm_vms", "VMs managed", &[])?;
+    vms.with_label_values(&[] as &[&str])
+        .set(status.vms.len() as f64);
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&r.gather(), &mut out)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Answers one request on `stream`: `GET /v1/host` (JSON) or `GET /metrics` (text).
@@ -196,10 +211,17 @@ pub fn serve_stream<S: Read + Write>(mut stream: S, latest: &Latest, powercap: &
             Err(e) => HttpResponse::error(500, format!("status not written: {e}")),
         },
         ("GET", "/metrics", Some(s)) => {
-            let text = prometheus_text(&s, &rapl_energy(powercap));
+            let text = match prometheus_text(&s, &rapl_energy(powercap)) {
+                Ok(text) => text,
+                Err(e) => {
+                    let answer = HttpResponse::error(500, format!("metrics: {e}"));
+                    let _ = write_response(&mut stream, &answer, false);
+                    return;
+                }
+            };
             let _ = write!(
                 stream,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                "HTTP/1.1 200 OK\r\nContent-Type: {METRICS_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
                 text.len()
             );
             return;
@@ -262,42 +284,66 @@ impl Acceptor for std::os::unix::net::UnixListener {
     }
 }
 
-/// `pvmm-host status` for people: packages, then every vCPU of every VM.
+/// `pvmm-host status` for people: packages, then every vCPU of every VM, in aligned columns.
 pub fn format_status(status: &HostStatus) -> String {
-    let mut out = format!(
-        "policy {}, {} VMs, migrations {}\n\npackage  active  vcpus  util   model W\n",
+    let table = |header: &[&str], rows: Vec<Vec<String>>| {
+        let mut t = Table::new();
+        t.load_preset(presets::NOTHING)
+            .set_header(header.iter().map(|h| h.to_string()))
+            .add_rows(rows);
+        // Columns start at the margin, two spaces apart.
+        for column in t.column_iter_mut() {
+            column.set_padding((0, 2));
+        }
+        t.lines()
+            .map(|l| l.trim_end().to_string() + "\n")
+            .collect::<String>()
+    };
+    let packages = status
+        .packages
+        .iter()
+        .map(|p| {
+            vec![
+                p.id.to_string(),
+                p.active.to_string(),
+                p.vcpus.to_string(),
+                format!("{:.3}", p.util),
+                format!("{:.1}", p.power_w_model),
+            ]
+        })
+        .collect();
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let vcpus = status
+        .vms
+        .iter()
+        .flat_map(|vm| {
+            vm.vcpus.iter().map(move |v| {
+                vec![
+                    vm.name.clone(),
+                    vm.kind.name().to_string(),
+                    vm.pid.to_string(),
+                    v.vcpu.to_string(),
+                    v.tid.to_string(),
+                    format!("{:.3}", v.util),
+                    v.busy.to_string(),
+                    or_dash(v.cpus.as_ref().map(ToString::to_string)),
+                    or_dash(v.package.map(|p| p.to_string())),
+                    or_dash(v.capacity.map(|c| c.to_string())),
+                ]
+            })
+        })
+        .collect();
+    format!(
+        "policy {}, {} VMs, migrations {}\n\n{}\n{}",
         status.policy,
         status.vms.len(),
-        status.migrations_total
-    );
-    for p in &status.packages {
-        let _ = writeln!(
-            out,
-            "{:<8} {:<7} {:<6} {:<6.3} {:.1}",
-            p.id, p.active, p.vcpus, p.util, p.power_w_model
-        );
-    }
-    out.push_str("\nvm  kind     pid      vcpu  tid      util   busy   cpus  package  capacity\n");
-    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    for vm in &status.vms {
-        for v in &vm.vcpus {
-            let _ = writeln!(
-                out,
-                "{:<3} {:<8} {:<8} {:<5} {:<8} {:<6.3} {:<6} {:<5} {:<8} {}",
-                vm.id,
-                vm.kind.name(),
-                vm.pid,
-                v.vcpu,
-                v.tid,
-                v.util,
-                v.busy,
-                or_dash(v.cpus.as_ref().map(ToString::to_string)),
-                or_dash(v.package.map(|p| p.to_string())),
-                or_dash(v.capacity.map(|c| c.to_string())),
-            );
-        }
-    }
-    out
+        status.migrations_total,
+        table(&["package", "active", "vcpus", "util", "model W"], packages),
+        table(
+            &["vm", "kind", "pid", "vcpu", "tid", "util", "busy", "cpus", "package", "capacity"],
+            vcpus
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -313,31 +359,66 @@ mod tests {
                 {"id": 0, "active": true, "vcpus": 2, "util": 0.5, "power_w_model": 60.0},
                 {"id": 1, "active": false, "vcpus": 0, "util": 0.0, "power_w_model": 10.0},
             ],
-            "vms": [{"id": 3, "kind": "pvmm", "name": "a.sock", "pid": 9, "vcpus": [
+            "vms": [{"id": 3, "kind": "pvmm", "name": "a", "pid": 9, "vcpus": [
                 {"vcpu": 0, "tid": 10, "util": 0.9, "busy": true, "cpus": "0", "package": 0,
                  "capacity": 1024, "waited": 0.0},
             ]}],
         }))
         .unwrap();
-        let text = prometheus_text(&snap, &[(0, 12.5)]);
+        let text = prometheus_text(&snap, &[(0, 12.5)]).unwrap();
         for line in [
             "pvmm_package_active{package=\"0\"} 1",
             "pvmm_package_active{package=\"1\"} 0",
-            "pvmm_package_utilization{package=\"0\"} 0.5",
-            "pvmm_package_power_watts_model{package=\"1\"} 10",
+            "pvmm_package_utilization_ratio{package=\"0\"} 0.5",
+            "pvmm_package_power_model_watts{package=\"1\"} 10",
             "pvmm_package_energy_joules_total{package=\"0\"} 12.5",
-            "pvmm_vcpu_utilization{vm=\"3\",vcpu=\"0\"} 0.9",
-            "pvmm_vcpu_package{vm=\"3\",vcpu=\"0\"} 0",
-            "pvmm_vcpu_capacity{vm=\"3\",vcpu=\"0\"} 1024",
+            "pvmm_vcpu_utilization_ratio{vcpu=\"0\",vm=\"a\"} 0.9",
+            "pvmm_vcpu_package{vcpu=\"0\",vm=\"a\"} 0",
+            "pvmm_vcpu_capacity{vcpu=\"0\",vm=\"a\"} 1024",
+            "pvmm_vm_vcpus{vm=\"a\"} 1",
             "pvmm_migrations_total 7",
             "pvmm_vms 1",
             "# TYPE pvmm_migrations_total counter",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
-        assert!(!prometheus_text(&snap, &[]).contains("energy_joules"));
+        assert!(!prometheus_text(&snap, &[])
+            .unwrap()
+            .contains("energy_joules"));
         let status = format_status(&snap);
         assert!(status.contains("pvmm"), "{status}");
+    }
+
+    #[test]
+    fn status_columns_line_up_under_their_headers() {
+        let mut snap: HostStatus = serde_json::from_value(serde_json::json!({
+            "apply_errors": 0, "migrations": 0, "policy": "balance", "migrations_total": 0,
+            "t_ms": 1, "tick_us": {"apply": 0, "decide": 0, "discover": 0, "read": 0},
+            "packages": [], "vms": [{"id": 0, "kind": "foreign", "name": "a-long-vm-name",
+                "pid": 123456, "vcpus": [{"vcpu": 0, "tid": 9, "util": 0.5, "busy": true,
+                "cpus": "0-15", "package": 10, "capacity": 1024, "waited": 0.0}]}],
+        }))
+        .unwrap();
+        let mut short = snap.vms[0].clone();
+        short.name = "b".into();
+        short.vcpus[0].cpus = None;
+        short.vcpus[0].package = None;
+        snap.vms.push(short);
+        let text = format_status(&snap);
+        let table: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("vm ")).collect();
+        let starts: Vec<usize> = table[0]
+            .split_whitespace()
+            .map(|h| table[0].find(h).unwrap())
+            .collect();
+        assert_eq!(table.len(), 3, "{text}");
+        for row in &table[1..] {
+            let cells: Vec<usize> = row
+                .char_indices()
+                .filter(|&(i, c)| c != ' ' && (i == 0 || row.as_bytes()[i - 1] == b' '))
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(cells, starts, "{text}");
+        }
     }
 
     #[test]

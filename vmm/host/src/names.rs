@@ -140,7 +140,10 @@ mod tests {
     fn without_a_name_the_pid_is_the_name() {
         assert_eq!(foreign_name(&args("qemu-system-x86_64 -m 64"), 42), "42");
         assert_eq!(foreign_name(&args("qemu-system-x86_64 -name"), 42), "42");
-        assert_eq!(foreign_name(&args("qemu-system-x86_64 -name process=q"), 42), "42");
+        assert_eq!(
+            foreign_name(&args("qemu-system-x86_64 -name process=q"), 42),
+            "42"
+        );
         assert_eq!(foreign_name(&[], 42), "42");
         assert_eq!(foreign_name(&args("myvmm --id z"), 42), "42");
     }

@@ -1,0 +1,76 @@
+//! The metrics exposition as Prometheus users check it: `promtool check metrics` (Debian's
+//! `prometheus` package) must pass on it with no lint. Without promtool the test skips with a
+//! loud message, or fails under PVMM_REQUIRE_PROMTOOL=1 (CI, which installs it).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use pvmm_api::stats::HostStatus;
+use pvmm_host::metrics::prometheus_text;
+
+fn promtool_available() -> bool {
+    let ok = Command::new("promtool").arg("--version").output().is_ok();
+    if !ok {
+        if std::env::var("PVMM_REQUIRE_PROMTOOL").as_deref() == Ok("1") {
+            panic!("promtool is not installed and PVMM_REQUIRE_PROMTOOL=1");
+        }
+        eprintln!(
+            "\n!!! SKIPPED promtool: promtool (Debian package prometheus) is not installed !!!\n"
+        );
+    }
+    ok
+}
+
+/// A daemon tick with two VMs, one of them placed.
+fn status() -> HostStatus {
+    serde_json::from_value(serde_json::json!({
+        "apply_errors": 0, "migrations": 1, "migrations_total": 9, "policy": "powersaving:1",
+        "t_ms": 5000, "tick_us": {"apply": 10, "decide": 20, "discover": 30, "read": 40},
+        "packages": [
+            {"id": 0, "active": true, "vcpus": 2, "util": 0.75, "power_w_model": 61.5},
+            {"id": 1, "active": false, "vcpus": 0, "util": 0.0, "power_w_model": 10.0},
+        ],
+        "vms": [
+            {"id": 0, "kind": "foreign", "name": "web \"1\"", "pid": 10, "vcpus": [
+                {"vcpu": 0, "tid": 11, "util": 0.9, "busy": true, "cpus": "0", "package": 0,
+                 "capacity": 1024, "waited": 0.0},
+            ]},
+            {"id": 1, "kind": "pvmm", "name": "db", "pid": 20, "vcpus": [
+                {"vcpu": 0, "tid": 21, "util": 0.0, "busy": false, "cpus": null,
+                 "package": null, "capacity": null, "waited": 0.0},
+            ]},
+        ],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn promtool_finds_nothing_to_fix() {
+    if !promtool_available() {
+        return;
+    }
+    for rapl in [vec![], vec![(0u32, 1234.5f64), (1, 99.0)]] {
+        let text = prometheus_text(&status(), &rapl).unwrap();
+        let mut child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{said}\n{text}");
+        assert_eq!(said.trim(), "", "{text}");
+    }
+}
