@@ -85,11 +85,25 @@ pub struct VcpuStats<C = CpuSet> {
     pub waited: f64,
 }
 
+/// Where the daemon's energy figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnergySource {
+    /// The packages' RAPL counters: measured.
+    Rapl,
+    /// The package power model applied to the placement: modelled.
+    #[default]
+    Model,
+}
+
 /// The host daemon's tick.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostStatus {
     /// Affinity changes that failed since start.
     pub apply_errors: u64,
+    /// Where the energy figures come from.
+    #[serde(default)]
+    pub energy_source: EnergySource,
     /// vCPUs moved this tick.
     pub migrations: u64,
     /// vCPUs moved since start.
@@ -112,8 +126,14 @@ pub struct HostStatus {
 pub struct HostPackage {
     /// Whether it holds vCPUs.
     pub active: bool,
+    /// Its energy since the daemon started, in joules.
+    #[serde(default)]
+    pub energy_joules: f64,
     /// Package id.
     pub id: u32,
+    /// The part of `energy_joules` no VM's vCPUs used.
+    #[serde(default)]
+    pub idle_energy_joules: f64,
     /// The package power model's watts at this load (rounded to 0.1 W).
     pub power_w_model: f64,
     /// Mean load of its CPUs.
@@ -145,11 +165,14 @@ impl VmKind {
 /// One VM in the daemon's tick.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostVm {
+    /// Its share of the packages' energy since the daemon started placing it, in joules.
+    #[serde(default)]
+    pub energy_joules: f64,
     /// The daemon's id for it.
     pub id: u32,
     /// Who runs it.
     pub kind: VmKind,
-    /// Its name: a pvmm VM's socket, another VMM's command name.
+    /// Its stable name (the VMM's own name for it, else the pid).
     pub name: String,
     /// The VMM's pid.
     pub pid: i32,
@@ -233,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_host_status_reads_back_and_bad_text_is_refused() {
-        let line = r#"{"apply_errors":0,"migrations":0,"migrations_total":2,"packages":[{"active":false,"id":1,"power_w_model":12.5,"util":0.0,"vcpus":0}],"policy":"balance","t_ms":5,"tick_us":{"apply":1,"decide":2,"discover":3,"read":4},"vms":[{"id":0,"kind":"foreign","name":"qemu","pid":9,"vcpus":[{"busy":false,"capacity":null,"cpus":null,"package":null,"tid":10,"util":0.0,"vcpu":0,"waited":0.0}]}]}"#;
+        let line = r#"{"apply_errors":0,"energy_source":"model","migrations":0,"migrations_total":2,"packages":[{"active":false,"energy_joules":3.5,"id":1,"idle_energy_joules":3.5,"power_w_model":12.5,"util":0.0,"vcpus":0}],"policy":"balance","t_ms":5,"tick_us":{"apply":1,"decide":2,"discover":3,"read":4},"vms":[{"energy_joules":0.0,"id":0,"kind":"foreign","name":"qemu","pid":9,"vcpus":[{"busy":false,"capacity":null,"cpus":null,"package":null,"tid":10,"util":0.0,"vcpu":0,"waited":0.0}]}]}"#;
         let status: HostStatus = serde_json::from_str(line).unwrap();
         assert_eq!(status.vms[0].kind, VmKind::Foreign);
         assert_eq!(serde_json::to_string(&status).unwrap(), line);

@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod command;
 pub mod discover;
+pub mod energy;
 pub mod members;
 pub mod metrics;
 pub mod names;
@@ -27,7 +28,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pvmm_api::stats::{
-    round3, round_watts, share, HostPackage, HostStatus, HostVcpu, HostVm, TickUs, VmKind,
+    round3, round_watts, share, EnergySource, HostPackage, HostStatus, HostVcpu, HostVm, TickUs,
+    VmKind,
 };
 use pvmm_scheduler::{
     Assignment, CpuSet, Decision, EngineConfig, Executor, HostTopology, LinuxExecutor, PlaceError,
@@ -38,6 +40,7 @@ use pvmm_tick::own_threads::OwnThreads;
 use pvmm_tick::{Applied, Members, PhaseClock, PhaseTimes, Tick, TickReport};
 
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
+use self::energy::{EnergyLedger, POWERCAP_ROOT};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember};
 
 /// The lock file in the runtime directory that keeps a second daemon out.
@@ -167,6 +170,8 @@ struct HostMembers {
     latest: metrics::Latest,
     /// The daemon's own threads, kept on the lowest active package like pvmm's.
     own: OwnThreads,
+    /// Energy by VM and package since start.
+    energy: EnergyLedger,
     _lock: std::fs::File,
 }
 
@@ -234,6 +239,7 @@ impl HostDaemon {
                 scan: ScanSchedule::default(),
                 latest: Default::default(),
                 own: OwnThreads::new(Vec::new()),
+                energy: EnergyLedger::new(PathBuf::from(POWERCAP_ROOT)),
                 _lock: lock,
             },
             start: Instant::now(),
@@ -583,7 +589,9 @@ impl HostMembers {
     }
 
     fn report_line(&mut self, tick: &TickReport<'_>, decision: &Decision) {
-        let line = self.snapshot(tick, decision);
+        let mut line = self.snapshot(tick, decision);
+        self.energy
+            .account(tick.now_ns, &self.config.topology, &mut line);
         if let Some(out) = self.stats.as_mut() {
             let written = serde_json::to_writer(&mut *out, &line)
                 .map_err(std::io::Error::from)
@@ -634,6 +642,7 @@ impl HostMembers {
                     Member::Foreign(f) => (VmKind::Foreign, f.found.name.clone()),
                 };
                 HostVm {
+                    energy_joules: 0.0,
                     id: m.id,
                     kind,
                     name,
@@ -660,7 +669,9 @@ impl HostMembers {
                 let util: f64 = cpus.iter().map(load).sum::<f64>() / cpus.len().max(1) as f64;
                 HostPackage {
                     active: on > 0,
+                    energy_joules: 0.0,
                     id: p.id,
+                    idle_energy_joules: 0.0,
                     power_w_model: round_watts(power.get(&p.id).copied().unwrap_or(0.0)),
                     util: round3(util),
                     vcpus: on as u32,
@@ -669,6 +680,7 @@ impl HostMembers {
             .collect();
         HostStatus {
             apply_errors: tick.totals.apply_errors,
+            energy_source: EnergySource::Model,
             migrations: decision.migrations.len() as u64,
             migrations_total: tick.totals.migrations,
             packages,
@@ -682,18 +694,17 @@ impl HostMembers {
     /// Starts the status socket in the runtime directory and, with `--metrics`, the TCP
     /// metrics endpoint.
     fn start_servers(&self) -> Result<(), String> {
-        let powercap = PathBuf::from(metrics::POWERCAP_ROOT);
         let path = self.config.runtime_dir.join(STATUS_SOCKET);
         // The lock is held: a socket file left here is a dead daemon's.
         let _ = std::fs::remove_file(&path);
         let unix = std::os::unix::net::UnixListener::bind(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        metrics::spawn_server("pvmm-host-api", unix, self.latest.clone(), powercap.clone())
+        metrics::spawn_server("pvmm-host-api", unix, self.latest.clone())
             .map_err(|e| format!("status thread: {e}"))?;
         if let Some(addr) = self.config.metrics {
             let tcp =
                 std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
-            metrics::spawn_server("pvmm-host-metrics", tcp, self.latest.clone(), powercap)
+            metrics::spawn_server("pvmm-host-metrics", tcp, self.latest.clone())
                 .map_err(|e| format!("metrics thread: {e}"))?;
         }
         Ok(())

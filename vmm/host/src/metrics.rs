@@ -4,12 +4,12 @@
 //! Kepler and labelled with each VM's stable name. Cluster engines (OpenStack Watcher, oVirt)
 //! read such metrics to move whole VMs between hosts; pvmm-host places vCPUs within one host.
 //!
-//! Energy: `pvmm_package_energy_joules_total` comes from powercap RAPL where the host exposes
-//! it; everywhere else only `pvmm_package_power_model_watts` is given, the simulator's power
-//! model applied to the placement, named as a model so nobody takes it for a measurement.
+//! Energy ([`crate::energy`]): each package's, each VM's share and the idle remainder, from
+//! RAPL where the host exposes it; everywhere else from the simulator's power model applied to
+//! the placement, with `_model` in the names so that nobody takes it for a measurement
+//! (`pvmm_package_power_model_watts` is always the model's).
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use pvmm_scheduler::power::{thread_overlap, PowerModel};
@@ -18,13 +18,10 @@ use pvmm_scheduler::HostTopology;
 use comfy_table::{presets, Table};
 use prometheus::{CounterVec, Encoder, GaugeVec, Opts, Registry, TextEncoder};
 use pvmm_api::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
-use pvmm_api::stats::HostStatus;
+use pvmm_api::stats::{EnergySource, HostStatus};
 
 /// The exposition's content type: the Prometheus text format, version 0.0.4.
 const METRICS_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Where RAPL's package domains are.
-pub const POWERCAP_ROOT: &str = "/sys/class/powercap";
 
 /// The latest snapshot, shared by the tick loop and the servers.
 pub type Latest = Arc<Mutex<Option<HostStatus>>>;
@@ -56,29 +53,6 @@ pub fn package_power_model(topology: &HostTopology, load: &dyn Fn(u32) -> f64) -
         .collect()
 }
 
-/// RAPL package energy counters (`intel-rapl:N/energy_uj`, package N; AMD exposes the same
-/// names), in joules; empty where none is readable.
-pub fn rapl_energy(root: &Path) -> Vec<(u32, f64)> {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(u32, f64)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let n: u32 = name.strip_prefix("intel-rapl:")?.parse().ok()?;
-            let uj: f64 = std::fs::read_to_string(e.path().join("energy_uj"))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()?;
-            Some((n, uj / 1e6))
-        })
-        .collect();
-    out.sort_by_key(|(n, _)| *n);
-    out
-}
-
 /// A family of gauges with `labels`, registered in `r`.
 fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
     let family = GaugeVec::new(Opts::new(name, help), labels)?;
@@ -98,12 +72,48 @@ fn counters(
     Ok(family)
 }
 
-/// The metrics of a daemon tick's status plus RAPL counters (`(package, joules)`), in the
+/// Energy: each package's, each VM's share of it and the idle remainder, since the daemon
+/// started; `_model_` in the names where the packages' energy is the power model's.
+fn energy_families(r: &Registry, status: &HostStatus) -> prometheus::Result<()> {
+    let (kind, what) = match status.energy_source {
+        EnergySource::Rapl => ("", "from RAPL"),
+        EnergySource::Model => ("_model", "from the package power model (not a measurement)"),
+    };
+    let package = counters(
+        r,
+        &format!("pvmm_package_energy{kind}_joules_total"),
+        &format!("Package energy since the daemon started, {what}"),
+        &["package"],
+    )?;
+    let idle = counters(
+        r,
+        &format!("pvmm_package_idle_energy{kind}_joules_total"),
+        &format!("The part of the package's energy no VM's vCPUs used, {what}"),
+        &["package"],
+    )?;
+    for p in &status.packages {
+        let id = p.id.to_string();
+        package.with_label_values(&[&id]).inc_by(p.energy_joules);
+        idle.with_label_values(&[&id]).inc_by(p.idle_energy_joules);
+    }
+    let vm = counters(
+        r,
+        &format!("pvmm_vm_energy{kind}_joules_total"),
+        &format!("The VM's share of its packages' energy by its vCPUs' CPU time, {what}"),
+        &["vm"],
+    )?;
+    for v in &status.vms {
+        vm.with_label_values(&[&v.name]).inc_by(v.energy_joules);
+    }
+    Ok(())
+}
+
+/// The metrics of a daemon tick's status, in the
 /// Prometheus text format (the `prometheus` crate's encoder: the format `promtool check
 /// metrics` reads, which prometheus-client's OpenMetrics output is not, its counters' help
 /// being on the name without `_total`): names in node_exporter's and Kepler's style, base
 /// units, counters ending in `_total`, each VM labelled with its stable name.
-pub fn prometheus_text(status: &HostStatus, rapl: &[(u32, f64)]) -> prometheus::Result<String> {
+pub fn prometheus_text(status: &HostStatus) -> prometheus::Result<String> {
     let r = Registry::new();
     let pkg = ["package"];
     let active = gauges(
@@ -132,17 +142,7 @@ pub fn prometheus_text(status: &HostStatus, rapl: &[(u32, f64)]) -> prometheus::
         util.with_label_values(&[&id]).set(p.util);
         power.with_label_values(&[&id]).set(p.power_w_model);
     }
-    if !rapl.is_empty() {
-        let energy = counters(
-            &r,
-            "pvmm_package_energy_joules_total",
-            "Package energy from powercap RAPL",
-            &pkg,
-        )?;
-        for (n, joules) in rapl {
-            energy.with_label_values(&[&n.to_string()]).inc_by(*joules);
-        }
-    }
+    energy_families(&r, status)?;
     let vcpu = ["vm", "vcpu"];
     let vcpu_util = gauges(
         &r,
@@ -192,7 +192,7 @@ pub fn prometheus_text(status: &HostStatus, rapl: &[(u32, f64)]) -> prometheus::
 }
 
 /// Answers one request on `stream`: `GET /v1/host` (JSON) or `GET /metrics` (text).
-pub fn serve_stream<S: Read + Write>(mut stream: S, latest: &Latest, powercap: &Path) {
+pub fn serve_stream<S: Read + Write>(mut stream: S, latest: &Latest) {
     let request = match read_request(&mut stream) {
         Ok(r) => r,
         Err(ReadFailure::Bad(answer)) => {
@@ -211,7 +211,7 @@ pub fn serve_stream<S: Read + Write>(mut stream: S, latest: &Latest, powercap: &
             Err(e) => HttpResponse::error(500, format!("status not written: {e}")),
         },
         ("GET", "/metrics", Some(s)) => {
-            let text = match prometheus_text(&s, &rapl_energy(powercap)) {
+            let text = match prometheus_text(&s) {
                 Ok(text) => text,
                 Err(e) => {
                     let answer = HttpResponse::error(500, format!("metrics: {e}"));
@@ -242,7 +242,6 @@ pub fn spawn_server<L>(
     name: &str,
     listener: L,
     latest: Latest,
-    powercap: PathBuf,
 ) -> std::io::Result<std::thread::JoinHandle<()>>
 where
     L: Acceptor + Send + 'static,
@@ -251,7 +250,7 @@ where
         .name(name.into())
         .spawn(move || loop {
             if let Some(stream) = listener.accept_one() {
-                serve_stream(stream, &latest, &powercap);
+                serve_stream(stream, &latest);
             }
         })
 }
@@ -365,7 +364,10 @@ mod tests {
             ]}],
         }))
         .unwrap();
-        let text = prometheus_text(&snap, &[(0, 12.5)]).unwrap();
+        let mut snap = snap;
+        snap.energy_source = EnergySource::Rapl;
+        snap.packages[0].energy_joules = 12.5;
+        let text = prometheus_text(&snap).unwrap();
         for line in [
             "pvmm_package_active{package=\"0\"} 1",
             "pvmm_package_active{package=\"1\"} 0",
@@ -382,9 +384,11 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
-        assert!(!prometheus_text(&snap, &[])
-            .unwrap()
-            .contains("energy_joules"));
+        snap.energy_source = EnergySource::Model;
+        let model = prometheus_text(&snap).unwrap();
+        assert!(!model.contains("pvmm_package_energy_joules"), "{model}");
+        let vm = "pvmm_vm_energy_model_joules_total{vm=\"a\"} 0";
+        assert!(model.lines().any(|l| l == vm), "{model}");
         let status = format_status(&snap);
         assert!(status.contains("pvmm"), "{status}");
     }
@@ -431,17 +435,5 @@ mod tests {
             (p[0].1 - (model.package_active_w + model.core_w)).abs() < 1e-9,
             "{p:?}"
         );
-    }
-
-    #[test]
-    fn rapl_counters_are_read_where_present() {
-        let dir = std::env::temp_dir().join(format!("pvmm-rapl-{}", std::process::id()));
-        let d = dir.join("intel-rapl:1");
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("energy_uj"), "2500000\n").unwrap();
-        std::fs::create_dir_all(dir.join("intel-rapl:1:0")).unwrap();
-        assert_eq!(rapl_energy(&dir), vec![(1, 2.5)]);
-        assert!(rapl_energy(Path::new("/nonexistent")).is_empty());
-        std::fs::remove_dir_all(&dir).ok();
     }
 }
