@@ -78,6 +78,7 @@ use crate::cpuset::CpuSet;
 use crate::policy::Policy;
 use crate::topology::HostTopology;
 
+mod allowed;
 mod demand;
 mod draft;
 mod index;
@@ -289,6 +290,8 @@ pub struct Engine {
     /// Packages (the lowest ones) holding the vCPUs adopted where they ran
     /// since the previous decision; 0 when none were.
     adopted_packages: usize,
+    /// The CPUs some vCPUs are limited to ([`Engine::set_allowed`]).
+    allowed: std::collections::HashMap<VcpuId, CpuSet>,
 }
 
 impl Engine {
@@ -311,6 +314,7 @@ impl Engine {
             pack: PackScratch::default(),
             assumed: std::collections::HashMap::new(),
             adopted_packages: 0,
+            allowed: std::collections::HashMap::new(),
         }
     }
 
@@ -405,6 +409,7 @@ impl Engine {
             self.place_pack(now_ms, loads, total_fit)
         };
         self.adopted_packages = 0;
+        self.keep_allowed(loads);
         let share = self.config.share_package && self.policy.packs() && !overutilized;
         self.finish(loads, share, out);
         out.overutilized = overutilized;
@@ -492,7 +497,13 @@ impl Engine {
                 }
                 state.cpu = c;
             }
-            let cpus = if share {
+            let cpus = if share && !self.allowed.is_empty() {
+                let package = &d.pkg_cpus[l.pkg_of(c).get()];
+                match self.allowed.get(&load.id) {
+                    Some(set) if !set.intersection(package).is_empty() => set.intersection(package),
+                    _ => package.clone(),
+                }
+            } else if share {
                 d.pkg_cpus[l.pkg_of(c).get()].clone()
             } else {
                 cpu

@@ -115,6 +115,11 @@ pub trait Members {
     /// With `fresh`, the engine has just been made afresh and no vCPU is placed by it yet.
     fn assume(&mut self, fresh: bool, assume: &mut dyn FnMut(VcpuId, u32));
 
+    /// Calls `limit` with each vCPU whose CPUs are limited from outside (an operator's pin, a
+    /// cgroup cpuset) and the CPUs it may use, or None for a limit lifted. With `fresh`, the
+    /// engine holds no limit yet.
+    fn limits(&mut self, _fresh: bool, _limit: &mut dyn FnMut(VcpuId, Option<CpuSet>)) {}
+
     /// The CPUs placed on changed (CPUs went offline or came back).
     fn topology_changed(&mut self, _topology: &HostTopology) {}
 
@@ -344,9 +349,11 @@ impl Tick {
         let Some(engine) = self.engine.as_mut() else {
             return Ok(false);
         };
-        members.assume(std::mem::take(&mut self.fresh), &mut |id, cpu| {
+        let fresh = std::mem::take(&mut self.fresh);
+        members.assume(fresh, &mut |id, cpu| {
             engine.assume(id, cpu);
         });
+        members.limits(fresh, &mut |id, cpus| engine.set_allowed(id, cpus));
         engine.place_into(now_ns / 1_000_000, &self.loads, &mut self.decision)?;
         Ok(true)
     }

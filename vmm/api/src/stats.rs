@@ -192,6 +192,9 @@ pub struct HostVcpu {
     pub cpus: Option<CpuSet>,
     /// The package it was given (None while unplaced).
     pub package: Option<u32>,
+    /// An operator pinned its thread: the daemon does not move it.
+    #[serde(default)]
+    pub pinned: bool,
     /// Its thread id.
     pub tid: i32,
     /// Its utilization, in CPUs.
@@ -256,7 +259,7 @@ mod tests {
 
     #[test]
     fn a_host_status_reads_back_and_bad_text_is_refused() {
-        let line = r#"{"apply_errors":0,"energy_source":"model","migrations":0,"migrations_total":2,"packages":[{"active":false,"energy_joules":3.5,"id":1,"idle_energy_joules":3.5,"power_w_model":12.5,"util":0.0,"vcpus":0}],"policy":"balance","t_ms":5,"tick_us":{"apply":1,"decide":2,"discover":3,"read":4},"vms":[{"energy_joules":0.0,"id":0,"kind":"foreign","name":"qemu","pid":9,"vcpus":[{"busy":false,"capacity":null,"cpus":null,"package":null,"tid":10,"util":0.0,"vcpu":0,"waited":0.0}]}]}"#;
+        let line = r#"{"apply_errors":0,"energy_source":"model","migrations":0,"migrations_total":2,"packages":[{"active":false,"energy_joules":3.5,"id":1,"idle_energy_joules":3.5,"power_w_model":12.5,"util":0.0,"vcpus":0}],"policy":"balance","t_ms":5,"tick_us":{"apply":1,"decide":2,"discover":3,"read":4},"vms":[{"energy_joules":0.0,"id":0,"kind":"foreign","name":"qemu","pid":9,"vcpus":[{"busy":false,"capacity":null,"cpus":null,"package":null,"pinned":false,"tid":10,"util":0.0,"vcpu":0,"waited":0.0}]}]}"#;
         let status: HostStatus = serde_json::from_str(line).unwrap();
         assert_eq!(status.vms[0].kind, VmKind::Foreign);
         assert_eq!(serde_json::to_string(&status).unwrap(), line);

@@ -112,6 +112,7 @@ fn run(vms: u32, vcpus: u32, busy: bool) -> Result<(), String> {
             kvm_debugfs: root.join("debugfs"),
             qmp: Vec::new(),
             cpu_online: root.join("online"),
+            cgroup: root.join("cgroup"),
         },
         verbose: false,
         metrics: None,

@@ -29,6 +29,8 @@ pub struct Roots {
     pub qmp: Vec<PathBuf>,
     /// The host's online CPUs ([`pvmm_tick::hotplug::SYSFS_ONLINE`]).
     pub cpu_online: PathBuf,
+    /// Where cgroup file systems are mounted ([`crate::cgroup::CGROUP_ROOT`]).
+    pub cgroup: PathBuf,
 }
 
 impl Default for Roots {
@@ -38,6 +40,7 @@ impl Default for Roots {
             kvm_debugfs: "/sys/kernel/debug/kvm".into(),
             qmp: Vec::new(),
             cpu_online: pvmm_tick::hotplug::SYSFS_ONLINE.into(),
+            cgroup: crate::cgroup::CGROUP_ROOT.into(),
         }
     }
 }
@@ -344,6 +347,7 @@ pub mod fake {
                     kvm_debugfs: dir.join("debugfs-kvm"),
                     qmp: Vec::new(),
                     cpu_online: dir.join("online"),
+                    cgroup: dir.join("cgroup"),
                 },
                 dir,
             }

@@ -12,6 +12,7 @@
 //! dies leaves pvmm VMs to their lease: they place themselves again. One that is told to stop
 //! (SIGTERM, SIGINT) hands placement back and restores foreign threads' affinity first.
 
+pub mod cgroup;
 pub mod cli;
 pub mod command;
 pub mod discover;
@@ -19,6 +20,7 @@ pub mod energy;
 pub mod members;
 pub mod metrics;
 pub mod names;
+pub mod operator;
 pub mod qmp;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -39,9 +41,11 @@ use pvmm_tick::hotplug::OnlineCpus;
 use pvmm_tick::own_threads::OwnThreads;
 use pvmm_tick::{Applied, Members, PhaseClock, PhaseTimes, Tick, TickReport};
 
+use self::cgroup::thread_cpuset;
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::energy::{EnergyLedger, POWERCAP_ROOT};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember};
+use self::operator::OperatorPins;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
 pub const LOCK_FILE: &str = "pvmm-host.lock";
@@ -172,6 +176,10 @@ struct HostMembers {
     own: OwnThreads,
     /// Energy by VM and package since start.
     energy: EnergyLedger,
+    /// Operators' pins, and the limits the engine holds.
+    pins: OperatorPins,
+    /// Each foreign vCPU thread's cgroup cpuset within the daemon's CPUs, where narrower.
+    bounds: HashMap<i32, CpuSet>,
     _lock: std::fs::File,
 }
 
@@ -240,6 +248,8 @@ impl HostDaemon {
                 latest: Default::default(),
                 own: OwnThreads::new(Vec::new()),
                 energy: EnergyLedger::new(PathBuf::from(POWERCAP_ROOT)),
+                pins: OperatorPins::default(),
+                bounds: HashMap::new(),
                 _lock: lock,
             },
             start: Instant::now(),
@@ -303,6 +313,7 @@ impl Members for HostMembers {
 
     fn sample(&mut self, now_ns: u64, loads: &mut Vec<VcpuLoad>) {
         self.read(now_ns);
+        self.observe_operators();
         for m in self.vms.values() {
             loads.extend(m.vcpus.iter().map(|v| VcpuLoad {
                 id: VcpuId {
@@ -342,6 +353,27 @@ impl Members for HostMembers {
                 }
             }
         }
+    }
+
+    fn limits(&mut self, fresh: bool, limit: &mut dyn FnMut(VcpuId, Option<CpuSet>)) {
+        let all = self.config.topology.cpu_set();
+        let mut wanted = HashMap::new();
+        for m in self.vms.values() {
+            if !matches!(m.member, Member::Foreign(_)) {
+                continue;
+            }
+            for v in &m.vcpus {
+                let bound = self.bounds.get(&v.tid).unwrap_or(&all);
+                if let Some(set) = self.pins.limit(v.tid, bound, &all) {
+                    let id = VcpuId {
+                        vm: m.id,
+                        vcpu: v.vcpu,
+                    };
+                    wanted.insert(id, set);
+                }
+            }
+        }
+        self.pins.tell(fresh, wanted, limit);
     }
 
     fn topology_changed(&mut self, topology: &HostTopology) {
@@ -500,6 +532,35 @@ impl HostMembers {
         }
     }
 
+    /// Reads each foreign vCPU thread's cgroup cpuset and affinity, and notes the operators'
+    /// pins among them ([`OperatorPins`]).
+    fn observe_operators(&mut self) {
+        let all = self.config.topology.cpu_set();
+        let roots = &self.config.roots;
+        let mut live = HashSet::new();
+        self.bounds.clear();
+        for (pid, m) in &self.vms {
+            if !matches!(m.member, Member::Foreign(_)) {
+                continue;
+            }
+            for v in &m.vcpus {
+                live.insert(v.tid);
+                let cpuset = thread_cpuset(&roots.proc, &roots.cgroup, *pid, v.tid);
+                let bound = cpuset
+                    .map(|set| set.intersection(&all))
+                    .filter(|set| !set.is_empty() && *set != all);
+                let affinity = self.executor.read(v.tid).ok();
+                let within = bound.as_ref().unwrap_or(&all);
+                self.pins
+                    .observe(v.tid, affinity.as_ref(), within, &mut self.applied);
+                if let Some(bound) = bound {
+                    self.bounds.insert(v.tid, bound);
+                }
+            }
+        }
+        self.pins.retain(|tid| live.contains(&tid));
+    }
+
     /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
     /// affinity (`inherited` when the thread was created while its VM was placed); a refusal
     /// is reported once.
@@ -579,7 +640,11 @@ impl HostMembers {
             m.placed |= !mine.is_empty();
         }
         for (tid, cpus, inherited) in foreign_pins {
-            self.pin_foreign(tid, &cpus, inherited);
+            // An operator's pin is left alone; a cpuset is never stepped out of.
+            let outside = self.bounds.get(&tid).is_some_and(|b| !cpus.is_subset(b));
+            if !self.pins.is_pinned(tid) && !outside {
+                self.pin_foreign(tid, &cpus, inherited);
+            }
         }
         self.refusals += failed.len() as u64;
         for pid in failed {
@@ -630,6 +695,7 @@ impl HostMembers {
                             capacity: a.map(|a| a.capacity),
                             cpus: a.map(|a| a.cpus.clone()),
                             package: a.map(|a| a.package),
+                            pinned: self.pins.is_pinned(v.tid),
                             tid: v.tid,
                             util: share(v.util),
                             vcpu: v.vcpu,

@@ -162,6 +162,12 @@ pub fn prometheus_text(status: &HostStatus) -> prometheus::Result<String> {
         "The capacity the placement gives the vCPU, 1..1024",
         &vcpu,
     )?;
+    let pinned = gauges(
+        &r,
+        "pvmm_vcpu_operator_pinned",
+        "1 when an operator pinned the vCPU's thread and the daemon leaves it alone",
+        &vcpu,
+    )?;
     let vm_vcpus = gauges(&r, "pvmm_vm_vcpus", "vCPUs of the VM", &["vm"])?;
     for vm in &status.vms {
         vm_vcpus
@@ -171,6 +177,9 @@ pub fn prometheus_text(status: &HostStatus) -> prometheus::Result<String> {
             let index = v.vcpu.to_string();
             let labels = [vm.name.as_str(), index.as_str()];
             vcpu_util.with_label_values(&labels).set(v.util);
+            pinned
+                .with_label_values(&labels)
+                .set(f64::from(u8::from(v.pinned)));
             if let Some(p) = v.package {
                 vcpu_package.with_label_values(&labels).set(f64::from(p));
             }
@@ -328,6 +337,7 @@ pub fn format_status(status: &HostStatus) -> String {
                     or_dash(v.cpus.as_ref().map(ToString::to_string)),
                     or_dash(v.package.map(|p| p.to_string())),
                     or_dash(v.capacity.map(|c| c.to_string())),
+                    if v.pinned { "operator" } else { "-" }.to_string(),
                 ]
             })
         })
@@ -339,7 +349,10 @@ pub fn format_status(status: &HostStatus) -> String {
         status.migrations_total,
         table(&["package", "active", "vcpus", "util", "model W"], packages),
         table(
-            &["vm", "kind", "pid", "vcpu", "tid", "util", "busy", "cpus", "package", "capacity"],
+            &[
+                "vm", "kind", "pid", "vcpu", "tid", "util", "busy", "cpus", "package", "capacity",
+                "pinned",
+            ],
             vcpus
         ),
     )

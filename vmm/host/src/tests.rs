@@ -276,3 +276,103 @@ fn a_second_daemon_on_the_same_directory_is_refused() {
     let _first = lock(&dir).unwrap();
     assert!(matches!(lock(&dir), Err(HostError::AlreadyRunning(_))));
 }
+
+/// An executor the test can also act through, as an operator's `taskset` would.
+#[derive(Clone, Default)]
+struct Shared(std::sync::Arc<std::sync::Mutex<RecordingExecutor>>);
+
+impl Executor for Shared {
+    fn apply(&mut self, tid: i32, cpus: &CpuSet) -> Result<(), pvmm_scheduler::ExecutorError> {
+        self.0.lock().unwrap().apply(tid, cpus)
+    }
+    fn read(&self, tid: i32) -> Result<CpuSet, pvmm_scheduler::ExecutorError> {
+        self.0.lock().unwrap().read(tid)
+    }
+}
+
+impl Shared {
+    fn now(&self, tid: i32) -> CpuSet {
+        self.0.lock().unwrap().current()[&tid].clone()
+    }
+}
+
+/// The latest status's vCPU `vcpu` of the only VM.
+fn vcpu_status(d: &HostDaemon, vcpu: u32) -> pvmm_api::stats::HostVcpu {
+    let status = d.host.latest.lock().unwrap().clone().unwrap();
+    status.vms[0].vcpus[vcpu as usize].clone()
+}
+
+#[test]
+fn an_operators_pin_is_left_alone_until_widened_and_a_cpuset_never_left() {
+    let host = FakeHost::new("operator");
+    host.process(
+        100,
+        &[(100, "qemu"), (110, "CPU 0/KVM"), (111, "CPU 1/KVM")],
+        &[
+            (3, "anon_inode:kvm-vm"),
+            (4, "anon_inode:kvm-vcpu:0"),
+            (5, "anon_inode:kvm-vcpu:1"),
+        ],
+    );
+    // vCPU 1's cgroup allows CPUs 2-3 only (package 1).
+    let task = host.roots.proc.join("100/task/111");
+    std::fs::write(task.join("cgroup"), "3:cpuset:/machine/vm/vcpu1\n").unwrap();
+    let cg = host.roots.cgroup.join("cpuset/machine/vm/vcpu1");
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("cpuset.effective_cpus"), "2-3\n").unwrap();
+    let shared = Shared::default();
+    let config = config(&host, "powersaving");
+    let mut d = HostDaemon::with_executor(config, None, Box::new(shared.clone())).unwrap();
+    let package0 = CpuSet::range(0, 1);
+    let package1 = CpuSet::range(2, 3);
+    for _ in 0..3 {
+        d.tick().unwrap();
+    }
+    assert!(shared.now(110).is_subset(&package0), "{}", shared.now(110));
+    assert!(
+        shared.now(111).is_subset(&package1),
+        "within its cpuset: {}",
+        shared.now(111)
+    );
+    assert!(!vcpu_status(&d, 0).pinned);
+    // An operator pins vCPU 0 to CPU 3.
+    shared
+        .0
+        .lock()
+        .unwrap()
+        .apply(110, &CpuSet::single(3))
+        .unwrap();
+    for _ in 0..3 {
+        d.tick().unwrap();
+    }
+    assert_eq!(
+        shared.now(110),
+        CpuSet::single(3),
+        "left where the operator put it"
+    );
+    let v0 = vcpu_status(&d, 0);
+    assert!(v0.pinned);
+    assert_eq!(
+        v0.cpus,
+        Some(CpuSet::single(3)),
+        "its load counted where it runs"
+    );
+    assert_eq!(d.tick.totals().apply_errors, 0);
+    // Widened to every CPU again: the daemon takes it back.
+    shared
+        .0
+        .lock()
+        .unwrap()
+        .apply(110, &CpuSet::range(0, 3))
+        .unwrap();
+    for _ in 0..3 {
+        d.tick().unwrap();
+    }
+    assert!(!vcpu_status(&d, 0).pinned);
+    assert!(
+        shared.now(110).len() == 1,
+        "placed again: {}",
+        shared.now(110)
+    );
+    assert!(shared.now(111).is_subset(&package1));
+}
