@@ -19,12 +19,19 @@ pub struct OperatorPins {
     pinned: HashMap<i32, CpuSet>,
     /// The limit the engine holds for each vCPU that has one.
     told: HashMap<VcpuId, CpuSet>,
+    /// Each thread's bound when first seen: every CPU it may use while nobody pins it.
+    home: HashMap<i32, CpuSet>,
+    /// Each thread's bound at the last look.
+    last_bound: HashMap<i32, CpuSet>,
 }
 
 impl OperatorPins {
     /// Looks at foreign vCPU thread `tid` as it is now: `affinity`, within `bound` (its
-    /// cpuset within the daemon's CPUs). `applied` is what the daemon last set on it; a pin
-    /// forgets it, so that the daemon's next setting is compared afresh after an unpin.
+    /// cpuset within the daemon's CPUs). A pin is an affinity other than the one the daemon
+    /// last set (`applied`), or a cpuset narrowed from what the thread had when first seen
+    /// (`virsh vcpupin` narrows both, and may pin to the CPU the daemon chose). A pin forgets
+    /// `applied`, so that the daemon's next setting is compared afresh after an unpin; it
+    /// ends when both the affinity and the cpuset cover the first-seen bound again.
     pub fn observe(
         &mut self,
         tid: i32,
@@ -35,12 +42,18 @@ impl OperatorPins {
         let Some(affinity) = affinity else {
             return;
         };
-        let widened = bound.is_subset(affinity);
-        let was_pinned = self.pinned.contains_key(&tid);
+        let home = self
+            .home
+            .entry(tid)
+            .or_insert_with(|| bound.clone())
+            .clone();
+        let last = self.last_bound.insert(tid, bound.clone());
+        let widened = home.is_subset(affinity) && home.is_subset(bound);
         let moved_by_others = applied.get(&tid).is_some_and(|set| set != affinity);
+        let narrowed = last.is_some_and(|l| l != *bound) && !home.is_subset(bound);
         if widened {
             self.pinned.remove(&tid);
-        } else if was_pinned || moved_by_others {
+        } else if self.pinned.contains_key(&tid) || moved_by_others || narrowed {
             applied.remove(&tid);
             self.pinned.insert(tid, affinity.intersection(bound));
         }
@@ -87,6 +100,8 @@ impl OperatorPins {
     /// Forgets threads that are gone.
     pub fn retain(&mut self, live: impl Fn(i32) -> bool) {
         self.pinned.retain(|tid, _| live(*tid));
+        self.home.retain(|tid, _| live(*tid));
+        self.last_bound.retain(|tid, _| live(*tid));
     }
 }
 
@@ -132,6 +147,22 @@ mod tests {
         pins.observe(7, Some(&bound), &bound, &mut applied);
         assert!(!pins.is_pinned(7), "widened to its whole cpuset");
         assert_eq!(pins.limit(7, &bound, &all), Some(bound));
+    }
+
+    #[test]
+    fn a_narrowed_cpuset_is_a_pin_even_onto_the_daemons_own_choice() {
+        let all = set(&[0, 1]);
+        let mut pins = OperatorPins::default();
+        let mut applied = HashMap::from([(7, set(&[1]))]);
+        pins.observe(7, Some(&set(&[1])), &all, &mut applied);
+        assert!(!pins.is_pinned(7));
+        // virsh vcpupin ... 0 1: the cgroup's cpuset becomes {1}, the affinity stays {1}.
+        pins.observe(7, Some(&set(&[1])), &set(&[1]), &mut applied);
+        assert!(pins.is_pinned(7));
+        assert_eq!(pins.limit(7, &set(&[1]), &all), Some(set(&[1])));
+        // virsh vcpupin ... 0 0-1: both widen again.
+        pins.observe(7, Some(&all), &all, &mut applied);
+        assert!(!pins.is_pinned(7));
     }
 
     #[test]

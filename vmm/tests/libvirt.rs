@@ -1,0 +1,276 @@
+//! pvmm-host next to a real libvirtd, as an operator runs it: the test starts libvirtd (and
+//! virtlogd) itself when none runs, defines two small KVM domains whose kernel is the tiny
+//! halting PVH guest, and runs `pvmm host --adopt auto` with a 2-package topology over this
+//! machine's 2 CPUs. Checked from `/proc` and from the daemon's status and metrics:
+//!
+//! - the domains' names are the VMs' names in status and metrics;
+//! - after `virsh vcpupin` on one vCPU the daemon reports it pinned by the operator, leaves
+//!   its thread's affinity alone (read from /proc), makes no apply error, and keeps placing
+//!   the other vCPUs;
+//! - after the pin is widened again the daemon takes the vCPU back.
+//!
+//! It needs root and Debian's libvirt-daemon, libvirt-daemon-driver-qemu and libvirt-clients
+//! (`.ci/run` installs them); without them it skips loudly, or fails under
+//! PVMM_REQUIRE_LIBVIRT=1. The domains have no network interface.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// libvirt's system connection.
+const URI: &str = "qemu:///system";
+/// QEMU's firmware runs a while in KVM's emulator on this machine before a PVH kernel starts,
+/// and the daemon needs a few ticks after that.
+const SETTLE: Duration = Duration::from_secs(180);
+/// The domains.
+const DOMAINS: [&str; 2] = ["pvmm-lv-a", "pvmm-lv-b"];
+
+/// Whether `program` is in one of `PATH`'s folders.
+fn on_path(program: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
+}
+
+fn libvirt_available() -> bool {
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = ["libvirtd", "virtlogd", "virsh"].iter().all(|t| on_path(t));
+    if root && tools {
+        return true;
+    }
+    let why = if root {
+        "libvirtd, virtlogd or virsh is not installed"
+    } else {
+        "not root"
+    };
+    if std::env::var("PVMM_REQUIRE_LIBVIRT").as_deref() == Ok("1") {
+        panic!("libvirt: {why} and PVMM_REQUIRE_LIBVIRT=1");
+    }
+    eprintln!("\n!!! SKIPPED libvirt: {why} !!!\n");
+    false
+}
+
+fn virsh(args: &[&str]) -> String {
+    let out = Command::new("virsh")
+        .args(["-c", URI])
+        .args(args)
+        .output()
+        .expect("virsh");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "virsh {args:?}: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// Starts virtlogd and libvirtd unless a libvirtd already answers; returns what it started.
+fn start_libvirtd() -> Vec<Child> {
+    let answers = || {
+        Command::new("virsh")
+            .args(["-c", URI, "version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if answers() {
+        return Vec::new();
+    }
+    for dir in ["/var/log/libvirt", "/run/libvirt", "/var/lib/libvirt/qemu"] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let daemon = |program: &str| {
+        Command::new(program)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program}: {e}"))
+    };
+    let started = vec![daemon("virtlogd"), daemon("libvirtd")];
+    let start = Instant::now();
+    while !answers() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "libvirtd does not answer"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    started
+}
+
+/// Destroys the test's domains, and stops what the test started, at the end either way.
+struct Cleanup {
+    daemons: Vec<Child>,
+    host: Option<Child>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(mut h) = self.host.take() {
+            h.kill().ok();
+            h.wait().ok();
+        }
+        for d in DOMAINS {
+            let _ = Command::new("virsh")
+                .args(["-c", URI, "destroy", d])
+                .output();
+        }
+        for mut d in self.daemons.drain(..).rev() {
+            d.kill().ok();
+            d.wait().ok();
+        }
+    }
+}
+
+fn domain_xml(name: &str, kernel: &Path) -> String {
+    format!(
+        "<domain type='kvm'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>2</vcpu>\
+         <os><type arch='x86_64' machine='pc'>hvm</type><kernel>{}</kernel></os>\
+         <features><acpi/></features><devices></devices></domain>",
+        kernel.display()
+    )
+}
+
+fn status(run: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+        .args(["host", "status", "--json", "--runtime-dir"])
+        .arg(run)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Polls `cond` on the daemon's status until it holds.
+fn until(run: &Path, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let s = status(run);
+        if cond(&s) {
+            return s;
+        }
+        assert!(start.elapsed() < SETTLE, "{what}: {s}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The status's vCPU `vcpu` of VM `name`.
+fn vcpu<'a>(s: &'a Value, name: &str, index: u64) -> &'a Value {
+    let vm = s["vms"]
+        .as_array()
+        .and_then(|vms| vms.iter().find(|v| v["name"] == name));
+    let vcpus = vm.and_then(|vm| vm["vcpus"].as_array());
+    vcpus
+        .and_then(|v| v.iter().find(|c| c["vcpu"] == index))
+        .unwrap_or(&Value::Null)
+}
+
+/// A thread's `Cpus_allowed_list`, from /proc.
+fn affinity(tid: &Value) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn pvmm_host_names_libvirt_domains_and_never_fights_an_operators_pin() {
+    if !kvm_available("libvirt") || !libvirt_available() {
+        return;
+    }
+    let dir = scratch("libvirt");
+    let kernel = write_kernel(&dir, &HALT_LOOP);
+    let mut cleanup = Cleanup {
+        daemons: start_libvirtd(),
+        host: None,
+    };
+    for name in DOMAINS {
+        let xml = dir.join(format!("{name}.xml"));
+        std::fs::write(&xml, domain_xml(name, &kernel)).unwrap();
+        virsh(&["create", xml.to_str().unwrap()]);
+    }
+    let run = dir.join("run");
+    cleanup.host = Some(
+        Command::new(env!("CARGO_BIN_EXE_pvmm"))
+            .args([
+                "host",
+                "--adopt",
+                "auto",
+                "--host-topology",
+                "2x1x1",
+                "--tick-ms",
+                "100",
+            ])
+            .arg("--runtime-dir")
+            .arg(&run)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Named by their domain names, every vCPU placed.
+    let s = until(&run, "both domains adopted under their names", |s| {
+        DOMAINS
+            .iter()
+            .all(|d| (0..2).all(|i| vcpu(s, d, i)["package"].is_u64()))
+    });
+    assert_eq!(s["apply_errors"], 0, "{s}");
+    let metrics = {
+        use std::io::{Read, Write};
+        let mut c = std::os::unix::net::UnixStream::connect(run.join("pvmm-host.api")).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    };
+    for d in DOMAINS {
+        assert!(
+            metrics.contains(&format!("pvmm_vm_vcpus{{vm=\"{d}\"}} 2")),
+            "{metrics}"
+        );
+    }
+    // The operator pins vCPU 0 of the first domain to CPU 1.
+    let (name, pinned_tid) = (DOMAINS[0], vcpu(&s, DOMAINS[0], 0)["tid"].clone());
+    virsh(&["vcpupin", name, "0", "1"]);
+    let s = until(&run, "the pin seen", |s| vcpu(s, name, 0)["pinned"] == true);
+    assert_eq!(affinity(&pinned_tid), "1", "the operator's pin stays");
+    assert_eq!(vcpu(&s, name, 0)["cpus"], "1", "status matches /proc: {s}");
+    std::thread::sleep(Duration::from_secs(2));
+    let s = status(&run);
+    assert_eq!(
+        affinity(&pinned_tid),
+        "1",
+        "still the operator's, ticks later"
+    );
+    assert_eq!(s["apply_errors"], 0, "{s}");
+    for d in DOMAINS {
+        for i in 0..2 {
+            let v = vcpu(&s, d, i);
+            if v["tid"] != pinned_tid {
+                assert_eq!(
+                    affinity(&v["tid"]),
+                    v["cpus"].as_str().unwrap_or("?"),
+                    "{s}"
+                );
+            }
+        }
+    }
+    // Widened to both CPUs again: the daemon takes the vCPU back.
+    virsh(&["vcpupin", name, "0", "0-1"]);
+    let s = until(&run, "the vCPU taken back", |s| {
+        let v = vcpu(s, name, 0);
+        v["pinned"] == false && affinity(&pinned_tid) == v["cpus"].as_str().unwrap_or("?")
+    });
+    assert_eq!(s["apply_errors"], 0, "{s}");
+    drop(cleanup);
+    std::fs::remove_dir_all(&dir).ok();
+}
