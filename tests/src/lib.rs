@@ -467,11 +467,13 @@ mod tests {
         expected.sort();
         assert_eq!(expected.len(), 3);
         // A thread that exits between the glob and the read must not cost the sample.
-        let gone = "/proc/$PVMM_PID/task/999999999/stat /proc/$PVMM_PID/task/999999999/status";
+        let gone = format!("/proc/{}/task/999999999", std::process::id());
+        let sample = pvmm_rig::scripts::assemble(&[], &[PROBE_SAMPLE, "probe_sample \"$@\""]);
         let threads_file =
             std::env::temp_dir().join(format!("probe-threads-{}", std::process::id()));
         let out = std::process::Command::new(BUSYBOX)
-            .args(["sh", "-c", &format!("{PROBE_SAMPLE} {gone}")])
+            .args(["sh", "-c", &sample, "sh"])
+            .args([format!("{gone}/stat"), format!("{gone}/status")])
             .env("PVMM_PID", std::process::id().to_string())
             .env("PROBE_THREADS", &threads_file)
             .output()

@@ -5,24 +5,13 @@
 //!
 //! - `PKG <cpu> <package> <core>` per L1 CPU (sysfs topology);
 //! - `T <L1 uptime>` at each sample, then `C cpuN <the /proc/stat counters>` per CPU.
+//!
+//! The probes print them with the shell functions of [`crate::scripts::CPU_ACTIVITY_LIB`].
 
 use std::collections::BTreeMap;
 
 use pvmm_scheduler::power::thread_overlap;
 use pvmm_scheduler::power::PowerModel;
-
-/// The shell that prints the `PKG` lines (busybox sh in L1).
-pub const TOPOLOGY_SCRIPT: &str = r#"for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  read -r pkg < $c/topology/physical_package_id
-  read -r core < $c/topology/core_id
-  echo "PKG ${c##*cpu} $pkg $core"
-done"#;
-
-/// The shell that appends one sample (`T` and `C` lines) to the file `$out`, with shell
-/// builtins only (no process started per sample).
-pub const SAMPLE_SCRIPT: &str = r#"read -r up rest < /proc/uptime
-  echo "T $up" >> $out
-  while read -r cpu rest; do case $cpu in cpu[0-9]*) echo "C $cpu $rest" >> $out;; esac; done < /proc/stat"#;
 
 /// One sample: L1 uptime and per-CPU (idle, total) ticks.
 #[derive(Debug, Clone, PartialEq)]

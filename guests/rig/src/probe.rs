@@ -34,8 +34,8 @@ pub const L1_USER_HZ: f64 = 100.0;
 /// pvmm's own "busy" definition (ran at least half of the interval).
 pub const BUSY_SHARE: f64 = 0.5;
 
-/// One sample of the L1 probe, a single busybox `awk` over `/proc` (pvmm's pid in
-/// `$PVMM_PID`), printing:
+/// Defines the shell function `probe_sample [FILE...]`: one sample of the L1 probe, a single
+/// busybox `awk` over `/proc` (pvmm's pid in `$PVMM_PID`), printing:
 ///
 /// - `T <L1 uptime>`;
 /// - per L1 CPU `C cpuN <the /proc/stat counters>`;
@@ -59,34 +59,11 @@ pub const BUSY_SHARE: f64 = 0.5;
 /// the shell expanded the glob), where busybox awk would abort on an input file operand; a
 /// thread whose `stat` or `status` could not be read is left out (the parser then drops the
 /// sample as incomplete).
-pub const PROBE_SAMPLE: &str = r#"awk -v threads="$PROBE_THREADS" 'BEGIN {
-  if ((getline line < "/proc/uptime") > 0) { split(line, w, " "); print "T", w[1] }
-  while ((getline line < "/proc/stat") > 0) if (line ~ /^cpu[0-9]/) print "C", line
-  for (i = 1; i < ARGC; i++) {
-    f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
-    if (path[n] == "stat") {
-      if ((getline line < f) > 0) {
-        lp = index(line, "("); rest = substr(line, lp + 1); rp = match(rest, /\) [A-Za-z] /)
-        name = substr(rest, 1, rp - 1); split(substr(rest, rp + 2), w, " ")
-        if (name ~ /^CPU [0-9]+\/KVM$/) { split(name, q, "[ /]"); name = "vcpu" q[2] }
-        names[tid] = name
-        if (name ~ /^vcpu[0-9]+$/) { comm[tid] = name; times[tid] = w[12] " " w[13] " " w[37] }
-      }
-    } else {
-      while ((getline line < f) > 0) {
-        if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
-        else if (line ~ /^Seccomp:/) { split(line, w, " "); mode[tid] = w[2] }
-      }
-    }
-    close(f)
-  }
-  for (tid in comm) if (tid in allowed) print "V", comm[tid], tid, allowed[tid], times[tid]
-  if (threads != "") for (tid in mode) if (tid in names) print "F", tid, mode[tid], names[tid] >> threads
-}' /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status"#;
+pub const PROBE_SAMPLE: &str = crate::scripts::PROBE_SAMPLE_LIB;
 
 /// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
 /// work never shows up as activity on the package the tests want idle, then every
-/// `interval_s` seconds appends a [`PROBE_SAMPLE`] to a tmpfs file.
+/// `interval_s` seconds appends a sample ([`PROBE_SAMPLE`]) to a tmpfs file.
 ///
 /// It starts with `START <L1 uptime>` (pvmm's start, the origin of its stats `t_ms` within
 /// a few milliseconds) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
@@ -95,29 +72,12 @@ pub const PROBE_SAMPLE: &str = r#"awk -v threads="$PROBE_THREADS" 'BEGIN {
 /// `pvmm-mark: TEXT`, see [`crate::scripts`]), then pvmm's `--stats` file
 /// ([`L1_STATS_PATH`]) with the fields the tests do not read removed (less console traffic).
 pub fn placement_probe(interval_s: &str) -> String {
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1 || echo "probe: cannot pin to CPU 0"
-out=/tmp/pvmm-samples
-export PROBE_THREADS=/tmp/pvmm-threads
-rm -f $PROBE_THREADS
-read -r up rest < /proc/uptime
-echo "START $up" > $out
-for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  read -r pkg < $c/topology/physical_package_id
-  echo "PKG ${{c##*cpu}} $pkg" >> $out
-done
-while kill -0 $PVMM_PID 2>/dev/null; do
-  {PROBE_SAMPLE} >> $out
-  sleep {interval_s}
-done
-cat $out
-[ -f $PROBE_THREADS ] && sort -u $PROBE_THREADS
-rm -f $PROBE_THREADS
-sleep 1
-[ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
-rm -f /tmp/rig-marks
-sed -e 's/"tid":[0-9]*,//g' -e 's/,"desired":[0-9]*//g' -e 's/"policy":"[^"]*",//' {L1_STATS_PATH}
-"#
+    crate::scripts::assemble(
+        &[
+            ("PROBE_INTERVAL", interval_s),
+            ("STATS_PATH", L1_STATS_PATH),
+        ],
+        &[PROBE_SAMPLE, crate::scripts::PLACEMENT_PROBE],
     )
 }
 
