@@ -8,6 +8,8 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+pub mod scripts;
+
 use pvmm_rig::images::{self, L1Images, L1Needs, Workspace};
 use pvmm_rig::soak::{classify, BootKind};
 
@@ -286,18 +288,7 @@ pub fn exit_report(outcome: &pvmm_rig::RigOutcome, run: &pvmm_rig::RunLines) -> 
     )
 }
 
-/// Guest shell helper for the tests' guest commands: `l CPU SECS` starts one 100 %-busy
-/// pvmm-load thread pinned to guest CPU `CPU` in the background (so the test knows which vCPU
-/// is busy); `e SECS` sets the deadline `$E`, SECS whole seconds of uptime from now (less the
-/// current second's fraction), and `u CPU` starts the same thread, ending at `$E`: threads
-/// started one after another (a process start can take the guest a second under load) end
-/// together, so a phase of several busy vCPUs ends as one; `r LABEL` prints the mark
-/// `pvmm-mark: cppc-LABEL` (L1 timestamps it), then `CPPC LABEL <highest_perf of each CPU>
-/// GED <ACPI:Ged interrupts>`.
-pub const GUEST_HELPERS: &str = "l(){ taskset -c $1 pvmm-load --threads 1 --duty 100 --seconds $2 >/dev/null & }\n\
-e(){ read t x < /proc/uptime; E=$((${t%.*} + $1)); }\n\
-u(){ taskset -c $1 pvmm-load --threads 1 --duty 100 --until-uptime $E >/dev/null & }\n\
-r(){ echo pvmm-mark: cppc-$1; echo \"CPPC $1 $(cat /sys/devices/system/cpu/cpu[0-9]*/acpi_cppc/highest_perf | tr '\\n' ' ')GED $(grep Ged /proc/interrupts | awk '{s=0; for(i=2;i<=NF;i++) if ($i ~ /^[0-9]+$/) s+=$i; print s}')\"; }\n";
+pub use scripts::GUEST_HELPERS;
 
 /// The body of `pvmm ctl external` giving vCPU `v` the L1 CPUs and capacity
 /// `placements[v]` (a CPU list and 1..1024).

@@ -18,9 +18,10 @@ use std::sync::OnceLock;
 
 use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
+use pvmm_tests::scripts;
 use pvmm_tests::{
     parse_cpu_list, run_placement_sequence_with_probe, run_trace, BALANCER_LEASE_MS,
-    BALANCER_RENEW_S, GUEST_HELPERS,
+    BALANCER_RENEW_S,
 };
 
 /// The socket pvmm serves in L1.
@@ -44,10 +45,12 @@ const IDLE_SETTLE_SECS: f64 = 8.0;
 /// outside capacity (on the guest's scale) and read all, ask the balancer to stop, wait until it changes and read
 /// again, then idle.
 fn guest_command() -> String {
-    format!(
-        "{GUEST_HELPERS}w(){{ i=0; while [ $i -lt 240 ]; do v=$(cat /sys/devices/system/cpu/cpu0/acpi_cppc/highest_perf); [ \"$v\" $1 {EXTERNAL_PERF} ] && return 0; sleep 0.5; i=$((i+1)); done; return 1; }}\n\
-echo pvmm-mark: api-ready\nw = ; r ext\necho pvmm-mark: api-release\nw != ; r own\n\
-echo pvmm-mark: idle-begin\nsleep {IDLE_SECS}\necho pvmm-mark: idle-end\n"
+    scripts::guest(
+        &[
+            ("EXTERNAL_PERF", &EXTERNAL_PERF.to_string()),
+            ("IDLE_SECS", &IDLE_SECS.to_string()),
+        ],
+        scripts::API_GUEST,
     )
 }
 
@@ -57,36 +60,14 @@ echo pvmm-mark: idle-begin\nsleep {IDLE_SECS}\necho pvmm-mark: idle-end\n"
 /// to files that an exit trap prints after the placement probe's own output (two writers on
 /// the probe's pipe could split each other's lines).
 fn probe_prefix() -> String {
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1
-trap 'wait; cat /tmp/api-renewals /tmp/own-samples 2>/dev/null' EXIT
-( until grep -q api-ready /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep 0.2; done
-  echo '{{"assignments":[{{"vcpu":0,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}},{{"vcpu":1,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}}]}}' > /tmp/ext.json
-  n=0
-  until grep -q api-release /tmp/rig-marks; do
-    /bin/pvmm ctl --socket {SOCKET} external /tmp/ext.json > /dev/null && n=$((n+1))
-    kill -0 $PVMM_PID 2>/dev/null || break
-    sleep {BALANCER_RENEW_S}
-  done
-  echo "RENEWALS $n" > /tmp/api-renewals ) &
-( while kill -0 $PVMM_PID 2>/dev/null; do
-    awk 'BEGIN {{ if ((getline line < "/proc/uptime") > 0) {{ split(line, w, " "); up = w[1] }}
-      for (i = 1; i < ARGC; i++) {{
-        f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
-        if (path[n] == "stat") {{
-          if ((getline line < f) > 0) {{ split(line, w, " "); if (w[2] !~ /^\(vcpu[0-9]+\)$/) {{ comm[tid] = w[2]; last[tid] = w[39] }} }}
-        }} else if (path[n] == "schedstat") {{
-          if ((getline line < f) > 0) {{ split(line, w, " "); ran[tid] = w[1] }}
-        }} else {{
-          while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) {{ split(line, w, " "); allowed[tid] = w[2] }}
-        }}
-        close(f)
-      }}
-      for (tid in comm) if ((tid in allowed) && (tid in ran)) print "O", up, comm[tid], allowed[tid], last[tid], ran[tid], tid }}' \
-      /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status /proc/$PVMM_PID/task/*/schedstat >> /tmp/own-samples
-    sleep 0.5
-  done ) &
-"#
+    pvmm_rig::scripts::assemble(
+        &[
+            ("EXTERNAL_CPU", &EXTERNAL_CPU.to_string()),
+            ("EXTERNAL_CAPACITY", &EXTERNAL_CAPACITY.to_string()),
+            ("SOCKET", SOCKET),
+            ("BALANCER_RENEW_S", &BALANCER_RENEW_S.to_string()),
+        ],
+        &[scripts::API_PROBE],
     )
 }
 

@@ -154,13 +154,7 @@ fn pvmm_8_vcpu_guest_boots_on_2x2x2() {
 /// threads while it runs (what the placement tests build on).
 #[test]
 fn rig_self_check_qemu_4_vcpus_with_l1_probe() {
-    let probe = "n=0\n\
-                 while kill -0 $PVMM_PID 2>/dev/null; do\n\
-                   kvm=$(cat /proc/$PVMM_PID/task/*/comm 2>/dev/null | grep -c KVM)\n\
-                   [ \"$kvm\" -gt \"$n\" ] && n=$kvm\n\
-                   sleep 1\n\
-                 done\n\
-                 echo \"vcpu threads seen: $n\"\n";
+    let probe = pvmm_tests::scripts::BOOT_QEMU_PROBE;
     if let Some(outcome) = boot(
         "qemu_4_vcpu",
         (InnerVmm::Qemu, KernelForm::BzImage),
@@ -288,10 +282,9 @@ fn rig_ends_a_run_when_l1_reports_a_soft_lockup() {
         return;
     };
     let stuck = pvmm_rig::rig::L1_LOCKUP_LIMIT.as_secs() + 3;
-    let probe = format!(
-        "sleep 1\n\
-         echo '<2>watchdog: BUG: soft lockup - CPU#1 stuck for {stuck}s! [vcpu0:1]' > /dev/kmsg\n\
-         sleep 1000\n"
+    let probe = pvmm_rig::scripts::assemble(
+        &[("STUCK", &stuck.to_string())],
+        &[pvmm_tests::scripts::BOOT_LOCKUP_PROBE],
     );
     let outcome = Rig::new(InnerVmm::Pvmm)
         .timeout(RIG_TIMEOUT)

@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{cppc_reads, run_placement_sequence, run_trace, CppcRead, GUEST_HELPERS};
+use pvmm_tests::{cppc_reads, run_placement_sequence, run_trace, scripts, CppcRead};
 
 /// Ticks after the guest's mark (printed just before it reads sysfs) in which its read may
 /// have happened: the read helper forks `cat`, `tr`, `grep` and `awk` in a guest whose other
@@ -45,17 +45,13 @@ const PLACEMENT_CHANGE: f64 = 0.25;
 /// (longer than the 5 s ramp-down) before the final read. Each read comes at least 2 s after
 /// its load change: more than the 1 s per-vCPU notification limit plus a tick.
 fn live_command() -> String {
-    format!(
-        "{GUEST_HELPERS}r boot\nl 2 5; l 3 5; sleep 3; r two; wait\nfor c in 0 1 2 3; do l $c 4; done; sleep 2; r four; wait\nsleep 8\nr end\n"
-    )
+    scripts::guest(&[], scripts::CPPC_LIVE_GUEST)
 }
 
 /// Four busy vCPUs on three host CPUs: two must share. Reads feedback_ctrs 2 s and 6 s into
 /// the load.
 fn shared_command() -> String {
-    format!(
-        "{GUEST_HELPERS}f(){{ echo pvmm-mark: fb-$1; for c in 0 1 2 3; do read x < /sys/devices/system/cpu/cpu$c/acpi_cppc/feedback_ctrs; echo \"FB $1 $c $x\"; done; }}\nfor c in 0 1 2 3; do l $c 8; done; sleep 2; f a; sleep 4; f b; wait\n"
-    )
+    scripts::guest(&[], scripts::CPPC_SHARED_GUEST)
 }
 
 fn outcome() -> Option<&'static RigOutcome> {

@@ -18,7 +18,7 @@
 use std::sync::OnceLock;
 
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{run_placement_sequence, run_trace, PlacementTrace, GUEST_HELPERS};
+use pvmm_tests::{run_placement_sequence, run_trace, scripts, PlacementTrace};
 
 /// pvmm's consolidation ramp-down window (s): scheduler's `DEFAULT_RAMP_DOWN_WINDOW_MS`.
 const RAMP_DOWN_S: f64 = 5.0;
@@ -46,16 +46,12 @@ const IDLE_PACKAGE_MIN_IDLE: f64 = 0.95;
 /// fits one package, so a thread that outlived the others would start it before the guest went
 /// idle, and would look like phase e.
 fn powersaving_command() -> String {
-    format!(
-        "{GUEST_HELPERS}e 5; for c in 0 1 2 3; do u $c; done; wait\nsleep 9\nl 3 3; wait\nsleep 1\ne 5; u 2; u 3; wait\n"
-    )
+    scripts::guest(&[], scripts::PLACEMENT_POWERSAVING_GUEST)
 }
 
 /// Other policies: vCPUs 2 and 3 busy for 4-5 s (b), 1 s idle, all 4 busy for 4-5 s (c).
 fn spread_command() -> String {
-    format!(
-        "{GUEST_HELPERS}e 5; u 2; u 3; wait\nsleep 1\ne 5; for c in 0 1 2 3; do u $c; done; wait\n"
-    )
+    scripts::guest(&[], scripts::PLACEMENT_SPREAD_GUEST)
 }
 
 const POLICIES: [(&str, &str); 4] = [

@@ -27,9 +27,10 @@ use std::sync::OnceLock;
 use pvmm::cppc::guest_perfs;
 use pvmm::live::capacity::significant_change;
 use pvmm_rig::{GuestKernel, RigOutcome};
+use pvmm_tests::scripts;
 use pvmm_tests::{
     external_assignment, outside_balancer, run_placement_sequence_on, run_trace, BALANCER_LEASE_MS,
-    BALANCER_RENEW_S, GUEST_HELPERS,
+    BALANCER_RENEW_S,
 };
 
 /// The guest's vCPUs.
@@ -54,22 +55,13 @@ const SOCKET: &str = "/tmp/pvmm-prefcore.sock";
 /// pvmm's tick are not synchronized; L1's mark of the read also lags by its console).
 const AROUND_TICKS: usize = 3;
 
-/// `rd N`: the mark `pvmm-mark: rank-N`, then `RANK N <ranking per CPU> HP <highest_perf per
-/// CPU>` from the guest's sysfs. The shell's own `read` takes the values, so a read starts no
-/// process: under a loaded host each process the guest starts costs it most of a second.
-const READ_HELPER: &str = "rd(){ echo pvmm-mark: rank-$1; c=/sys/devices/system/cpu; k=; h=; \
-for f in $c/cpu[0-9]*/cpufreq/amd_pstate_prefcore_ranking; do read v < $f; k=\"$k$v \"; done; \
-for f in $c/cpu[0-9]*/acpi_cppc/highest_perf; do read v < $f; h=\"$h$v \"; done; \
-echo \"RANK $1 ${k}HP $h\"; }\n";
-
 fn guest_command() -> String {
-    format!(
-        "{GUEST_HELPERS}{READ_HELPER}\
-         echo \"PREF status $(cat /sys/devices/system/cpu/amd_pstate/status) prefcore $(cat /sys/devices/system/cpu/amd_pstate/prefcore) itmt $(cat /proc/sys/kernel/sched_itmt_enabled)\"\n\
-         sleep 3\nrd 0\necho pvmm-mark: patterns\ni=0\n\
-         read up rest < /proc/uptime; end=$((${{up%.*}} + {READ_FOR_S}))\n\
-         while read up rest < /proc/uptime; [ ${{up%.*}} -lt $end ]; do \
-         sleep {READ_INTERVAL_S}; i=$((i + 1)); rd $i; done\n"
+    scripts::guest(
+        &[
+            ("READ_FOR_S", &READ_FOR_S.to_string()),
+            ("READ_INTERVAL_S", &READ_INTERVAL_S.to_string()),
+        ],
+        scripts::PREFCORE_GUEST,
     )
 }
 

@@ -3,9 +3,10 @@
 # prints `START <L1 uptime>` and `PKG <cpu> <package>` per CPU, appends a probe_sample to a
 # tmpfs file every $PROBE_INTERVAL seconds while the VMM $PVMM_PID runs, then prints the
 # samples, the distinct seccomp (`F`) lines, the guest's marks (`M`) and the VMM's --stats file
-# $STATS_PATH without the fields the tests do not read.
+# $STATS_PATH without the fields the tests do not read. A probe that runs beside others sets
+# $PROBE_OUT (its own sample file) and $KEEP_MARKS (the marks file stays for the others).
 taskset -p 1 $$ >/dev/null 2>&1 || echo "probe: cannot pin to CPU 0"
-out=/tmp/pvmm-samples
+out=${PROBE_OUT:-/tmp/pvmm-samples}
 export PROBE_THREADS=/tmp/pvmm-threads
 rm -f "$PROBE_THREADS"
 read -r up _ < /proc/uptime
@@ -23,5 +24,5 @@ cat "$out"
 rm -f "$PROBE_THREADS"
 sleep 1
 [ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
-rm -f /tmp/rig-marks
+[ -n "$KEEP_MARKS" ] || rm -f /tmp/rig-marks
 sed -e 's/"tid":[0-9]*,//g' -e 's/,"desired":[0-9]*//g' -e 's/"policy":"[^"]*",//' "$STATS_PATH"

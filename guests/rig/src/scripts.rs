@@ -87,14 +87,15 @@ pub fn assemble(vars: &[(&str, &str)], parts: &[&str]) -> String {
     script
 }
 
-/// A guest command from script files: [`assemble`] without the lines that hold only a comment
-/// (the shebang included), since the command travels on the guest's kernel command line,
-/// whose length is bounded (2047 bytes on x86). The script files that
-/// guests run hold no line that starts with `#` inside a quoted string.
+/// A guest command from script files: [`assemble`] without indentation and without the lines
+/// that hold only a comment (the shebang included), since the command travels on the guest's
+/// kernel command line, whose length is bounded (2047 bytes on x86). The script files that
+/// guests run hold no string that spans lines.
 pub fn guest_command(vars: &[(&str, &str)], parts: &[&str]) -> String {
     assemble(vars, parts)
         .lines()
-        .filter(|line| !line.trim_start().starts_with('#'))
+        .map(str::trim_start)
+        .filter(|line| !line.starts_with('#'))
         .fold(String::new(), |mut script, line| {
             script.push_str(line);
             script.push('\n');
