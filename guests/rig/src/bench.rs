@@ -200,7 +200,7 @@ impl BenchReport {
 }
 
 /// Runs the benchmark in one L1 boot. Run `r` starts at contender `r - 1` (in the order of
-/// [`BenchOptions::contenders`]) and goes round, so that each takes each place in turn.
+/// `BenchOptions::contenders`) and goes round, so that each takes each place in turn.
 pub fn run_bench(
     ws: &Workspace,
     images: &L1Images,

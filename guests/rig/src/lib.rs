@@ -11,7 +11,7 @@
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
 //!   (or QEMU with KVM) inside it on the guest images, and classifies the console output.
 //! - [`activity`]: L1's package idle time and modelled energy from a probe's samples.
-//! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
+//! - [`bench`](mod@bench): the boot-time benchmark, pvmm vs QEMU in one L1 boot.
 //! - [`host_bench`]: several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned
 //!   (`cargo xtask bench-host`).
 //! - [`probe`]: the L1 probes' lines and their parser (the placement tests' probe and trace).

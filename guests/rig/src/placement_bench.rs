@@ -17,7 +17,7 @@
 //! - **L1 migrations**: the same window counted by L1's kernel: the sum of the vCPU threads'
 //!   `se.nr_migrations` (`/proc/<pid>/task/<tid>/sched`), every move of a vCPU thread from one
 //!   L1 CPU to another, whoever made it (pvmm's pinning, or L1's scheduler within a set of
-//!   several CPUs or under `--policy none`), read every [`KERNEL_COUNT_EVERY`] samples; the
+//!   several CPUs or under `--policy none`), read every `KERNEL_COUNT_EVERY` samples; the
 //!   window runs from the last read at or before the load's start to the last at or before its
 //!   end;
 //! - **Pkg1 idle after start(s)**, **after end(s)**: the seconds from the load's start until
@@ -177,7 +177,7 @@ pub struct CaseFailure {
 }
 
 /// The L1 probe: pins itself to CPU 0, prints the CPU topology, then samples `/proc/stat`
-/// (and every [`KERNEL_COUNT_EVERY`] samples the vCPU threads' `se.nr_migrations`, a `K` line)
+/// (and every `KERNEL_COUNT_EVERY` samples the vCPU threads' `se.nr_migrations`, a `K` line)
 /// until pvmm exits; prints the samples, the guest's marks and pvmm's migration counts.
 pub fn bench_probe() -> String {
     scripts::assemble(

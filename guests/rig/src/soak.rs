@@ -51,7 +51,7 @@ pub enum BootKind {
     /// The hard timeout passed ([`RigEnd::TimedOut`]).
     Timeout,
     /// L1 killed the inner VMM at the run's own time limit ([`RUN_LIMIT_STATUS`]) after its
-    /// guest reported a stall ([`GUEST_STALL_MARKS`]): the guest stopped making progress, the
+    /// guest reported a stall (`GUEST_STALL_MARKS`): the guest stopped making progress, the
     /// way the stalled guest of a timed-out boot does.
     GuestStall,
     /// Every VM reported, but L1 did not power off ([`RigEnd::HungAtPowerOff`]).

@@ -1,6 +1,6 @@
 //! How L1 is run: QEMU's `-cpu` and TCG settings, extra words for L1's kernel command line, the
 //! parameters L1's init gives the KVM modules, and extra pvmm arguments. A tuning is named by presets joined with
-//! `+` (e.g. `single+nothp`), each applied in order on top of [`BASE`], so soak runs and rig
+//! `+` (e.g. `single+nothp`), each applied in order on top of the base settings ([`BASE_CPU`]), so soak runs and rig
 //! tests can name exactly what they ran.
 
 use std::fmt;

@@ -68,8 +68,8 @@ enum Task {
     /// Boot the QEMU-nested rig and run pvmm (or QEMU) on the guest inside it.
     ///
     /// Exits with pvmm's exit status; 124 when the timeout killed QEMU; 125 when L1 ended
-    /// without reporting pvmm's status. Console lines are prefixed [L1], [guest], [pvmm]
-    /// (pvmm's stderr), [rig] (events), [qemu] (QEMU's stderr).
+    /// without reporting pvmm's status. Console lines are prefixed with their source in
+    /// brackets: L1, guest, pvmm (pvmm's stderr), rig (events), qemu (QEMU's stderr).
     Rig(RigArgs),
     /// Boot the rig many times and count the outcomes by kind, per variant (variants take
     /// turns, one boot each per round). Presets: base, qemu10, single, tb256, cpu-max,
@@ -248,7 +248,7 @@ struct RigArgs {
     /// The VMM inside L1: pvmm, or qemu (-enable-kvm, same kernel, initrd, vCPUs, memory).
     #[arg(long, default_value = "pvmm", value_name = "pvmm|qemu")]
     vmm: InnerVmm,
-    /// Shell script file L1 runs alongside the VMM (PVMM_PID is set); output tagged [probe].
+    /// Shell script file L1 runs alongside the VMM (PVMM_PID is set); its output tagged "probe".
     #[arg(long, value_name = "FILE")]
     l1_probe: Option<PathBuf>,
     /// Run L1 with -accel tcg,thread=single (slower; a fallback if L1 hangs).

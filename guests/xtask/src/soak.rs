@@ -66,7 +66,7 @@ pub struct SoakArgs {
     /// Hard timeout of one boot in seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=3600))]
     timeout: u64,
-    /// Folder for each boot's full log (default guests/out/soak/<unix time>).
+    /// Folder for each boot's full log (default guests/out/soak/UNIX_TIME).
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
 }

@@ -123,7 +123,7 @@ fn write_run_initrd(
 }
 
 /// L1's memory: the initramfs twice (the packed image and the unpacked files), the guest, and
-/// [`L1_BASE_MEMORY_MIB`], rounded up to [`L1_MEMORY_GRANULE_MIB`].
+/// `L1_BASE_MEMORY_MIB`, rounded up to `L1_MEMORY_GRANULE_MIB`.
 pub fn l1_memory_mib(initrd_bytes: u64, guest_memory_mib: u64) -> u64 {
     let initrd_mib = initrd_bytes.div_ceil(1 << 20);
     let total = L1_BASE_MEMORY_MIB + 2 * initrd_mib + guest_memory_mib;
