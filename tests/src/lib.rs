@@ -74,7 +74,7 @@ pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> 
 // parser (both in pvmm-rig, shared with the placement benchmark) and the measurements the tests
 // build on.
 pub use pvmm_rig::probe::{
-    parse_cpu_list, placement_probe, CpuTimes, PlacementTrace, ProbeSample, StatsTick, StatsVcpu,
+    placement_probe, CpuSet, CpuTimes, PlacementTrace, ProbeSample, StatsTick, StatsVcpu,
     ThreadSample, ThreadSeccomp, BUSY_SHARE, L1_STATS_PATH, L1_USER_HZ, PROBE_SAMPLE,
 };
 
@@ -439,7 +439,7 @@ mod tests {
                 let allowed = status
                     .lines()
                     .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                    .map(|l| parse_cpu_list(l.trim()).unwrap())
+                    .map(|l| l.parse::<CpuSet>().unwrap().iter().collect::<Vec<u32>>())
                     .unwrap();
                 let tid: u32 = dir.file_name().unwrap().to_str().unwrap().parse().unwrap();
                 let mode = status

@@ -20,8 +20,7 @@ use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
 use pvmm_tests::scripts;
 use pvmm_tests::{
-    parse_cpu_list, run_placement_sequence_with_probe, run_trace, BALANCER_LEASE_MS,
-    BALANCER_RENEW_S,
+    run_placement_sequence_with_probe, run_trace, CpuSet, BALANCER_LEASE_MS, BALANCER_RENEW_S,
 };
 
 /// The socket pvmm serves in L1.
@@ -208,7 +207,7 @@ fn pvmm_own_threads_stay_off_the_idle_package() {
         if t < begin || t > end {
             continue;
         }
-        let allowed = parse_cpu_list(w[3]).expect("a CPU list");
+        let allowed: Vec<u32> = w[3].parse::<CpuSet>().expect("a CPU list").iter().collect();
         let last: u32 = w[4].parse().expect("a CPU");
         assert!(
             allowed.iter().all(|c| package0.contains(c)) && (!ran_since || package0.contains(&last)),

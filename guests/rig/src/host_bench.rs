@@ -429,7 +429,7 @@ mod tests {
         assert!(guest.contains("pvmm-mark: load-begin-$VM"));
         assert!(guest.contains("pvmm-mark: work-$VM $c"));
         assert!(guest.contains("\nDUTY=29\nPERIOD_MS=70\nSECONDS_LOAD=20\n"));
-        assert!(guest.contains("--seconds \"$SECONDS_LOAD\" \\\n    --progress-ms 1000"));
+        assert!(guest.contains("--seconds \"$SECONDS_LOAD\" \\\n--progress-ms 1000"));
         // Both scripts are valid shell for L1's and the guest's busybox.
         if std::path::Path::new(crate::images::BUSYBOX).is_file() {
             for script in [probe(Regime::Daemon), guest.clone()] {

@@ -107,16 +107,8 @@ pub struct ThreadSeccomp {
     pub name: String,
 }
 
-/// One L1 CPU's `/proc/stat` counters at a sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CpuTimes {
-    /// CPU number.
-    pub cpu: u32,
-    /// idle + iowait ticks.
-    pub idle: u64,
-    /// All ticks.
-    pub total: u64,
-}
+pub use pvmm_scheduler::CpuSet;
+pub use pvmm_tick::cpustat::CpuTimes;
 
 /// One probe sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,8 +117,8 @@ pub struct ProbeSample {
     pub t: f64,
     /// The vCPU threads, by vCPU index.
     pub threads: Vec<ThreadSample>,
-    /// L1's CPUs, by number.
-    pub cpus: Vec<CpuTimes>,
+    /// L1's CPUs' `/proc/stat` times, by CPU number.
+    pub cpus: Vec<(u32, CpuTimes)>,
 }
 
 /// One vCPU in one pvmm `--stats` line.
@@ -173,21 +165,6 @@ pub struct PlacementTrace {
     pub seccomp: Vec<ThreadSeccomp>,
 }
 
-/// Expands a Linux CPU list (`0-2,5`); None when malformed.
-pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
-                cpus.extend(a..=b);
-            }
-            None => cpus.push(part.parse().ok()?),
-        }
-    }
-    Some(cpus)
-}
-
 /// One line of an L1 probe's output (see the module documentation).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProbeLine {
@@ -205,7 +182,7 @@ pub enum ProbeLine {
     /// `T`: a sample begins at this L1 uptime.
     Sample(f64),
     /// `C`: an L1 CPU's times.
-    Cpu(CpuTimes),
+    Cpu(u32, CpuTimes),
     /// `V`: a vCPU thread.
     Thread(ThreadSample),
     /// `F`: a VMM thread's seccomp mode.
@@ -275,16 +252,19 @@ impl ProbeLine {
                     .map(|w| w.parse::<u64>())
                     .collect::<Result<Vec<u64>, _>>()
                     .map_err(|_| MalformedLine(line.to_string()))?;
-                ProbeLine::Cpu(CpuTimes {
-                    cpu: numbered(&words, 1, "cpu", line)?,
-                    idle: counters[3] + counters[4],
-                    total: counters.iter().take(8).sum(),
-                })
+                ProbeLine::Cpu(
+                    numbered(&words, 1, "cpu", line)?,
+                    CpuTimes::from_counters(&counters),
+                )
             }
             Some("V") if words.len() == 7 => ProbeLine::Thread(ThreadSample {
                 vcpu: numbered(&words, 1, "vcpu", line)?,
                 tid: field(&words, 2, line)?,
-                allowed: parse_cpu_list(words[3]).ok_or_else(|| MalformedLine(line.to_string()))?,
+                allowed: words[3]
+                    .parse::<CpuSet>()
+                    .map_err(|_| MalformedLine(line.to_string()))?
+                    .iter()
+                    .collect(),
                 cpu_ticks: field::<u64>(&words, 4, line)? + field::<u64>(&words, 5, line)?,
                 last_cpu: field(&words, 6, line)?,
             }),
@@ -377,7 +357,9 @@ impl PlacementTrace {
                 Some(ProbeLine::Thread(thread)) => {
                     open_sample(&mut current, line).threads.push(thread)
                 }
-                Some(ProbeLine::Cpu(cpu)) => open_sample(&mut current, line).cpus.push(cpu),
+                Some(ProbeLine::Cpu(cpu, times)) => {
+                    open_sample(&mut current, line).cpus.push((cpu, times))
+                }
                 Some(ProbeLine::Stats(tick)) => trace.ticks.push(tick),
                 Some(ProbeLine::Seccomp(thread)) => trace.seccomp.push(thread),
                 Some(ProbeLine::Migrations { .. } | ProbeLine::KernelMigrations { .. }) | None => {}
@@ -386,7 +368,7 @@ impl PlacementTrace {
         trace.samples.extend(current);
         for sample in &mut trace.samples {
             sample.threads.sort_by_key(|t| t.vcpu);
-            sample.cpus.sort_by_key(|c| c.cpu);
+            sample.cpus.sort_by_key(|&(cpu, _)| cpu);
         }
         // A sample cut off by pvmm's exit (fewer threads than the others) is dropped.
         let vcpus = trace
@@ -582,11 +564,9 @@ impl PlacementTrace {
 
     /// Share of the time between samples `a` and `b` that L1 CPU `cpu` was idle.
     pub fn cpu_idle_share(&self, cpu: u32, a: usize, b: usize) -> f64 {
-        let find = |s: &ProbeSample| s.cpus.iter().find(|c| c.cpu == cpu).cloned();
+        let find = |s: &ProbeSample| s.cpus.iter().find(|&&(c, _)| c == cpu).map(|&(_, t)| t);
         match (find(&self.samples[a]), find(&self.samples[b])) {
-            (Some(x), Some(y)) if y.total > x.total => {
-                y.idle.saturating_sub(x.idle) as f64 / (y.total - x.total) as f64
-            }
+            (Some(x), Some(y)) => y.idle_fraction_since(&x).unwrap_or(1.0),
             _ => 1.0,
         }
     }
