@@ -10,6 +10,9 @@ use std::sync::{Mutex, MutexGuard};
 
 pub mod scripts;
 
+// The rig's retry of its own failures and its post-mortem log, shared with the benchmarks.
+pub use pvmm_rig::retry::{dump_outcome, retry_boots, RIG_ATTEMPTS};
+
 use pvmm_rig::images::{self, L1Images, L1Needs, Workspace};
 use pvmm_rig::soak::{classify, BootKind};
 
@@ -151,11 +154,12 @@ pub fn run_placement_sequence_on(
     };
     let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();
     let started = std::time::Instant::now();
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         test,
-        || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs"),
+        || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs),
         |outcome| pvmm_boot_kind(outcome, &labels),
-    );
+    )
+    .expect("the rig runs");
     dump_outcome(test, &outcome);
     eprintln!(
         "{test}: {} ({} pvmm runs, {:.1} s)",
@@ -166,19 +170,6 @@ pub fn run_placement_sequence_on(
     Some(outcome)
 }
 
-/// With `PVMM_RIG_DUMP=DIR` set, writes every classified line of `outcome` to `DIR/<test>.log`:
-/// a failure's post-mortem, since a test's own message shows only what it checked.
-pub fn dump_outcome(test: &str, outcome: &pvmm_rig::RigOutcome) {
-    let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") else {
-        return;
-    };
-    let path = std::path::Path::new(&dir).join(format!("{test}.log"));
-    let text = outcome.log_text();
-    if let Err(e) = std::fs::write(&path, text) {
-        eprintln!("PVMM_RIG_DUMP: cannot write {}: {e}", path.display());
-    }
-}
-
 /// Guest console lines shown when a run fails: enough to see where a guest stopped.
 const GUEST_TAIL_LINES: usize = 25;
 
@@ -186,63 +177,12 @@ const GUEST_TAIL_LINES: usize = 25;
 /// kernel's warnings (RCU stalls, lockups) and init's errors, few when all is well.
 const L1_TAIL_LINES: usize = 15;
 
-/// Rig boots a rig test may use for one outcome. The nested rig itself (QEMU TCG emulating
-/// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
-/// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
-/// the guest's boot (about one pvmm boot in seven), a guest kernel panic, a guest that stalls
-/// (its kernel reports a soft lockup, an RCU stall or a hung task) until L1 kills its VMM at
-/// the run's time limit, and L1 failing ([`l1_failed`]). Such an outcome is run again, with a
-/// loud `!!! rig retry` line naming its kind, up to 3 boots in all; a third crash fails the
-/// test like any other failure, and so does, at once, an outcome of a kind not seen before
-/// ([`retry_rig_crash`]). Three, not two: on a loaded 2-CPU machine (CI's speed) about one
-/// sequence boot in four ends in an L1 failure, so two in a row would fail about one CI run in
-/// six over the three rig test binaries; a retried sequence costs its failure point plus at
-/// most 90 s, so CI stays well inside its limit.
-pub const RIG_ATTEMPTS: u32 = 3;
-
 /// The rig's other failures, L1's own kernel failing ([`pvmm_rig::RigEnd::is_l1_failure`]).
 pub fn l1_failed(outcome: &pvmm_rig::RigOutcome) -> bool {
     outcome.end.is_l1_failure()
 }
 
-/// Runs `boot` up to [`RIG_ATTEMPTS`] times while `kind` says it ended in a known failure of
-/// the nested rig ([`BootKind::is_known_rig_failure`]; its answer also says what happened).
-/// Every rerun is logged on one `!!! rig retry` line with its kind, so the rig's failure rate
-/// stays visible in CI output. Any other outcome is returned at once: a clean one for the test
-/// to check, and a failure of a kind the rig has not shown before ([`BootKind::Other`]) for the
-/// test to fail on, not to hide by booting again.
-pub fn retry_rig_crash<T>(
-    test: &str,
-    mut boot: impl FnMut() -> T,
-    kind: impl Fn(&T) -> (BootKind, String),
-) -> T {
-    let mut attempt = 1;
-    loop {
-        let outcome = boot();
-        let (found, what) = kind(&outcome);
-        if !found.is_known_rig_failure() {
-            if found == BootKind::Other {
-                eprintln!("!!! {test}: not a known rig failure, not run again: {what}");
-            }
-            return outcome;
-        }
-        if attempt == RIG_ATTEMPTS {
-            eprintln!(
-                "!!! rig retry: {test}: {} in boot {attempt} of {RIG_ATTEMPTS}, the last: {what}",
-                found.name()
-            );
-            return outcome;
-        }
-        attempt += 1;
-        eprintln!(
-            "!!! rig retry: {test}: {} (README, Rig reliability): {what}; booting again \
-             (attempt {attempt} of {RIG_ATTEMPTS})",
-            found.name()
-        );
-    }
-}
-
-/// How a boot of pvmm runs `labels` (all pvmm) ended: see [`retry_rig_crash`].
+/// How a boot of pvmm runs `labels` (all pvmm) ended: see [`retry_boots`].
 pub fn pvmm_boot_kind(outcome: &pvmm_rig::RigOutcome, labels: &[String]) -> (BootKind, String) {
     let vms = vec![pvmm_rig::VmSpec::new(pvmm_rig::InnerVmm::Pvmm); labels.len()];
     classify(outcome, &vms, labels)
@@ -379,23 +319,6 @@ mod tests {
 
     use super::*;
 
-    /// (boots made, the boot returned) when boot `b` (from 1) ends as `kind_of(b)`.
-    fn retried(kind_of: impl Fn(u32) -> BootKind) -> (u32, u32) {
-        let mut boots = 0;
-        let last = retry_rig_crash(
-            "t",
-            || {
-                boots += 1;
-                boots
-            },
-            |&b| (kind_of(b), "what".to_string()),
-        );
-        (boots, last)
-    }
-
-    /// The probe's sample, run by busybox against this process with three threads named like
-    /// pvmm's and QEMU's vCPU threads, parses into one sample with those threads as /proc shows
-    /// them, and writes each one's seccomp mode to `$PROBE_THREADS`.
     #[test]
     fn probe_sample_reads_vcpu_threads_and_cpus() {
         if !Path::new(BUSYBOX).is_file() {
@@ -509,41 +432,5 @@ mod tests {
             .collect();
         seen.sort();
         assert_eq!(seen, expected_seccomp, "{threads_lines:?}");
-    }
-
-    #[test]
-    fn crashes_are_run_again_up_to_the_limit_and_a_clean_outcome_is_kept() {
-        let fault = |_| BootKind::TripleFault;
-        assert_eq!(retried(fault), (RIG_ATTEMPTS, RIG_ATTEMPTS));
-        let first = |b| {
-            if b == 1 {
-                BootKind::L1Lockup
-            } else {
-                BootKind::Clean
-            }
-        };
-        assert_eq!(retried(first), (2, 2));
-        let until_last = |b| {
-            if b < RIG_ATTEMPTS {
-                BootKind::L1Frozen
-            } else {
-                BootKind::Clean
-            }
-        };
-        assert_eq!(retried(until_last), (RIG_ATTEMPTS, RIG_ATTEMPTS));
-        assert_eq!(retried(|_| BootKind::Clean), (1, 1));
-    }
-
-    #[test]
-    fn a_failure_of_a_new_kind_is_not_run_again() {
-        assert_eq!(retried(|_| BootKind::Other), (1, 1));
-        let then_new = |b| {
-            if b == 1 {
-                BootKind::GuestReset
-            } else {
-                BootKind::Other
-            }
-        };
-        assert_eq!(retried(then_new), (2, 2));
     }
 }

@@ -11,7 +11,7 @@ use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::soak::{classify, BootKind};
 use pvmm_rig::{InnerVmm, KernelForm, Rig, RigEnd, RigOutcome, Topology, VmSpec};
-use pvmm_tests::{l1_failed, prepare_rig, retry_rig_crash, rig_lock};
+use pvmm_tests::{l1_failed, prepare_rig, retry_boots, rig_lock};
 
 /// How the guest's CPU report line starts.
 const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
@@ -65,15 +65,16 @@ fn boot(
     if let Some(probe) = probe {
         rig = rig.l1_probe(probe);
     }
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         test,
         || {
-            let outcome = rig.run(&ws, &images).expect("the rig runs");
+            let outcome = rig.run(&ws, &images)?;
             eprintln!("{test}: {}", outcome.summary(vmm.name()));
-            outcome
+            Ok::<_, pvmm_rig::RigError>(outcome)
         },
         |outcome| classify(outcome, &[VmSpec::new(vmm)], &rig.labels()),
-    );
+    )
+    .expect("the rig runs");
     Some(outcome)
 }
 
@@ -218,11 +219,12 @@ fn two_vms_pvmm_and_qemu_side_by_side_report_apart() {
     let rig = Rig::with_vms(vms.clone()).timeout(RIG_TIMEOUT).echo(true);
     let labels = rig.labels();
     assert_eq!(labels, ["0", "1"]);
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         "rig_two_vms",
-        || rig.run(&ws, &images).expect("the rig runs"),
+        || rig.run(&ws, &images),
         |outcome| classify(outcome, &vms, &labels),
-    );
+    )
+    .expect("the rig runs");
     assert_eq!(
         classify(&outcome, &vms, &labels).0,
         BootKind::Clean,

@@ -12,7 +12,7 @@
 use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
 use pvmm_tests::{
-    exit_report, prepare_rig, retry_rig_crash, rig_lock, scripts, PlacementTrace, L1_STATS_PATH,
+    exit_report, prepare_rig, retry_boots, rig_lock, scripts, PlacementTrace, L1_STATS_PATH,
     PROBE_INTERVAL, PROBE_SAMPLE,
 };
 
@@ -126,11 +126,12 @@ fn boot(test: &str, vms: Vec<VmSpec>, l1_job: L1Job) -> Option<RigOutcome> {
         .l1_probe(probe(l1_job))
         .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
     let labels = rig.labels();
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         test,
-        || rig.run(&ws, &images).expect("the rig runs"),
+        || rig.run(&ws, &images),
         |outcome| classify(outcome, &vms, &labels),
-    );
+    )
+    .expect("the rig runs");
     eprintln!("{test}: {}", outcome.summary("pvmm"));
     pvmm_tests::dump_outcome(test, &outcome);
     Some(outcome)

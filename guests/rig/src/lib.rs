@@ -21,6 +21,7 @@
 //! - [`soak`]: counting rig outcomes by kind over many boots (`cargo xtask rig-soak`).
 //! - [`guest_soak`]: many guests one after another in one L1, and what each leaves behind in
 //!   it (`cargo xtask rig-guest-soak`).
+//! - [`retry`]: booting the rig again when it fails by itself, and a boot's whole log.
 //! - [`vmlinux`]: the uncompressed kernel inside a bzImage, for PVH boots.
 //! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
 
@@ -36,6 +37,7 @@ pub mod packages;
 pub mod placement_bench;
 pub mod private_apt;
 pub mod probe;
+pub mod retry;
 pub mod rig;
 pub mod scripts;
 pub mod sequence;

@@ -110,9 +110,10 @@ impl BootKind {
     }
 }
 
-/// The kind of a boot of `vms` labelled `labels`, and a line saying what happened.
-pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (BootKind, String) {
-    let l1 = match outcome.end {
+/// The kind of a rig that ended as `end` before its VMs could end it: L1's own failures, the
+/// rig's timeout and QEMU killed from outside; None when L1 ran to its end.
+pub fn l1_kind(end: RigEnd) -> Option<BootKind> {
+    match end {
         RigEnd::L1Lockup => Some(BootKind::L1Lockup),
         RigEnd::L1Panic => Some(BootKind::L1Panic),
         RigEnd::L1Frozen => Some(BootKind::L1Frozen),
@@ -120,8 +121,12 @@ pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (Boo
         RigEnd::TimedOut => Some(BootKind::Timeout),
         RigEnd::KilledOutside => Some(BootKind::KilledOutside),
         RigEnd::Completed | RigEnd::HungAtPowerOff => None,
-    };
-    if let Some(kind) = l1 {
+    }
+}
+
+/// The kind of a boot of `vms` labelled `labels`, and a line saying what happened.
+pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (BootKind, String) {
+    if let Some(kind) = l1_kind(outcome.end) {
         return (kind, outcome.summary(vms[0].vmm.name()));
     }
     let mut worst = (BootKind::Clean, String::new());
