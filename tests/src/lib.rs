@@ -6,7 +6,9 @@
 //! command to run). When something is still missing they skip with a loud message on stderr,
 //! unless `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use pvmm_rig::RigOutcome;
 
 pub mod scripts;
 
@@ -26,6 +28,32 @@ static RIG_LOCK: Mutex<()> = Mutex::new(());
 /// Whether rig tests must run (fail instead of skipping).
 pub fn rig_required() -> bool {
     std::env::var(REQUIRE_RIG_ENV).is_ok_and(|v| v == "1")
+}
+
+/// One rig boot shared by every test of a test binary, held in a `static`: booted by the first
+/// test that asks for it, the others waiting for it; None for all when the rig is unavailable
+/// (each test then skips).
+pub struct SharedOutcome(OnceLock<Option<RigOutcome>>);
+
+impl SharedOutcome {
+    /// Not booted yet.
+    pub const fn new() -> SharedOutcome {
+        SharedOutcome(OnceLock::new())
+    }
+
+    /// The outcome, from `boot` on the first call.
+    pub fn get_or_boot(
+        &'static self,
+        boot: impl FnOnce() -> Option<RigOutcome>,
+    ) -> Option<&'static RigOutcome> {
+        self.0.get_or_init(boot).as_ref()
+    }
+}
+
+impl Default for SharedOutcome {
+    fn default() -> Self {
+        SharedOutcome::new()
+    }
 }
 
 /// Takes the rig lock for the rest of a test (a panicking test does not poison it for others).

@@ -13,15 +13,14 @@
 //! 4. Under the default `--seccomp kill`, every pvmm thread L1 showed (the placement probe
 //!    reads each one's `Seccomp:` every 0.1 s) ran under a seccomp filter.
 
-use std::collections::HashMap;
-use std::sync::OnceLock;
-
 use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
 use pvmm_tests::scripts;
 use pvmm_tests::{
-    run_placement_sequence_with_probe, run_trace, CpuSet, BALANCER_LEASE_MS, BALANCER_RENEW_S,
+    run_placement_sequence_with_probe, run_trace, CpuSet, SharedOutcome, BALANCER_LEASE_MS,
+    BALANCER_RENEW_S,
 };
+use std::collections::HashMap;
 
 /// The socket pvmm serves in L1.
 const SOCKET: &str = "/tmp/pvmm-api.sock";
@@ -70,30 +69,29 @@ fn probe_prefix() -> String {
     )
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence_with_probe(
-                "rig_api",
-                &[(
-                    "api",
-                    vec![
-                        "--vcpus",
-                        "4",
-                        "--policy",
-                        "powersaving",
-                        "--api-socket",
-                        SOCKET,
-                        "--external-lease-ms",
-                        BALANCER_LEASE_MS,
-                    ],
-                    guest_command(),
-                )],
-                &probe_prefix(),
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence_with_probe(
+            "rig_api",
+            &[(
+                "api",
+                vec![
+                    "--vcpus",
+                    "4",
+                    "--policy",
+                    "powersaving",
+                    "--api-socket",
+                    SOCKET,
+                    "--external-lease-ms",
+                    BALANCER_LEASE_MS,
+                ],
+                guest_command(),
+            )],
+            &probe_prefix(),
+        )
+    })
 }
 
 /// The guest's `CPPC LABEL v0 v1 v2 v3 GED n` line for `label`.

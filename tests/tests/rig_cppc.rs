@@ -9,10 +9,8 @@
 //! guest's capacities are not constant: idle vCPUs sharing a CPU get capacities that follow
 //! their neighbours' small, noisy utilization).
 
-use std::sync::OnceLock;
-
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{cppc_reads, run_placement_sequence, run_trace, scripts, CppcRead};
+use pvmm_tests::{cppc_reads, run_placement_sequence, run_trace, scripts, CppcRead, SharedOutcome};
 
 /// Ticks after the guest's mark (printed just before it reads sysfs) in which its read may
 /// have happened: the read helper forks `cat`, `tr`, `grep` and `awk` in a guest whose other
@@ -54,27 +52,26 @@ fn shared_command() -> String {
     scripts::guest(&[], scripts::CPPC_SHARED_GUEST)
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence(
-                "rig_cppc",
-                &[
-                    (
-                        "live",
-                        vec!["--vcpus", "4", "--policy", "powersaving", "--cpus", "0-2"],
-                        live_command(),
-                    ),
-                    (
-                        "shared",
-                        vec!["--vcpus", "4", "--policy", "performance", "--cpus", "0-2"],
-                        shared_command(),
-                    ),
-                ],
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence(
+            "rig_cppc",
+            &[
+                (
+                    "live",
+                    vec!["--vcpus", "4", "--policy", "powersaving", "--cpus", "0-2"],
+                    live_command(),
+                ),
+                (
+                    "shared",
+                    vec!["--vcpus", "4", "--policy", "performance", "--cpus", "0-2"],
+                    shared_command(),
+                ),
+            ],
+        )
+    })
 }
 
 fn reads(outcome: &RigOutcome) -> (Vec<CppcRead>, pvmm_tests::PlacementTrace) {

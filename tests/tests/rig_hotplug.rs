@@ -17,10 +17,10 @@
 //! marks (offlining a CPU can take half a second on a loaded L1). One tick of slack on each
 //! bound.
 
-use std::sync::OnceLock;
-
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{run_placement_sequence_with_probe, run_trace, scripts, PlacementTrace};
+use pvmm_tests::{
+    run_placement_sequence_with_probe, run_trace, scripts, PlacementTrace, SharedOutcome,
+};
 
 /// How often L1's watcher looks for the guest's marks (s).
 const MARK_POLL_S: f64 = 0.2;
@@ -85,28 +85,27 @@ fn probe_prefix() -> String {
     )
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence_with_probe(
-                "rig_hotplug",
-                &[
-                    (
-                        "hotplug",
-                        vec!["--vcpus", "4", "--policy", "performance"],
-                        guest_command(&["3", "2,3"]),
-                    ),
-                    (
-                        HOST_RUN,
-                        vec!["--vcpus", "4", "--host", RUNTIME_DIR],
-                        guest_command(&["2,3"]),
-                    ),
-                ],
-                &probe_prefix(),
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence_with_probe(
+            "rig_hotplug",
+            &[
+                (
+                    "hotplug",
+                    vec!["--vcpus", "4", "--policy", "performance"],
+                    guest_command(&["3", "2,3"]),
+                ),
+                (
+                    HOST_RUN,
+                    vec!["--vcpus", "4", "--host", RUNTIME_DIR],
+                    guest_command(&["2,3"]),
+                ),
+            ],
+            &probe_prefix(),
+        )
+    })
 }
 
 /// Samples taken from `SETTLE_TICKS` ticks after L1 time `from` until L1 time `to`.

@@ -22,15 +22,13 @@
 //! L1 runs on an emulated Zen 2 (`EPYC-Rome`), which amd-pstate needs (the rig picks it for
 //! a 6.12 guest).
 
-use std::sync::OnceLock;
-
 use pvmm::cppc::guest_perfs;
 use pvmm::live::capacity::significant_change;
 use pvmm_rig::{GuestKernel, RigOutcome};
 use pvmm_tests::scripts;
 use pvmm_tests::{
-    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, BALANCER_LEASE_MS,
-    BALANCER_RENEW_S,
+    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, SharedOutcome,
+    BALANCER_LEASE_MS, BALANCER_RENEW_S,
 };
 
 /// The guest's vCPUs.
@@ -84,31 +82,30 @@ fn probe_prefix() -> String {
     outside_balancer(SOCKET, "patterns", &bodies, BALANCER_RENEW_S, per_pattern)
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence_on(
-                "rig_prefcore",
-                GuestKernel::Linux6_12,
-                &[(
-                    "prefcore",
-                    vec![
-                        "--vcpus",
-                        "4",
-                        "--policy",
-                        "powersaving",
-                        "--api-socket",
-                        SOCKET,
-                        "--external-lease-ms",
-                        BALANCER_LEASE_MS,
-                    ],
-                    guest_command(),
-                )],
-                &probe_prefix(),
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence_on(
+            "rig_prefcore",
+            GuestKernel::Linux6_12,
+            &[(
+                "prefcore",
+                vec![
+                    "--vcpus",
+                    "4",
+                    "--policy",
+                    "powersaving",
+                    "--api-socket",
+                    SOCKET,
+                    "--external-lease-ms",
+                    BALANCER_LEASE_MS,
+                ],
+                guest_command(),
+            )],
+            &probe_prefix(),
+        )
+    })
 }
 
 /// One `RANK` line.
