@@ -15,8 +15,9 @@ pub mod scripts;
 // The rig's retry of its own failures and its post-mortem log, shared with the benchmarks.
 pub use pvmm_rig::retry::{dump_outcome, retry_boots, RIG_ATTEMPTS};
 
-use pvmm_rig::images::{self, L1Images, L1Needs, Workspace};
+use pvmm_rig::images::{self, L1Images, L1Needs};
 use pvmm_rig::soak::{classify, BootKind};
+use pvmm_rig::workspace::Workspace;
 
 /// Environment variable that turns a rig test's skip into a failure.
 pub const REQUIRE_RIG_ENV: &str = "PVMM_REQUIRE_RIG";
@@ -343,7 +344,7 @@ pub fn cppc_reads(guest: &[String]) -> Vec<CppcRead> {
 mod tests {
     use std::path::Path;
 
-    use pvmm_rig::images::BUSYBOX;
+    use pvmm_rig::host::BUSYBOX;
 
     use super::*;
 

@@ -9,13 +9,14 @@
 use std::time::Duration;
 
 use crate::guest_kernel::GuestKernel;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::rig::{
     guest_cmdline, inner_vmm_command, run_l1, InnerVmm, KernelForm, L1Job, L1Options, RigError,
     RigOutcome, Topology,
 };
 use crate::scripts::shell_join;
 use crate::sequence::L1_BOOT_SECS;
+use crate::workspace::Workspace;
 
 /// Limit for one inner VMM run inside L1 (busybox `timeout -s KILL`): a guest that has not
 /// reached init and powered off by then is stuck, and the other runs should still happen.

@@ -13,12 +13,13 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::rig::{InnerVmm, RigError, RigOutcome, Topology, VmSpec};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
 use crate::soak::{classify, vm_kind, BootKind};
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 
 /// Guests run before the levels count: L1's page cache takes in the kernel, the initramfs and
 /// pvmm's binary, and the kernel's per-CPU caches and KVM's module state settle.

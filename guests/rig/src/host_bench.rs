@@ -27,10 +27,11 @@ use std::time::Duration;
 use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::Activity;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::probe::L1_USER_HZ;
 use crate::rig::{InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
 use crate::scripts;
+use crate::workspace::Workspace;
 
 /// How the VMs of a case are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,9 +432,9 @@ mod tests {
         assert!(guest.contains("\nDUTY=29\nPERIOD_MS=70\nSECONDS_LOAD=20\n"));
         assert!(guest.contains("--seconds \"$SECONDS_LOAD\" \\\n--progress-ms 1000"));
         // Both scripts are valid shell for L1's and the guest's busybox.
-        if std::path::Path::new(crate::images::BUSYBOX).is_file() {
+        if std::path::Path::new(crate::host::BUSYBOX).is_file() {
             for script in [probe(Regime::Daemon), guest.clone()] {
-                let check = std::process::Command::new(crate::images::BUSYBOX)
+                let check = std::process::Command::new(crate::host::BUSYBOX)
                     .args(["sh", "-n", "-c", &script])
                     .output()
                     .expect("busybox runs");

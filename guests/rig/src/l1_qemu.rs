@@ -15,8 +15,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::images::{find_deb, io_err, progress, run_tool, which, ImageError, Workspace, QEMU};
+use crate::debian::find_deb;
+use crate::error::{io_err, ImageError};
+use crate::host::{progress, run_tool, which, QEMU};
 use crate::private_apt::PrivateApt;
+use crate::workspace::Workspace;
 
 /// The oldest QEMU major version [`L1Qemu::Newer`] accepts from the host.
 pub const NEWER_MAJOR: u32 = 10;

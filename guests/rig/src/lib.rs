@@ -7,7 +7,11 @@
 //!   6.12) and fetching 6.12.
 //! - [`private_apt`]: apt on a Debian suite the machine's apt setup does not name.
 //! - [`images`]: builds the Debian cloud kernel, the busybox guest initramfs (with
-//!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`.
+//!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`, on:
+//!   [`workspace`] (the workspace and `guests/out/`), [`cache`] (skipping steps whose outputs
+//!   are up to date), [`debian`] (the kernel package and `.deb` files), [`host`] (this
+//!   machine's programs and progress lines) and [`inside`] (file paths inside the images).
+//! - [`error`]: the crate's error types.
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
 //!   (or QEMU with KVM) inside it on the guest images, and classifies the console output.
 //! - [`activity`]: L1's package idle time and modelled energy from a probe's samples.
@@ -27,11 +31,16 @@
 
 pub mod activity;
 pub mod bench;
+pub mod cache;
 pub mod cpio;
+pub mod debian;
+pub mod error;
 pub mod guest_kernel;
 pub mod guest_soak;
+pub mod host;
 pub mod host_bench;
 pub mod images;
+pub mod inside;
 pub mod l1_qemu;
 pub mod packages;
 pub mod placement_bench;
@@ -44,6 +53,7 @@ pub mod sequence;
 pub mod soak;
 pub mod tuning;
 pub mod vmlinux;
+pub mod workspace;
 
 pub use guest_kernel::GuestKernel;
 pub use rig::{

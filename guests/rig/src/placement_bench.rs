@@ -40,11 +40,12 @@ use std::time::Duration;
 use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::Activity;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::probe::ProbeLine;
 use crate::rig::{RigError, RigOutcome, Topology};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
+use crate::workspace::Workspace;
 
 /// The kernbench thread busy fraction of the simulator's scenario, 1 - sqrt(0.5086) = 0.287,
 /// as a pvmm-load duty in percent (pvmm-sim's `kernbench_busy_fraction`: 50.86 % is the packed
@@ -272,7 +273,7 @@ pub fn run_placement_bench(
         tuning: crate::tuning::L1Tuning::default(),
         guest_kernel: options.guest_kernel,
     };
-    crate::images::progress(&format!(
+    crate::host::progress(&format!(
         "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",
         runs.len(),
         options.seconds,

@@ -9,9 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::guest_kernel::GuestKernel;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::rig::{InnerVmm, KernelForm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 // pvmm's exit statuses for a guest triple fault and a guest reboot. The rig's guests boot with
 // `panic=-1`, so a guest kernel panic ends as a reboot.
 use pvmm::exit::{EXIT_GUEST_RESET, EXIT_TRIPLE_FAULT};

@@ -6,9 +6,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::error::RigError;
 use crate::guest_kernel::GuestKernel;
 use crate::l1_qemu::{L1Qemu, NEWER_MAJOR};
-use crate::rig::RigError;
 
 /// QEMU's `-cpu` for L1 before any preset changes it: an EPYC with SVM and nested paging.
 /// QEMU's `EPYC` is a first-generation Zen (family 23, model 1).

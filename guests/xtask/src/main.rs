@@ -35,12 +35,14 @@ mod soak;
 
 use clap::{Args, Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
+use pvmm_rig::host::progress;
 use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
-use pvmm_rig::images::{self, L1Needs, Workspace};
+use pvmm_rig::images::{self, L1Needs};
 use pvmm_rig::placement_bench::{KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS};
 use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::tuning::DEFAULT_VARIANT;
+use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, InnerVmm, KernelForm, L1Tuning, Rig, RigError, Topology, VmSpec};
 
 /// The guest command when none is given: the README's demo prints the guest's CPU count.
@@ -193,7 +195,7 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
     for &vms in &options.vms {
         let mut cases = Vec::new();
         for &regime in &options.regimes {
-            images::progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
+            progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
             let result = host_bench::run_case(ws, &images, &options, regime, vms);
             if let Ok((_, outcome)) = &result {
                 dump_outcome(&format!("bench-host-{}-{vms}", regime.name()), outcome);

@@ -5,12 +5,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
-use pvmm_rig::images::{L1Needs, Workspace};
+use pvmm_rig::images::L1Needs;
 use pvmm_rig::placement_bench::{
     format_bench_table, run_placement_bench, PlacementBenchOptions, BENCH_POLICIES,
     KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS,
 };
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, Topology};
 
 use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};

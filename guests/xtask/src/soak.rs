@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use pvmm_rig::images::{self, Workspace};
+use pvmm_rig::images;
 use pvmm_rig::soak::{format_tallies, run_soak, BusyLoops, SoakOptions};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
+use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, InnerVmm, KernelForm, L1Tuning, Topology, VmSpec};
 
 use super::{

@@ -14,9 +14,11 @@ use super::stall::sample_threads;
 use super::{RigEnd, RigError, RigOutcome, Topology, QEMU_SIGNAL_MARK};
 use crate::cpio::CpioArchive;
 use crate::guest_kernel::GuestKernel;
-use crate::images::{progress, L1Images, Workspace};
+use crate::host::progress;
+use crate::images::L1Images;
 use crate::l1_qemu::{self, QemuBinary};
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 
 /// L1's kernel command line. `loglevel=4` keeps L1's boot chatter off the console while still
 /// showing warnings and errors (RCU stalls, soft lockups) that explain a hung rig.

@@ -3,9 +3,9 @@
 
 use std::str::FromStr;
 
-use super::RigError;
-use crate::guest_kernel::GuestKernel;
-use crate::images::inside;
+use crate::error::RigError;
+use crate::guest_kernel::{GuestKernel, KernelForm};
+use crate::inside;
 use crate::scripts::base64_encode;
 
 /// Added to the guest's command line unless it is `quiet`: the decompressor and the kernel
@@ -187,37 +187,6 @@ pub fn vm_shape(pvmm_args: &[String]) -> Result<(u32, u64), RigError> {
         }
     }
     Ok((vcpus, memory))
-}
-
-/// The form of the guest kernel an inner VMM boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KernelForm {
-    /// The Debian bzImage, which decompresses itself.
-    #[default]
-    BzImage,
-    /// The same kernel uncompressed (an ELF vmlinux), entered through PVH: pvmm's PVH boot,
-    /// QEMU's `-kernel` with its PVH option ROM. L1 needs the vmlinux layer
-    /// ([`crate::images::L1Needs::vmlinux`]).
-    Pvh,
-}
-
-impl KernelForm {
-    /// Its path in L1 for L1's own kernel, 6.1 (every guest kernel's:
-    /// [`GuestKernel::l1_path`]).
-    pub fn path(self) -> &'static str {
-        match self {
-            KernelForm::BzImage => inside::GUEST_KERNEL,
-            KernelForm::Pvh => inside::GUEST_VMLINUX,
-        }
-    }
-
-    /// Its name in labels and tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelForm::BzImage => "bzImage",
-            KernelForm::Pvh => "pvh",
-        }
-    }
 }
 
 /// The command line that runs `vmm` in L1 on the guest images: the kernel `guest` in `form`.
