@@ -279,6 +279,21 @@ pub const BALANCER_RENEW_S: f64 = 0.5;
 /// enough to keep a run short.
 pub const BALANCER_LEASE_MS: &str = "2000";
 
+/// pvmm's arguments in the rig tests with an outside balancer: 4 vCPUs under `powersaving`,
+/// the control socket `socket`, and the lease [`BALANCER_LEASE_MS`].
+pub fn balanced_pvmm_args(socket: &str) -> Vec<&str> {
+    vec![
+        "--vcpus",
+        "4",
+        "--policy",
+        "powersaving",
+        "--api-socket",
+        socket,
+        "--external-lease-ms",
+        BALANCER_LEASE_MS,
+    ]
+}
+
 /// L1 shell for a probe prefix: an outside balancer, as `pvmm host` is one, that waits until
 /// the guest marks `start_mark` (`pvmm-mark: START_MARK`), then renews `bodies`
 /// ([`external_assignment`]) on pvmm's control socket `socket`, one every `renew_s` seconds,

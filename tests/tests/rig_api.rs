@@ -17,7 +17,7 @@ use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
 use pvmm_tests::scripts;
 use pvmm_tests::{
-    run_placement_sequence_with_probe, run_trace, CpuSet, SharedOutcome, BALANCER_LEASE_MS,
+    balanced_pvmm_args, run_placement_sequence_with_probe, run_trace, CpuSet, SharedOutcome,
     BALANCER_RENEW_S,
 };
 use std::collections::HashMap;
@@ -75,20 +75,7 @@ fn outcome() -> Option<&'static RigOutcome> {
     OUTCOME.get_or_boot(|| {
         run_placement_sequence_with_probe(
             "rig_api",
-            &[(
-                "api",
-                vec![
-                    "--vcpus",
-                    "4",
-                    "--policy",
-                    "powersaving",
-                    "--api-socket",
-                    SOCKET,
-                    "--external-lease-ms",
-                    BALANCER_LEASE_MS,
-                ],
-                guest_command(),
-            )],
+            &[("api", balanced_pvmm_args(SOCKET), guest_command())],
             &probe_prefix(),
         )
     })

@@ -29,8 +29,8 @@
 use pvmm_rig::GuestKernel;
 use pvmm_tests::scripts;
 use pvmm_tests::{
-    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, PlacementTrace,
-    BALANCER_LEASE_MS, BALANCER_RENEW_S, BUSY_SHARE,
+    balanced_pvmm_args, external_assignment, outside_balancer, run_placement_sequence_on,
+    run_trace, PlacementTrace, BALANCER_RENEW_S, BUSY_SHARE,
 };
 
 /// The outside balancer's placement: per vCPU, the L1 CPUs and the capacity.
@@ -86,18 +86,8 @@ fn run_scenario(kernel: GuestKernel) -> Option<pvmm_rig::RigOutcome> {
         BALANCER_RENEW_S,
         1,
     );
-    let args = vec![
-        "--vcpus",
-        "4",
-        "--cpus",
-        "0-2",
-        "--policy",
-        "powersaving",
-        "--api-socket",
-        SOCKET,
-        "--external-lease-ms",
-        BALANCER_LEASE_MS,
-    ];
+    let mut args = balanced_pvmm_args(SOCKET);
+    args.extend(["--cpus", "0-2"]);
     run_placement_sequence_on(
         &format!("rig_asym_packing_{}", kernel.name()),
         kernel,

@@ -27,8 +27,8 @@ use pvmm::live::capacity::significant_change;
 use pvmm_rig::{GuestKernel, RigOutcome};
 use pvmm_tests::scripts;
 use pvmm_tests::{
-    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, SharedOutcome,
-    BALANCER_LEASE_MS, BALANCER_RENEW_S,
+    balanced_pvmm_args, external_assignment, outside_balancer, run_placement_sequence_on,
+    run_trace, SharedOutcome, BALANCER_RENEW_S,
 };
 
 /// The guest's vCPUs.
@@ -89,20 +89,7 @@ fn outcome() -> Option<&'static RigOutcome> {
         run_placement_sequence_on(
             "rig_prefcore",
             GuestKernel::Linux6_12,
-            &[(
-                "prefcore",
-                vec![
-                    "--vcpus",
-                    "4",
-                    "--policy",
-                    "powersaving",
-                    "--api-socket",
-                    SOCKET,
-                    "--external-lease-ms",
-                    BALANCER_LEASE_MS,
-                ],
-                guest_command(),
-            )],
+            &[("prefcore", balanced_pvmm_args(SOCKET), guest_command())],
             &probe_prefix(),
         )
     })
