@@ -1,5 +1,10 @@
-//! The shell scripts the rig puts into its initramfs images, and the text helpers that build
+//! The shell scripts the rig runs in L1 and in its guests, and the text helpers that build
 //! the commands they run (shell quoting, base64 for the guest command).
+//!
+//! The scripts are files in `guests/rig/scripts/` (busybox sh, checked by shellcheck in CI),
+//! compiled in with `include_str!`. A script that needs values from Rust reads them as shell
+//! variables, which [`assemble`] (and [`guest_command`], for a guest's command line) sets in
+//! lines of their own ahead of the script's parts: no script text is formatted in Rust.
 //!
 //! Protocol between the L1 scripts and [`crate::rig`]: every line the L1 init writes for the
 //! host on its console starts with `@@TAG@@ `: `@@guest/LABEL@@` for the stdout of the inner
