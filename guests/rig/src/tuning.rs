@@ -193,10 +193,12 @@ impl L1Tuning {
 
     /// Shell assignments L1's init sources before loading the KVM modules.
     pub fn module_script(&self) -> String {
-        format!(
-            "RIG_KVM_PARAMS='{}'\nRIG_KVM_AMD_PARAMS='{}'\n",
-            self.kvm_params.join(" "),
-            self.kvm_amd_params.join(" ")
+        crate::scripts::assemble(
+            &[
+                ("RIG_KVM_PARAMS", &self.kvm_params.join(" ")),
+                ("RIG_KVM_AMD_PARAMS", &self.kvm_amd_params.join(" ")),
+            ],
+            &[],
         )
     }
 
@@ -322,7 +324,8 @@ mod tests {
         assert_eq!(t.cmdline_extra, ["transparent_hugepage=never"]);
         assert_eq!(
             t.module_script(),
-            "RIG_KVM_PARAMS='halt_poll_ns=0'\nRIG_KVM_AMD_PARAMS='vgif=0 vls=0 avic=0 pause_filter_count=0'\n"
+            "#!/bin/sh\nRIG_KVM_PARAMS=halt_poll_ns=0\n\
+             RIG_KVM_AMD_PARAMS='vgif=0 vls=0 avic=0 pause_filter_count=0'\n"
         );
         let base: L1Tuning = "base".parse().unwrap();
         assert_eq!(base, L1Tuning::base());
