@@ -43,6 +43,8 @@ const BUSY_MIN_TICKS: u64 = 40;
 /// Hard limit for the rig boot.
 const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
 
+/// VM `n`'s guest command: one busy thread on vCPU [`BUSY_VCPU`] for [`LOAD_SECS`] after
+/// [`LEAD_SECS`] (`tests/scripts/host-guest.sh`).
 fn guest(n: usize) -> String {
     pvmm_rig::scripts::guest_command(
         &[

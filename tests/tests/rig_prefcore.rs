@@ -53,6 +53,8 @@ const SOCKET: &str = "/tmp/pvmm-prefcore.sock";
 /// pvmm's tick are not synchronized; L1's mark of the read also lags by its console).
 const AROUND_TICKS: usize = 3;
 
+/// The guest's command: amd-pstate's state, then its core ranking and `highest_perf` every
+/// [`READ_INTERVAL_S`] for [`READ_FOR_S`] (`tests/scripts/prefcore-guest.sh`).
 fn guest_command() -> String {
     scripts::guest(
         &[
