@@ -1,3 +1,4 @@
+#!/bin/sh
 # L1 probe for `cargo xtask rig --l1-probe guests/probes/kvm-exits.sh`: counts the inner VM's
 # exits over its whole run, from L1's kernel. While the VMM runs it keeps the last values of
 # KVM's per-VM debugfs counters (all exits, and those to port I/O, MMIO, halts, interrupts,
@@ -13,10 +14,10 @@ echo 8192 > $T/buffer_size_kb
 echo 0 > $T/options/overwrite
 for e in kvm_pio kvm_mmio kvm_userspace_exit; do echo 1 > $T/events/kvm/$e/enable; done
 echo 1 > $T/tracing_on
-while kill -0 $PVMM_PID 2>/dev/null; do
+while kill -0 "$PVMM_PID" 2>/dev/null; do
   # The counters of the last sample before the VMM ended.
-  for d in /sys/kernel/debug/kvm/$PVMM_PID-*; do
-    [ -f $d/exits ] && echo "exits $(cat $d/exits): io $(cat $d/io_exits), mmio $(cat $d/mmio_exits), halt $(cat $d/halt_exits), irq $(cat $d/irq_exits), emulated $(cat $d/insn_emulation)" > /tmp/kvm-exits-last
+  for d in /sys/kernel/debug/kvm/"$PVMM_PID"-*; do
+    [ -f "$d/exits" ] && echo "exits $(cat "$d/exits"): io $(cat "$d/io_exits"), mmio $(cat "$d/mmio_exits"), halt $(cat "$d/halt_exits"), irq $(cat "$d/irq_exits"), emulated $(cat "$d/insn_emulation")" > /tmp/kvm-exits-last
   done
   sleep 0.5
 done

@@ -28,5 +28,7 @@ pub use placement::{
     Assignment, Decision, Engine, EngineConfig, Migration, PlaceError, VcpuId, VcpuLoad,
 };
 pub use policy::{PlacementPolicy, Policy, DEFAULT_POLICY};
-pub use topology::{parse_host_topology_arg, HostCpu, HostTopology, TopologyError};
+pub use topology::{
+    parse_host_topology_arg, parse_spec, HostCpu, HostTopology, SpecCounts, TopologyError,
+};
 pub use util::{IdleSample, LoadTracker, UtilConfig, UtilTracker};

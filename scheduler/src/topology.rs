@@ -244,43 +244,12 @@ impl HostTopology {
     /// so in `2x4x2` CPUs 0-3 are package 0, 4-7 package 1, and CPU 8 is CPU 0's
     /// SMT sibling.
     pub fn from_spec(spec: &str) -> Result<Self, TopologyError> {
-        let bad = |reason: &str| TopologyError::BadSpec {
-            spec: spec.to_string(),
-            reason: reason.to_string(),
-        };
-        let fields: Vec<&str> = spec.trim().split(['x', 'X']).collect();
-        let numbers = fields
-            .iter()
-            .map(|f| {
-                let f = f.trim();
-                if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad(&format!("{f:?} is not a positive number")));
-                }
-                match f.parse::<u64>() {
-                    Ok(0) => Err(bad("counts must be at least 1")),
-                    Ok(n) => Ok(n),
-                    Err(_) => Err(bad(&format!("{f:?} is too large"))),
-                }
-            })
-            .collect::<Result<Vec<u64>, _>>()?;
-        let (sockets, dies, cores, threads) = match numbers.as_slice() {
-            [s, c, t] => (*s, 1, *c, *t),
-            [s, d, c, t] => (*s, *d, *c, *t),
-            _ => return Err(bad("expected 3 or 4 fields separated by 'x'")),
-        };
-        let total = sockets
-            .checked_mul(dies)
-            .and_then(|n| n.checked_mul(cores))
-            .and_then(|n| n.checked_mul(threads));
-        match total {
-            Some(n) if n <= u64::from(MAX_CPU_ID) + 1 => {}
-            _ => {
-                return Err(bad(&format!(
-                    "more than {} CPUs",
-                    u64::from(MAX_CPU_ID) + 1
-                )))
-            }
-        }
+        let SpecCounts {
+            sockets,
+            dies,
+            cores,
+            threads,
+        } = parse_spec(spec)?;
         let cores_total = sockets * dies * cores;
         let mut records = Vec::new();
         for t in 0..threads {
@@ -485,6 +454,65 @@ impl FromStr for HostTopology {
     /// Parses a declared spec (see [`HostTopology::from_spec`]).
     fn from_str(s: &str) -> Result<Self, TopologyError> {
         HostTopology::from_spec(s)
+    }
+}
+
+/// The counts a topology spec declares (see [`HostTopology::from_spec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecCounts {
+    /// Sockets (packages).
+    pub sockets: u64,
+    /// Dies per socket (1 in an `SxCxT` spec).
+    pub dies: u64,
+    /// Cores per die.
+    pub cores: u64,
+    /// Threads per core.
+    pub threads: u64,
+}
+
+/// Parses a topology spec, `SxCxT` or `SxDxCxT` (`x` or `X` between the counts), into its
+/// counts: each at least 1, and at most `MAX_CPU_ID + 1` CPUs in all. The one parser of the
+/// spec syntax, for pvmm's `--host-topology` and the rig's L1 topology.
+pub fn parse_spec(spec: &str) -> Result<SpecCounts, TopologyError> {
+    let bad = |reason: &str| TopologyError::BadSpec {
+        spec: spec.to_string(),
+        reason: reason.to_string(),
+    };
+    let fields: Vec<&str> = spec.trim().split(['x', 'X']).collect();
+    let numbers = fields
+        .iter()
+        .map(|f| {
+            let f = f.trim();
+            if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(&format!("{f:?} is not a positive number")));
+            }
+            match f.parse::<u64>() {
+                Ok(0) => Err(bad("counts must be at least 1")),
+                Ok(n) => Ok(n),
+                Err(_) => Err(bad(&format!("{f:?} is too large"))),
+            }
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let (sockets, dies, cores, threads) = match numbers.as_slice() {
+        [s, c, t] => (*s, 1, *c, *t),
+        [s, d, c, t] => (*s, *d, *c, *t),
+        _ => return Err(bad("expected 3 or 4 fields separated by 'x'")),
+    };
+    let total = sockets
+        .checked_mul(dies)
+        .and_then(|n| n.checked_mul(cores))
+        .and_then(|n| n.checked_mul(threads));
+    match total {
+        Some(n) if n <= u64::from(MAX_CPU_ID) + 1 => Ok(SpecCounts {
+            sockets,
+            dies,
+            cores,
+            threads,
+        }),
+        _ => Err(bad(&format!(
+            "more than {} CPUs",
+            u64::from(MAX_CPU_ID) + 1
+        ))),
     }
 }
 
@@ -723,6 +751,22 @@ mod tests {
         assert_eq!(topo.package_of(13), Some(1));
         let dies = HostTopology::from_spec("1x2x2x1").unwrap();
         assert_eq!(dies.packages()[0].dies.len(), 2);
+    }
+
+    #[test]
+    fn spec_counts() {
+        let counts = |spec| parse_spec(spec).unwrap();
+        assert_eq!(
+            counts("2x4x2"),
+            SpecCounts {
+                sockets: 2,
+                dies: 1,
+                cores: 4,
+                threads: 2
+            }
+        );
+        assert_eq!(counts("1X3x4x1").dies, 3);
+        assert!(parse_spec("2x0x1").is_err());
     }
 
     #[test]

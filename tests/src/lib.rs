@@ -6,10 +6,18 @@
 //! command to run). When something is still missing they skip with a loud message on stderr,
 //! unless `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use pvmm_rig::images::{self, L1Images, L1Needs, Workspace};
+use pvmm_rig::RigOutcome;
+
+pub mod scripts;
+
+// The rig's retry of its own failures and its post-mortem log, shared with the benchmarks.
+pub use pvmm_rig::retry::{dump_outcome, retry_boots, RIG_ATTEMPTS};
+
+use pvmm_rig::images::{self, L1Images, L1Needs};
 use pvmm_rig::soak::{classify, BootKind};
+use pvmm_rig::workspace::Workspace;
 
 /// Environment variable that turns a rig test's skip into a failure.
 pub const REQUIRE_RIG_ENV: &str = "PVMM_REQUIRE_RIG";
@@ -21,6 +29,32 @@ static RIG_LOCK: Mutex<()> = Mutex::new(());
 /// Whether rig tests must run (fail instead of skipping).
 pub fn rig_required() -> bool {
     std::env::var(REQUIRE_RIG_ENV).is_ok_and(|v| v == "1")
+}
+
+/// One rig boot shared by every test of a test binary, held in a `static`: booted by the first
+/// test that asks for it, the others waiting for it; None for all when the rig is unavailable
+/// (each test then skips).
+pub struct SharedOutcome(OnceLock<Option<RigOutcome>>);
+
+impl SharedOutcome {
+    /// Not booted yet.
+    pub const fn new() -> SharedOutcome {
+        SharedOutcome(OnceLock::new())
+    }
+
+    /// The outcome, from `boot` on the first call.
+    pub fn get_or_boot(
+        &'static self,
+        boot: impl FnOnce() -> Option<RigOutcome>,
+    ) -> Option<&'static RigOutcome> {
+        self.0.get_or_init(boot).as_ref()
+    }
+}
+
+impl Default for SharedOutcome {
+    fn default() -> Self {
+        SharedOutcome::new()
+    }
 }
 
 /// Takes the rig lock for the rest of a test (a panicking test does not poison it for others).
@@ -72,7 +106,7 @@ pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> 
 // parser (both in pvmm-rig, shared with the placement benchmark) and the measurements the tests
 // build on.
 pub use pvmm_rig::probe::{
-    parse_cpu_list, placement_probe, CpuTimes, PlacementTrace, ProbeSample, StatsTick, StatsVcpu,
+    placement_probe, CpuSet, CpuTimes, PlacementTrace, ProbeSample, StatsTick, StatsVcpu,
     ThreadSample, ThreadSeccomp, BUSY_SHARE, L1_STATS_PATH, L1_USER_HZ, PROBE_SAMPLE,
 };
 
@@ -149,11 +183,12 @@ pub fn run_placement_sequence_on(
     };
     let labels: Vec<String> = runs.iter().map(|r| r.label.clone()).collect();
     let started = std::time::Instant::now();
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         test,
-        || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs).expect("the rig runs"),
+        || pvmm_rig::run_pvmm_sequence(&ws, &images, &options, &runs),
         |outcome| pvmm_boot_kind(outcome, &labels),
-    );
+    )
+    .expect("the rig runs");
     dump_outcome(test, &outcome);
     eprintln!(
         "{test}: {} ({} pvmm runs, {:.1} s)",
@@ -164,19 +199,6 @@ pub fn run_placement_sequence_on(
     Some(outcome)
 }
 
-/// With `PVMM_RIG_DUMP=DIR` set, writes every classified line of `outcome` to `DIR/<test>.log`:
-/// a failure's post-mortem, since a test's own message shows only what it checked.
-pub fn dump_outcome(test: &str, outcome: &pvmm_rig::RigOutcome) {
-    let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") else {
-        return;
-    };
-    let path = std::path::Path::new(&dir).join(format!("{test}.log"));
-    let text = outcome.log_text();
-    if let Err(e) = std::fs::write(&path, text) {
-        eprintln!("PVMM_RIG_DUMP: cannot write {}: {e}", path.display());
-    }
-}
-
 /// Guest console lines shown when a run fails: enough to see where a guest stopped.
 const GUEST_TAIL_LINES: usize = 25;
 
@@ -184,63 +206,12 @@ const GUEST_TAIL_LINES: usize = 25;
 /// kernel's warnings (RCU stalls, lockups) and init's errors, few when all is well.
 const L1_TAIL_LINES: usize = 15;
 
-/// Rig boots a rig test may use for one outcome. The nested rig itself (QEMU TCG emulating
-/// SVM for L1's KVM) now and then crashes a guest mid-boot: a triple fault under pvmm, a
-/// reset (QEMU exits 0 under `-no-reboot`) under QEMU as the inner VMM, at similar points of
-/// the guest's boot (about one pvmm boot in seven), a guest kernel panic, a guest that stalls
-/// (its kernel reports a soft lockup, an RCU stall or a hung task) until L1 kills its VMM at
-/// the run's time limit, and L1 failing ([`l1_failed`]). Such an outcome is run again, with a
-/// loud `!!! rig retry` line naming its kind, up to 3 boots in all; a third crash fails the
-/// test like any other failure, and so does, at once, an outcome of a kind not seen before
-/// ([`retry_rig_crash`]). Three, not two: on a loaded 2-CPU machine (CI's speed) about one
-/// sequence boot in four ends in an L1 failure, so two in a row would fail about one CI run in
-/// six over the three rig test binaries; a retried sequence costs its failure point plus at
-/// most 90 s, so CI stays well inside its limit.
-pub const RIG_ATTEMPTS: u32 = 3;
-
 /// The rig's other failures, L1's own kernel failing ([`pvmm_rig::RigEnd::is_l1_failure`]).
 pub fn l1_failed(outcome: &pvmm_rig::RigOutcome) -> bool {
     outcome.end.is_l1_failure()
 }
 
-/// Runs `boot` up to [`RIG_ATTEMPTS`] times while `kind` says it ended in a known failure of
-/// the nested rig ([`BootKind::is_known_rig_failure`]; its answer also says what happened).
-/// Every rerun is logged on one `!!! rig retry` line with its kind, so the rig's failure rate
-/// stays visible in CI output. Any other outcome is returned at once: a clean one for the test
-/// to check, and a failure of a kind the rig has not shown before ([`BootKind::Other`]) for the
-/// test to fail on, not to hide by booting again.
-pub fn retry_rig_crash<T>(
-    test: &str,
-    mut boot: impl FnMut() -> T,
-    kind: impl Fn(&T) -> (BootKind, String),
-) -> T {
-    let mut attempt = 1;
-    loop {
-        let outcome = boot();
-        let (found, what) = kind(&outcome);
-        if !found.is_known_rig_failure() {
-            if found == BootKind::Other {
-                eprintln!("!!! {test}: not a known rig failure, not run again: {what}");
-            }
-            return outcome;
-        }
-        if attempt == RIG_ATTEMPTS {
-            eprintln!(
-                "!!! rig retry: {test}: {} in boot {attempt} of {RIG_ATTEMPTS}, the last: {what}",
-                found.name()
-            );
-            return outcome;
-        }
-        attempt += 1;
-        eprintln!(
-            "!!! rig retry: {test}: {} (README, Rig reliability): {what}; booting again \
-             (attempt {attempt} of {RIG_ATTEMPTS})",
-            found.name()
-        );
-    }
-}
-
-/// How a boot of pvmm runs `labels` (all pvmm) ended: see [`retry_rig_crash`].
+/// How a boot of pvmm runs `labels` (all pvmm) ended: see [`retry_boots`].
 pub fn pvmm_boot_kind(outcome: &pvmm_rig::RigOutcome, labels: &[String]) -> (BootKind, String) {
     let vms = vec![pvmm_rig::VmSpec::new(pvmm_rig::InnerVmm::Pvmm); labels.len()];
     classify(outcome, &vms, labels)
@@ -286,18 +257,7 @@ pub fn exit_report(outcome: &pvmm_rig::RigOutcome, run: &pvmm_rig::RunLines) -> 
     )
 }
 
-/// Guest shell helper for the tests' guest commands: `l CPU SECS` starts one 100 %-busy
-/// pvmm-load thread pinned to guest CPU `CPU` in the background (so the test knows which vCPU
-/// is busy); `e SECS` sets the deadline `$E`, SECS whole seconds of uptime from now (less the
-/// current second's fraction), and `u CPU` starts the same thread, ending at `$E`: threads
-/// started one after another (a process start can take the guest a second under load) end
-/// together, so a phase of several busy vCPUs ends as one; `r LABEL` prints the mark
-/// `pvmm-mark: cppc-LABEL` (L1 timestamps it), then `CPPC LABEL <highest_perf of each CPU>
-/// GED <ACPI:Ged interrupts>`.
-pub const GUEST_HELPERS: &str = "l(){ taskset -c $1 pvmm-load --threads 1 --duty 100 --seconds $2 >/dev/null & }\n\
-e(){ read t x < /proc/uptime; E=$((${t%.*} + $1)); }\n\
-u(){ taskset -c $1 pvmm-load --threads 1 --duty 100 --until-uptime $E >/dev/null & }\n\
-r(){ echo pvmm-mark: cppc-$1; echo \"CPPC $1 $(cat /sys/devices/system/cpu/cpu[0-9]*/acpi_cppc/highest_perf | tr '\\n' ' ')GED $(grep Ged /proc/interrupts | awk '{s=0; for(i=2;i<=NF;i++) if ($i ~ /^[0-9]+$/) s+=$i; print s}')\"; }\n";
+pub use scripts::GUEST_HELPERS;
 
 /// The body of `pvmm ctl external` giving vCPU `v` the L1 CPUs and capacity
 /// `placements[v]` (a CPU list and 1..1024).
@@ -318,6 +278,21 @@ pub const BALANCER_RENEW_S: f64 = 0.5;
 /// renewals, so that a renewal delayed on a slow L1 does not let the placement lapse, and short
 /// enough to keep a run short.
 pub const BALANCER_LEASE_MS: &str = "2000";
+
+/// pvmm's arguments in the rig tests with an outside balancer: 4 vCPUs under `powersaving`,
+/// the control socket `socket`, and the lease [`BALANCER_LEASE_MS`].
+pub fn balanced_pvmm_args(socket: &str) -> Vec<&str> {
+    vec![
+        "--vcpus",
+        "4",
+        "--policy",
+        "powersaving",
+        "--api-socket",
+        socket,
+        "--external-lease-ms",
+        BALANCER_LEASE_MS,
+    ]
+}
 
 /// L1 shell for a probe prefix: an outside balancer, as `pvmm host` is one, that waits until
 /// the guest marks `start_mark` (`pvmm-mark: START_MARK`), then renews `bodies`
@@ -384,27 +359,10 @@ pub fn cppc_reads(guest: &[String]) -> Vec<CppcRead> {
 mod tests {
     use std::path::Path;
 
-    use pvmm_rig::images::BUSYBOX;
+    use pvmm_rig::host::BUSYBOX;
 
     use super::*;
 
-    /// (boots made, the boot returned) when boot `b` (from 1) ends as `kind_of(b)`.
-    fn retried(kind_of: impl Fn(u32) -> BootKind) -> (u32, u32) {
-        let mut boots = 0;
-        let last = retry_rig_crash(
-            "t",
-            || {
-                boots += 1;
-                boots
-            },
-            |&b| (kind_of(b), "what".to_string()),
-        );
-        (boots, last)
-    }
-
-    /// The probe's sample, run by busybox against this process with three threads named like
-    /// pvmm's and QEMU's vCPU threads, parses into one sample with those threads as /proc shows
-    /// them, and writes each one's seccomp mode to `$PROBE_THREADS`.
     #[test]
     fn probe_sample_reads_vcpu_threads_and_cpus() {
         if !Path::new(BUSYBOX).is_file() {
@@ -448,7 +406,7 @@ mod tests {
                 let allowed = status
                     .lines()
                     .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                    .map(|l| parse_cpu_list(l.trim()).unwrap())
+                    .map(|l| l.parse::<CpuSet>().unwrap().iter().collect::<Vec<u32>>())
                     .unwrap();
                 let tid: u32 = dir.file_name().unwrap().to_str().unwrap().parse().unwrap();
                 let mode = status
@@ -467,11 +425,13 @@ mod tests {
         expected.sort();
         assert_eq!(expected.len(), 3);
         // A thread that exits between the glob and the read must not cost the sample.
-        let gone = "/proc/$PVMM_PID/task/999999999/stat /proc/$PVMM_PID/task/999999999/status";
+        let gone = format!("/proc/{}/task/999999999", std::process::id());
+        let sample = pvmm_rig::scripts::assemble(&[], &[PROBE_SAMPLE, "probe_sample \"$@\""]);
         let threads_file =
             std::env::temp_dir().join(format!("probe-threads-{}", std::process::id()));
         let out = std::process::Command::new(BUSYBOX)
-            .args(["sh", "-c", &format!("{PROBE_SAMPLE} {gone}")])
+            .args(["sh", "-c", &sample, "sh"])
+            .args([format!("{gone}/stat"), format!("{gone}/status")])
             .env("PVMM_PID", std::process::id().to_string())
             .env("PROBE_THREADS", &threads_file)
             .output()
@@ -516,41 +476,5 @@ mod tests {
             .collect();
         seen.sort();
         assert_eq!(seen, expected_seccomp, "{threads_lines:?}");
-    }
-
-    #[test]
-    fn crashes_are_run_again_up_to_the_limit_and_a_clean_outcome_is_kept() {
-        let fault = |_| BootKind::TripleFault;
-        assert_eq!(retried(fault), (RIG_ATTEMPTS, RIG_ATTEMPTS));
-        let first = |b| {
-            if b == 1 {
-                BootKind::L1Lockup
-            } else {
-                BootKind::Clean
-            }
-        };
-        assert_eq!(retried(first), (2, 2));
-        let until_last = |b| {
-            if b < RIG_ATTEMPTS {
-                BootKind::L1Frozen
-            } else {
-                BootKind::Clean
-            }
-        };
-        assert_eq!(retried(until_last), (RIG_ATTEMPTS, RIG_ATTEMPTS));
-        assert_eq!(retried(|_| BootKind::Clean), (1, 1));
-    }
-
-    #[test]
-    fn a_failure_of_a_new_kind_is_not_run_again() {
-        assert_eq!(retried(|_| BootKind::Other), (1, 1));
-        let then_new = |b| {
-            if b == 1 {
-                BootKind::GuestReset
-            } else {
-                BootKind::Other
-            }
-        };
-        assert_eq!(retried(then_new), (2, 2));
     }
 }

@@ -13,15 +13,14 @@
 //! 4. Under the default `--seccomp kill`, every pvmm thread L1 showed (the placement probe
 //!    reads each one's `Seccomp:` every 0.1 s) ran under a seccomp filter.
 
-use std::collections::HashMap;
-use std::sync::OnceLock;
-
 use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
+use pvmm_tests::scripts;
 use pvmm_tests::{
-    parse_cpu_list, run_placement_sequence_with_probe, run_trace, BALANCER_LEASE_MS,
-    BALANCER_RENEW_S, GUEST_HELPERS,
+    balanced_pvmm_args, run_placement_sequence_with_probe, run_trace, CpuSet, SharedOutcome,
+    BALANCER_RENEW_S,
 };
+use std::collections::HashMap;
 
 /// The socket pvmm serves in L1.
 const SOCKET: &str = "/tmp/pvmm-api.sock";
@@ -44,10 +43,12 @@ const IDLE_SETTLE_SECS: f64 = 8.0;
 /// outside capacity (on the guest's scale) and read all, ask the balancer to stop, wait until it changes and read
 /// again, then idle.
 fn guest_command() -> String {
-    format!(
-        "{GUEST_HELPERS}w(){{ i=0; while [ $i -lt 240 ]; do v=$(cat /sys/devices/system/cpu/cpu0/acpi_cppc/highest_perf); [ \"$v\" $1 {EXTERNAL_PERF} ] && return 0; sleep 0.5; i=$((i+1)); done; return 1; }}\n\
-echo pvmm-mark: api-ready\nw = ; r ext\necho pvmm-mark: api-release\nw != ; r own\n\
-echo pvmm-mark: idle-begin\nsleep {IDLE_SECS}\necho pvmm-mark: idle-end\n"
+    scripts::guest(
+        &[
+            ("EXTERNAL_PERF", &EXTERNAL_PERF.to_string()),
+            ("IDLE_SECS", &IDLE_SECS.to_string()),
+        ],
+        scripts::API_GUEST,
     )
 }
 
@@ -57,63 +58,27 @@ echo pvmm-mark: idle-begin\nsleep {IDLE_SECS}\necho pvmm-mark: idle-end\n"
 /// to files that an exit trap prints after the placement probe's own output (two writers on
 /// the probe's pipe could split each other's lines).
 fn probe_prefix() -> String {
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1
-trap 'wait; cat /tmp/api-renewals /tmp/own-samples 2>/dev/null' EXIT
-( until grep -q api-ready /tmp/rig-marks 2>/dev/null; do kill -0 $PVMM_PID 2>/dev/null || exit 0; sleep 0.2; done
-  echo '{{"assignments":[{{"vcpu":0,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}},{{"vcpu":1,"cpus":"{EXTERNAL_CPU}","capacity":{EXTERNAL_CAPACITY}}}]}}' > /tmp/ext.json
-  n=0
-  until grep -q api-release /tmp/rig-marks; do
-    /bin/pvmm ctl --socket {SOCKET} external /tmp/ext.json > /dev/null && n=$((n+1))
-    kill -0 $PVMM_PID 2>/dev/null || break
-    sleep {BALANCER_RENEW_S}
-  done
-  echo "RENEWALS $n" > /tmp/api-renewals ) &
-( while kill -0 $PVMM_PID 2>/dev/null; do
-    awk 'BEGIN {{ if ((getline line < "/proc/uptime") > 0) {{ split(line, w, " "); up = w[1] }}
-      for (i = 1; i < ARGC; i++) {{
-        f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
-        if (path[n] == "stat") {{
-          if ((getline line < f) > 0) {{ split(line, w, " "); if (w[2] !~ /^\(vcpu[0-9]+\)$/) {{ comm[tid] = w[2]; last[tid] = w[39] }} }}
-        }} else if (path[n] == "schedstat") {{
-          if ((getline line < f) > 0) {{ split(line, w, " "); ran[tid] = w[1] }}
-        }} else {{
-          while ((getline line < f) > 0) if (line ~ /^Cpus_allowed_list:/) {{ split(line, w, " "); allowed[tid] = w[2] }}
-        }}
-        close(f)
-      }}
-      for (tid in comm) if ((tid in allowed) && (tid in ran)) print "O", up, comm[tid], allowed[tid], last[tid], ran[tid], tid }}' \
-      /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status /proc/$PVMM_PID/task/*/schedstat >> /tmp/own-samples
-    sleep 0.5
-  done ) &
-"#
+    pvmm_rig::scripts::assemble(
+        &[
+            ("EXTERNAL_CPU", &EXTERNAL_CPU.to_string()),
+            ("EXTERNAL_CAPACITY", &EXTERNAL_CAPACITY.to_string()),
+            ("SOCKET", SOCKET),
+            ("BALANCER_RENEW_S", &BALANCER_RENEW_S.to_string()),
+        ],
+        &[scripts::API_PROBE],
     )
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence_with_probe(
-                "rig_api",
-                &[(
-                    "api",
-                    vec![
-                        "--vcpus",
-                        "4",
-                        "--policy",
-                        "powersaving",
-                        "--api-socket",
-                        SOCKET,
-                        "--external-lease-ms",
-                        BALANCER_LEASE_MS,
-                    ],
-                    guest_command(),
-                )],
-                &probe_prefix(),
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence_with_probe(
+            "rig_api",
+            &[("api", balanced_pvmm_args(SOCKET), guest_command())],
+            &probe_prefix(),
+        )
+    })
 }
 
 /// The guest's `CPPC LABEL v0 v1 v2 v3 GED n` line for `label`.
@@ -227,7 +192,7 @@ fn pvmm_own_threads_stay_off_the_idle_package() {
         if t < begin || t > end {
             continue;
         }
-        let allowed = parse_cpu_list(w[3]).expect("a CPU list");
+        let allowed: Vec<u32> = w[3].parse::<CpuSet>().expect("a CPU list").iter().collect();
         let last: u32 = w[4].parse().expect("a CPU");
         assert!(
             allowed.iter().all(|c| package0.contains(c)) && (!ran_since || package0.contains(&last)),

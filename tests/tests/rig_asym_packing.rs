@@ -27,9 +27,10 @@
 //! ranking, so no ITMT) is the baseline: where the thread went is printed, not asserted.
 
 use pvmm_rig::GuestKernel;
+use pvmm_tests::scripts;
 use pvmm_tests::{
-    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, PlacementTrace,
-    BALANCER_LEASE_MS, BALANCER_RENEW_S, BUSY_SHARE, GUEST_HELPERS,
+    balanced_pvmm_args, external_assignment, outside_balancer, run_placement_sequence_on,
+    run_trace, PlacementTrace, BALANCER_RENEW_S, BUSY_SHARE,
 };
 
 /// The outside balancer's placement: per vCPU, the L1 CPUs and the capacity.
@@ -58,25 +59,18 @@ const THREAD_WAIT_POLLS: u32 = 100;
 /// The socket pvmm serves in L1.
 const SOCKET: &str = "/tmp/pvmm-asym.sock";
 
-/// `w LABEL`: the mark `pvmm-mark: asym-LABEL`, then `ASYM LABEL <CPU>`: the CPU the busy
-/// thread (`$P`, thread `$T`) last ran on, read with shell builtins so that the reads start no
-/// processes of their own to disturb the guest's balancing.
-const READ_HELPER: &str = "w(){ echo pvmm-mark: asym-$1; read -r x < /proc/$P/task/$T/stat; set -- $1 $x; echo \"ASYM $1 ${40}\"; }\n";
-
 fn guest_command() -> String {
-    let c = "/sys/devices/system/cpu";
-    format!(
-        "{GUEST_HELPERS}{READ_HELPER}sleep 2\n\
-         echo pvmm-mark: asym-own\nl {CONFINED_VCPU} {OWN_PHASE_S}; wait\n\
-         echo pvmm-mark: asym-external\nsleep {SETTLE_S}\n\
-         echo \"RANKING $(cat {c}/cpu[0-9]*/cpufreq/amd_pstate_prefcore_ranking 2>/dev/null | tr '\\n' ' ')\"\n\
-         l {CONFINED_VCPU} 30; P=$!\nT=; n=0\n\
-         while [ -z \"$T\" ] && [ $n -lt {THREAD_WAIT_POLLS} ]; do sleep 0.1; n=$((n + 1)); \
-         for t in /proc/$P/task/*; do read -r c < $t/comm; [ \"$c\" = load0 ] && T=${{t##*/}}; done; done\n\
-         i=0; while [ $i -lt {CONFINED_SAMPLES} ]; do i=$((i + 1)); w c$i; sleep {SAMPLE_S}; done\n\
-         echo pvmm-mark: asym-release\ntaskset -a -p -c 0-3 $P >/dev/null\n\
-         i=0; while [ $i -lt {RELEASED_SAMPLES} ]; do sleep {SAMPLE_S}; i=$((i + 1)); w r$i; done\n\
-         kill $P; wait\n"
+    scripts::guest(
+        &[
+            ("CONFINED_VCPU", &CONFINED_VCPU.to_string()),
+            ("OWN_PHASE_S", &OWN_PHASE_S.to_string()),
+            ("SETTLE_S", &SETTLE_S.to_string()),
+            ("THREAD_WAIT_POLLS", &THREAD_WAIT_POLLS.to_string()),
+            ("CONFINED_SAMPLES", &CONFINED_SAMPLES.to_string()),
+            ("RELEASED_SAMPLES", &RELEASED_SAMPLES.to_string()),
+            ("SAMPLE_S", &SAMPLE_S.to_string()),
+        ],
+        scripts::ASYM_GUEST,
     )
 }
 
@@ -92,18 +86,8 @@ fn run_scenario(kernel: GuestKernel) -> Option<pvmm_rig::RigOutcome> {
         BALANCER_RENEW_S,
         1,
     );
-    let args = vec![
-        "--vcpus",
-        "4",
-        "--cpus",
-        "0-2",
-        "--policy",
-        "powersaving",
-        "--api-socket",
-        SOCKET,
-        "--external-lease-ms",
-        BALANCER_LEASE_MS,
-    ];
+    let mut args = balanced_pvmm_args(SOCKET);
+    args.extend(["--cpus", "0-2"]);
     run_placement_sequence_on(
         &format!("rig_asym_packing_{}", kernel.name()),
         kernel,

@@ -11,7 +11,7 @@ use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_TIMEOUT;
 use pvmm_rig::soak::{classify, BootKind};
 use pvmm_rig::{InnerVmm, KernelForm, Rig, RigEnd, RigOutcome, Topology, VmSpec};
-use pvmm_tests::{l1_failed, prepare_rig, retry_rig_crash, rig_lock};
+use pvmm_tests::{l1_failed, prepare_rig, retry_boots, rig_lock};
 
 /// How the guest's CPU report line starts.
 const CPU_REPORT_PREFIX: &str = "pvmm-rig-test: ";
@@ -65,15 +65,16 @@ fn boot(
     if let Some(probe) = probe {
         rig = rig.l1_probe(probe);
     }
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         test,
         || {
-            let outcome = rig.run(&ws, &images).expect("the rig runs");
+            let outcome = rig.run(&ws, &images)?;
             eprintln!("{test}: {}", outcome.summary(vmm.name()));
-            outcome
+            Ok::<_, pvmm_rig::RigError>(outcome)
         },
         |outcome| classify(outcome, &[VmSpec::new(vmm)], &rig.labels()),
-    );
+    )
+    .expect("the rig runs");
     Some(outcome)
 }
 
@@ -154,13 +155,7 @@ fn pvmm_8_vcpu_guest_boots_on_2x2x2() {
 /// threads while it runs (what the placement tests build on).
 #[test]
 fn rig_self_check_qemu_4_vcpus_with_l1_probe() {
-    let probe = "n=0\n\
-                 while kill -0 $PVMM_PID 2>/dev/null; do\n\
-                   kvm=$(cat /proc/$PVMM_PID/task/*/comm 2>/dev/null | grep -c KVM)\n\
-                   [ \"$kvm\" -gt \"$n\" ] && n=$kvm\n\
-                   sleep 1\n\
-                 done\n\
-                 echo \"vcpu threads seen: $n\"\n";
+    let probe = pvmm_tests::scripts::BOOT_QEMU_PROBE;
     if let Some(outcome) = boot(
         "qemu_4_vcpu",
         (InnerVmm::Qemu, KernelForm::BzImage),
@@ -224,11 +219,12 @@ fn two_vms_pvmm_and_qemu_side_by_side_report_apart() {
     let rig = Rig::with_vms(vms.clone()).timeout(RIG_TIMEOUT).echo(true);
     let labels = rig.labels();
     assert_eq!(labels, ["0", "1"]);
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         "rig_two_vms",
-        || rig.run(&ws, &images).expect("the rig runs"),
+        || rig.run(&ws, &images),
         |outcome| classify(outcome, &vms, &labels),
-    );
+    )
+    .expect("the rig runs");
     assert_eq!(
         classify(&outcome, &vms, &labels).0,
         BootKind::Clean,
@@ -288,10 +284,9 @@ fn rig_ends_a_run_when_l1_reports_a_soft_lockup() {
         return;
     };
     let stuck = pvmm_rig::rig::L1_LOCKUP_LIMIT.as_secs() + 3;
-    let probe = format!(
-        "sleep 1\n\
-         echo '<2>watchdog: BUG: soft lockup - CPU#1 stuck for {stuck}s! [vcpu0:1]' > /dev/kmsg\n\
-         sleep 1000\n"
+    let probe = pvmm_rig::scripts::assemble(
+        &[("STUCK", &stuck.to_string())],
+        &[pvmm_tests::scripts::BOOT_LOCKUP_PROBE],
     );
     let outcome = Rig::new(InnerVmm::Pvmm)
         .timeout(RIG_TIMEOUT)

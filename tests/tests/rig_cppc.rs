@@ -9,10 +9,8 @@
 //! guest's capacities are not constant: idle vCPUs sharing a CPU get capacities that follow
 //! their neighbours' small, noisy utilization).
 
-use std::sync::OnceLock;
-
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{cppc_reads, run_placement_sequence, run_trace, CppcRead, GUEST_HELPERS};
+use pvmm_tests::{cppc_reads, run_placement_sequence, run_trace, scripts, CppcRead, SharedOutcome};
 
 /// Ticks after the guest's mark (printed just before it reads sysfs) in which its read may
 /// have happened: the read helper forks `cat`, `tr`, `grep` and `awk` in a guest whose other
@@ -45,40 +43,35 @@ const PLACEMENT_CHANGE: f64 = 0.25;
 /// (longer than the 5 s ramp-down) before the final read. Each read comes at least 2 s after
 /// its load change: more than the 1 s per-vCPU notification limit plus a tick.
 fn live_command() -> String {
-    format!(
-        "{GUEST_HELPERS}r boot\nl 2 5; l 3 5; sleep 3; r two; wait\nfor c in 0 1 2 3; do l $c 4; done; sleep 2; r four; wait\nsleep 8\nr end\n"
-    )
+    scripts::guest(&[], scripts::CPPC_LIVE_GUEST)
 }
 
 /// Four busy vCPUs on three host CPUs: two must share. Reads feedback_ctrs 2 s and 6 s into
 /// the load.
 fn shared_command() -> String {
-    format!(
-        "{GUEST_HELPERS}f(){{ echo pvmm-mark: fb-$1; for c in 0 1 2 3; do read x < /sys/devices/system/cpu/cpu$c/acpi_cppc/feedback_ctrs; echo \"FB $1 $c $x\"; done; }}\nfor c in 0 1 2 3; do l $c 8; done; sleep 2; f a; sleep 4; f b; wait\n"
-    )
+    scripts::guest(&[], scripts::CPPC_SHARED_GUEST)
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence(
-                "rig_cppc",
-                &[
-                    (
-                        "live",
-                        vec!["--vcpus", "4", "--policy", "powersaving", "--cpus", "0-2"],
-                        live_command(),
-                    ),
-                    (
-                        "shared",
-                        vec!["--vcpus", "4", "--policy", "performance", "--cpus", "0-2"],
-                        shared_command(),
-                    ),
-                ],
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence(
+            "rig_cppc",
+            &[
+                (
+                    "live",
+                    vec!["--vcpus", "4", "--policy", "powersaving", "--cpus", "0-2"],
+                    live_command(),
+                ),
+                (
+                    "shared",
+                    vec!["--vcpus", "4", "--policy", "performance", "--cpus", "0-2"],
+                    shared_command(),
+                ),
+            ],
+        )
+    })
 }
 
 fn reads(outcome: &RigOutcome) -> (Vec<CppcRead>, pvmm_tests::PlacementTrace) {

@@ -12,8 +12,8 @@
 use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
 use pvmm_tests::{
-    exit_report, placement_probe, prepare_rig, retry_rig_crash, rig_lock, PlacementTrace,
-    L1_STATS_PATH, PROBE_INTERVAL,
+    exit_report, prepare_rig, retry_boots, rig_lock, scripts, PlacementTrace, L1_STATS_PATH,
+    PROBE_INTERVAL, PROBE_SAMPLE,
 };
 
 /// The runtime directory in L1: pvmm VMs' sockets and the daemon's lock.
@@ -43,47 +43,58 @@ const BUSY_MIN_TICKS: u64 = 40;
 /// Hard limit for the rig boot.
 const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
 
+/// VM `n`'s guest command: one busy thread on vCPU [`BUSY_VCPU`] for [`LOAD_SECS`] after
+/// [`LEAD_SECS`] (`tests/scripts/host-guest.sh`).
 fn guest(n: usize) -> String {
-    format!(
-        "sleep {LEAD_SECS}\necho pvmm-mark: load-begin-{n}\ntaskset -c {BUSY_VCPU} pvmm-load --threads 1 --duty 100 --seconds {LOAD_SECS}\necho pvmm-mark: load-end-{n}\n"
+    pvmm_rig::scripts::guest_command(
+        &[
+            ("VM", &n.to_string()),
+            ("LEAD_SECS", &LEAD_SECS.to_string()),
+            ("BUSY_VCPU", &BUSY_VCPU.to_string()),
+            ("LOAD_SECS", &LOAD_SECS.to_string()),
+        ],
+        &[scripts::HOST_GUEST],
     )
 }
 
-/// Starts the daemon (`pvmm host`, the static pvmm's daemon) in L1 and records its pid.
-fn start_daemon() -> String {
-    format!(
-        "/bin/pvmm host --runtime-dir {RUNTIME_DIR} --adopt auto --tick-ms 100 -v >> /tmp/pvmm-host.log 2>&1 &\necho $! > /tmp/pvmm-host.pid"
-    )
+/// What runs in L1 beside the daemon.
+#[derive(Clone, Copy, PartialEq)]
+enum L1Job {
+    /// Nothing.
+    None,
+    /// Kills the daemon after the guest's load falls and starts it again (see
+    /// `tests/scripts/host-probe-begin.sh`), each step a mark.
+    KillAndRestart,
 }
 
 /// The probe of each VM: the first to start launches the daemon and runs `l1_job` in the
-/// background (its output discarded: the rig reads the probe's output until every writer has
-/// closed it); each samples its own VM with the placement probe (its own sample file; the
+/// background; each samples its own VM with the placement probe (its own sample file; the
 /// shared marks file kept for the other probe); the last to end stops the daemon and prints
 /// its log.
-fn probe(l1_job: &str) -> String {
-    let placement = placement_probe(PROBE_INTERVAL);
-    for shared in ["out=/tmp/pvmm-samples", "rm -f /tmp/rig-marks"] {
-        assert!(
-            placement.contains(shared),
-            "the placement probe changed: {shared}"
-        );
-    }
-    let placement = placement
-        .replace("out=/tmp/pvmm-samples", "out=/tmp/pvmm-samples-$PVMM_PID")
-        .replace("rm -f /tmp/rig-marks", ":");
-    let daemon = start_daemon();
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1
-if mkdir /tmp/pvmm-host-started 2>/dev/null; then
-{daemon}
-( {l1_job} ) > /dev/null 2>&1 &
-fi
-{placement}
-if ! ls {RUNTIME_DIR}/*.sock >/dev/null 2>&1 && [ -f /tmp/pvmm-host.pid ]; then
-  kill $(cat /tmp/pvmm-host.pid) 2>/dev/null && sleep 1 && sed 's/^/HOST /' /tmp/pvmm-host.log
-fi
-"#
+fn probe(l1_job: L1Job) -> String {
+    let job = if l1_job == L1Job::KillAndRestart {
+        "restart"
+    } else {
+        ""
+    };
+    pvmm_rig::scripts::assemble(
+        &[
+            ("RUNTIME_DIR", RUNTIME_DIR),
+            ("L1_JOB", job),
+            ("KILL_AFTER_FALL_SECS", &KILL_AFTER_FALL_SECS.to_string()),
+            (
+                "RESTART_AFTER_KILL_SECS",
+                &RESTART_AFTER_KILL_SECS.to_string(),
+            ),
+            ("PROBE_INTERVAL", PROBE_INTERVAL),
+            ("STATS_PATH", L1_STATS_PATH),
+        ],
+        &[
+            PROBE_SAMPLE,
+            scripts::HOST_PROBE_BEGIN,
+            pvmm_rig::scripts::PLACEMENT_PROBE,
+            scripts::HOST_PROBE_END,
+        ],
     )
 }
 
@@ -103,7 +114,7 @@ fn vm(n: usize, vmm: InnerVmm, vcpus: &str) -> VmSpec {
 }
 
 /// Boots `vms` in one L1 with the daemon (and `l1_job` beside it, see [`probe`]).
-fn boot(test: &str, vms: Vec<VmSpec>, l1_job: &str) -> Option<RigOutcome> {
+fn boot(test: &str, vms: Vec<VmSpec>, l1_job: L1Job) -> Option<RigOutcome> {
     let _lock = rig_lock();
     let needs = pvmm_rig::images::L1Needs {
         pvmm: true,
@@ -117,11 +128,12 @@ fn boot(test: &str, vms: Vec<VmSpec>, l1_job: &str) -> Option<RigOutcome> {
         .l1_probe(probe(l1_job))
         .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
     let labels = rig.labels();
-    let outcome = retry_rig_crash(
+    let outcome = retry_boots(
         test,
-        || rig.run(&ws, &images).expect("the rig runs"),
+        || rig.run(&ws, &images),
         |outcome| classify(outcome, &vms, &labels),
-    );
+    )
+    .expect("the rig runs");
     eprintln!("{test}: {}", outcome.summary("pvmm"));
     pvmm_tests::dump_outcome(test, &outcome);
     Some(outcome)
@@ -181,7 +193,7 @@ fn busiest(trace: &PlacementTrace, a: usize, b: usize) -> u32 {
 #[test]
 fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
     let vms = vec![vm(0, InnerVmm::Pvmm, "2"), vm(1, InnerVmm::Pvmm, "2")];
-    if let Some(outcome) = boot("rig_host", vms, ":") {
+    if let Some(outcome) = boot("rig_host", vms, L1Job::None) {
         check(&outcome);
     }
 }
@@ -195,7 +207,7 @@ fn two_vms_busy_vcpus_get_a_cpu_each_on_one_package() {
 #[test]
 fn a_qemu_vm_is_adopted_and_placed_with_a_pvmm_vm() {
     let vms = vec![vm(0, InnerVmm::Pvmm, "1"), vm(1, InnerVmm::Qemu, "1")];
-    if let Some(outcome) = boot("rig_host_qemu", vms, ":") {
+    if let Some(outcome) = boot("rig_host_qemu", vms, L1Job::None) {
         check(&outcome);
     }
 }
@@ -360,30 +372,15 @@ const TICK_SLACK: usize = 1;
 /// under nested TCG).
 const READOPT_SECS: f64 = 5.0;
 
-/// L1 side of the rise-and-fall scenario: once the guest's fall mark is in (the mark keeps
-/// the console's carriage return, so it is matched without an end anchor), wait, kill the
-/// daemon with SIGKILL, wait past pvmm's lease, start it again; each step leaves a mark.
-/// Gives up after 10 minutes without the mark.
-fn kill_and_restart_job() -> String {
-    let daemon = start_daemon();
-    format!(
-        r#"n=0
-until grep -q ' fall' /tmp/rig-marks 2>/dev/null; do
-  n=$((n+1)); [ $n -gt 3000 ] && exit 0; sleep 0.2
-done
-sleep {KILL_AFTER_FALL_SECS}
-kill -9 $(cat /tmp/pvmm-host.pid)
-read -r up rest < /proc/uptime; echo "$up host-killed" >> /tmp/rig-marks
-sleep {RESTART_AFTER_KILL_SECS}
-{daemon}
-read -r up rest < /proc/uptime; echo "$up host-restarted" >> /tmp/rig-marks"#
-    )
-}
-
 /// One pvmm VM of 4 vCPUs under the daemon whose guest runs four busy threads, then idles.
 fn rise_and_fall_vm() -> VmSpec {
-    let command = format!(
-        "sleep {LEAD_SECS}\necho pvmm-mark: rise\npvmm-load --threads 4 --duty 100 --seconds {RISE_SECS}\necho pvmm-mark: fall\nsleep {FALL_SECS}\necho pvmm-mark: done\n"
+    let command = pvmm_rig::scripts::guest_command(
+        &[
+            ("LEAD_SECS", &LEAD_SECS.to_string()),
+            ("RISE_SECS", &RISE_SECS.to_string()),
+            ("FALL_SECS", &FALL_SECS.to_string()),
+        ],
+        &[scripts::HOST_RISE_FALL_GUEST],
     );
     let socket = format!("{RUNTIME_DIR}/vm0.sock");
     let lease = LEASE_MS.to_string();
@@ -414,8 +411,11 @@ fn rise_and_fall_vm() -> VmSpec {
 /// ([`check_kill_and_restart`]); package 0 keeps every vCPU throughout.
 #[test]
 fn the_daemon_spreads_a_rising_load_and_consolidates_after_it_falls() {
-    let job = kill_and_restart_job();
-    let Some(outcome) = boot("rig_host_rise_fall", vec![rise_and_fall_vm()], &job) else {
+    let Some(outcome) = boot(
+        "rig_host_rise_fall",
+        vec![rise_and_fall_vm()],
+        L1Job::KillAndRestart,
+    ) else {
         return;
     };
     let label = Rig::with_vms(vec![rise_and_fall_vm()]).labels().remove(0);

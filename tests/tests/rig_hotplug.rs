@@ -17,10 +17,10 @@
 //! marks (offlining a CPU can take half a second on a loaded L1). One tick of slack on each
 //! bound.
 
-use std::sync::OnceLock;
-
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{run_placement_sequence_with_probe, run_trace, PlacementTrace, GUEST_HELPERS};
+use pvmm_tests::{
+    run_placement_sequence_with_probe, run_trace, scripts, PlacementTrace, SharedOutcome,
+};
 
 /// How often L1's watcher looks for the guest's marks (s).
 const MARK_POLL_S: f64 = 0.2;
@@ -51,16 +51,14 @@ const LOAD_CAP_SECS: u32 = 120;
 /// marks drift later than its clock would have them, and a load timed from the start could end
 /// before the last phase has begun.
 fn guest_command(phases: &[&str]) -> String {
-    let mut command = format!("{GUEST_HELPERS}for c in 0 1 2 3; do l $c {LOAD_CAP_SECS}; done\n");
-    for cpus in phases {
-        for what in ["off", "on"] {
-            command.push_str(&format!(
-                "sleep {PHASE_SECS}\necho pvmm-mark: cpus-{what} {cpus}\n"
-            ));
-        }
-    }
-    command.push_str(&format!("sleep {PHASE_SECS}\nkillall pvmm-load\nwait\n"));
-    command
+    scripts::guest(
+        &[
+            ("LOAD_CAP_SECS", &LOAD_CAP_SECS.to_string()),
+            ("PHASE_SECS", &PHASE_SECS.to_string()),
+            ("PHASES", &phases.join(" ")),
+        ],
+        scripts::HOTPLUG_GUEST,
+    )
 }
 
 /// L1 side, before the placement probe (so for each run, with its `$PVMM_PID`):
@@ -75,51 +73,39 @@ fn guest_command(phases: &[&str]) -> String {
 /// The other background jobs write nowhere: the rig reads the probe's output until every
 /// writer has closed it. The marks end in the guest console's `\r`.
 fn probe_prefix() -> String {
-    format!(
-        r#"( seen=0
-  while kill -0 $PVMM_PID 2>/dev/null; do
-    grep -E ' cpus-(off|on) ' /tmp/rig-marks 2>/dev/null | tr -d '\r' | sed -n "$((seen + 1)),\$p" > /tmp/hotplug-new
-    while read -r up what cpus; do
-      v=1; [ "$what" = cpus-off ] && v=0
-      for c in $(echo $cpus | tr , ' '); do echo $v > /sys/devices/system/cpu/cpu$c/online; done
-      echo "$(cut -d' ' -f1 /proc/uptime) $what-done $cpus" >> /tmp/rig-marks
-      seen=$((seen + 1))
-    done < /tmp/hotplug-new
-    sleep {MARK_POLL_S}
-  done ) > /dev/null 2>&1 &
-if [ "$PVMM_RUN_LABEL" = {HOST_RUN} ]; then
-  taskset -c 0 /bin/pvmm host -v --runtime-dir {RUNTIME_DIR} --policy performance --tick-ms 100 > /tmp/pvmm-host.log 2>&1 &
-  host=$!
-  ( while kill -0 $PVMM_PID 2>/dev/null; do sleep 0.5; done; kill $host
-    i=0; while [ $i -lt {DAEMON_EXIT_POLLS} ] && kill -0 $host 2>/dev/null; do sleep 0.2; i=$((i + 1)); done
-    sed 's/^/{DAEMON_LOG_PREFIX}/' /tmp/pvmm-host.log ) 2>/dev/null &
-fi
-"#
+    pvmm_rig::scripts::assemble(
+        &[
+            ("MARK_POLL_S", &MARK_POLL_S.to_string()),
+            ("HOST_RUN", HOST_RUN),
+            ("RUNTIME_DIR", RUNTIME_DIR),
+            ("DAEMON_EXIT_POLLS", &DAEMON_EXIT_POLLS.to_string()),
+            ("DAEMON_LOG_PREFIX", DAEMON_LOG_PREFIX),
+        ],
+        &[scripts::HOTPLUG_PROBE],
     )
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence_with_probe(
-                "rig_hotplug",
-                &[
-                    (
-                        "hotplug",
-                        vec!["--vcpus", "4", "--policy", "performance"],
-                        guest_command(&["3", "2,3"]),
-                    ),
-                    (
-                        HOST_RUN,
-                        vec!["--vcpus", "4", "--host", RUNTIME_DIR],
-                        guest_command(&["2,3"]),
-                    ),
-                ],
-                &probe_prefix(),
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence_with_probe(
+            "rig_hotplug",
+            &[
+                (
+                    "hotplug",
+                    vec!["--vcpus", "4", "--policy", "performance"],
+                    guest_command(&["3", "2,3"]),
+                ),
+                (
+                    HOST_RUN,
+                    vec!["--vcpus", "4", "--host", RUNTIME_DIR],
+                    guest_command(&["2,3"]),
+                ),
+            ],
+            &probe_prefix(),
+        )
+    })
 }
 
 /// Samples taken from `SETTLE_TICKS` ticks after L1 time `from` until L1 time `to`.

@@ -15,10 +15,8 @@
 //! its next sample, and the L1-uptime-to-`t_ms` conversion is exact only to a tick, so one
 //! tick of slack ([`TICK_SLACK`]) is allowed on "two ticks".
 
-use std::sync::OnceLock;
-
 use pvmm_rig::RigOutcome;
-use pvmm_tests::{run_placement_sequence, run_trace, PlacementTrace, GUEST_HELPERS};
+use pvmm_tests::{run_placement_sequence, run_trace, scripts, PlacementTrace, SharedOutcome};
 
 /// pvmm's consolidation ramp-down window (s): scheduler's `DEFAULT_RAMP_DOWN_WINDOW_MS`.
 const RAMP_DOWN_S: f64 = 5.0;
@@ -46,16 +44,12 @@ const IDLE_PACKAGE_MIN_IDLE: f64 = 0.95;
 /// fits one package, so a thread that outlived the others would start it before the guest went
 /// idle, and would look like phase e.
 fn powersaving_command() -> String {
-    format!(
-        "{GUEST_HELPERS}e 5; for c in 0 1 2 3; do u $c; done; wait\nsleep 9\nl 3 3; wait\nsleep 1\ne 5; u 2; u 3; wait\n"
-    )
+    scripts::guest(&[], scripts::PLACEMENT_POWERSAVING_GUEST)
 }
 
 /// Other policies: vCPUs 2 and 3 busy for 4-5 s (b), 1 s idle, all 4 busy for 4-5 s (c).
 fn spread_command() -> String {
-    format!(
-        "{GUEST_HELPERS}e 5; u 2; u 3; wait\nsleep 1\ne 5; for c in 0 1 2 3; do u $c; done; wait\n"
-    )
+    scripts::guest(&[], scripts::PLACEMENT_SPREAD_GUEST)
 }
 
 const POLICIES: [(&str, &str); 4] = [
@@ -65,24 +59,23 @@ const POLICIES: [(&str, &str); 4] = [
     ("powersaving2", "powersaving:2"),
 ];
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            let runs: Vec<(&str, Vec<&str>, String)> = POLICIES
-                .iter()
-                .map(|&(label, policy)| {
-                    let command = if label == "powersaving" {
-                        powersaving_command()
-                    } else {
-                        spread_command()
-                    };
-                    (label, vec!["--vcpus", "4", "--policy", policy], command)
-                })
-                .collect();
-            run_placement_sequence("rig_placement", &runs)
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        let runs: Vec<(&str, Vec<&str>, String)> = POLICIES
+            .iter()
+            .map(|&(label, policy)| {
+                let command = if label == "powersaving" {
+                    powersaving_command()
+                } else {
+                    spread_command()
+                };
+                (label, vec!["--vcpus", "4", "--policy", policy], command)
+            })
+            .collect();
+        run_placement_sequence("rig_placement", &runs)
+    })
 }
 
 /// Fewest samples an episode must have left after settling for its placement to be checked.

@@ -22,14 +22,13 @@
 //! L1 runs on an emulated Zen 2 (`EPYC-Rome`), which amd-pstate needs (the rig picks it for
 //! a 6.12 guest).
 
-use std::sync::OnceLock;
-
 use pvmm::cppc::guest_perfs;
 use pvmm::live::capacity::significant_change;
 use pvmm_rig::{GuestKernel, RigOutcome};
+use pvmm_tests::scripts;
 use pvmm_tests::{
-    external_assignment, outside_balancer, run_placement_sequence_on, run_trace, BALANCER_LEASE_MS,
-    BALANCER_RENEW_S, GUEST_HELPERS,
+    balanced_pvmm_args, external_assignment, outside_balancer, run_placement_sequence_on,
+    run_trace, SharedOutcome, BALANCER_RENEW_S,
 };
 
 /// The guest's vCPUs.
@@ -54,22 +53,15 @@ const SOCKET: &str = "/tmp/pvmm-prefcore.sock";
 /// pvmm's tick are not synchronized; L1's mark of the read also lags by its console).
 const AROUND_TICKS: usize = 3;
 
-/// `rd N`: the mark `pvmm-mark: rank-N`, then `RANK N <ranking per CPU> HP <highest_perf per
-/// CPU>` from the guest's sysfs. The shell's own `read` takes the values, so a read starts no
-/// process: under a loaded host each process the guest starts costs it most of a second.
-const READ_HELPER: &str = "rd(){ echo pvmm-mark: rank-$1; c=/sys/devices/system/cpu; k=; h=; \
-for f in $c/cpu[0-9]*/cpufreq/amd_pstate_prefcore_ranking; do read v < $f; k=\"$k$v \"; done; \
-for f in $c/cpu[0-9]*/acpi_cppc/highest_perf; do read v < $f; h=\"$h$v \"; done; \
-echo \"RANK $1 ${k}HP $h\"; }\n";
-
+/// The guest's command: amd-pstate's state, then its core ranking and `highest_perf` every
+/// [`READ_INTERVAL_S`] for [`READ_FOR_S`] (`tests/scripts/prefcore-guest.sh`).
 fn guest_command() -> String {
-    format!(
-        "{GUEST_HELPERS}{READ_HELPER}\
-         echo \"PREF status $(cat /sys/devices/system/cpu/amd_pstate/status) prefcore $(cat /sys/devices/system/cpu/amd_pstate/prefcore) itmt $(cat /proc/sys/kernel/sched_itmt_enabled)\"\n\
-         sleep 3\nrd 0\necho pvmm-mark: patterns\ni=0\n\
-         read up rest < /proc/uptime; end=$((${{up%.*}} + {READ_FOR_S}))\n\
-         while read up rest < /proc/uptime; [ ${{up%.*}} -lt $end ]; do \
-         sleep {READ_INTERVAL_S}; i=$((i + 1)); rd $i; done\n"
+    scripts::guest(
+        &[
+            ("READ_FOR_S", &READ_FOR_S.to_string()),
+            ("READ_INTERVAL_S", &READ_INTERVAL_S.to_string()),
+        ],
+        scripts::PREFCORE_GUEST,
     )
 }
 
@@ -92,31 +84,17 @@ fn probe_prefix() -> String {
     outside_balancer(SOCKET, "patterns", &bodies, BALANCER_RENEW_S, per_pattern)
 }
 
+static OUTCOME: SharedOutcome = SharedOutcome::new();
+
 fn outcome() -> Option<&'static RigOutcome> {
-    static OUTCOME: OnceLock<Option<RigOutcome>> = OnceLock::new();
-    OUTCOME
-        .get_or_init(|| {
-            run_placement_sequence_on(
-                "rig_prefcore",
-                GuestKernel::Linux6_12,
-                &[(
-                    "prefcore",
-                    vec![
-                        "--vcpus",
-                        "4",
-                        "--policy",
-                        "powersaving",
-                        "--api-socket",
-                        SOCKET,
-                        "--external-lease-ms",
-                        BALANCER_LEASE_MS,
-                    ],
-                    guest_command(),
-                )],
-                &probe_prefix(),
-            )
-        })
-        .as_ref()
+    OUTCOME.get_or_boot(|| {
+        run_placement_sequence_on(
+            "rig_prefcore",
+            GuestKernel::Linux6_12,
+            &[("prefcore", balanced_pvmm_args(SOCKET), guest_command())],
+            &probe_prefix(),
+        )
+    })
 }
 
 /// One `RANK` line.

@@ -5,32 +5,22 @@
 //!
 //! - `PKG <cpu> <package> <core>` per L1 CPU (sysfs topology);
 //! - `T <L1 uptime>` at each sample, then `C cpuN <the /proc/stat counters>` per CPU.
+//!
+//! The probes print them with the shell functions of [`crate::scripts::CPU_ACTIVITY_LIB`].
 
 use std::collections::BTreeMap;
 
 use pvmm_scheduler::power::thread_overlap;
 use pvmm_scheduler::power::PowerModel;
-
-/// The shell that prints the `PKG` lines (busybox sh in L1).
-pub const TOPOLOGY_SCRIPT: &str = r#"for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  read -r pkg < $c/topology/physical_package_id
-  read -r core < $c/topology/core_id
-  echo "PKG ${c##*cpu} $pkg $core"
-done"#;
-
-/// The shell that appends one sample (`T` and `C` lines) to the file `$out`, with shell
-/// builtins only (no process started per sample).
-pub const SAMPLE_SCRIPT: &str = r#"read -r up rest < /proc/uptime
-  echo "T $up" >> $out
-  while read -r cpu rest; do case $cpu in cpu[0-9]*) echo "C $cpu $rest" >> $out;; esac; done < /proc/stat"#;
+use pvmm_tick::cpustat::CpuTimes;
 
 /// One sample: L1 uptime and per-CPU (idle, total) ticks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuSample {
     /// L1 uptime (s).
     pub t: f64,
-    /// CPU -> (idle + iowait ticks, all ticks).
-    pub cpus: BTreeMap<u32, (u64, u64)>,
+    /// CPU -> its `/proc/stat` times.
+    pub cpus: BTreeMap<u32, CpuTimes>,
 }
 
 /// What the probe printed about L1's CPUs.
@@ -80,9 +70,7 @@ impl Activity {
                 };
                 let n: Vec<u64> = counters.iter().filter_map(|c| c.parse().ok()).collect();
                 if n.len() >= 8 {
-                    sample
-                        .cpus
-                        .insert(cpu, (n[3] + n[4], n.iter().take(8).sum::<u64>()));
+                    sample.cpus.insert(cpu, CpuTimes::from_counters(&n));
                 }
             }
             _ => return false,
@@ -214,16 +202,9 @@ impl Activity {
 fn busy_shares(a: &CpuSample, b: &CpuSample) -> BTreeMap<u32, f64> {
     b.cpus
         .iter()
-        .filter_map(|(&cpu, &(idle1, total1))| {
-            let &(idle0, total0) = a.cpus.get(&cpu)?;
-            let ticks = total1.saturating_sub(total0) as f64;
-            let idle = idle1.saturating_sub(idle0) as f64;
-            let share = if ticks > 0.0 {
-                (1.0 - idle / ticks).clamp(0.0, 1.0)
-            } else {
-                0.0
-            };
-            Some((cpu, share))
+        .filter_map(|(&cpu, after)| {
+            let idle = after.idle_fraction_since(a.cpus.get(&cpu)?);
+            Some((cpu, idle.map_or(0.0, |idle| 1.0 - idle)))
         })
         .collect()
 }

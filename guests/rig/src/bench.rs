@@ -9,13 +9,14 @@
 use std::time::Duration;
 
 use crate::guest_kernel::GuestKernel;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::rig::{
     guest_cmdline, inner_vmm_command, run_l1, InnerVmm, KernelForm, L1Job, L1Options, RigError,
     RigOutcome, Topology,
 };
 use crate::scripts::shell_join;
 use crate::sequence::L1_BOOT_SECS;
+use crate::workspace::Workspace;
 
 /// Limit for one inner VMM run inside L1 (busybox `timeout -s KILL`): a guest that has not
 /// reached init and powered off by then is stuck, and the other runs should still happen.
@@ -200,7 +201,7 @@ impl BenchReport {
 }
 
 /// Runs the benchmark in one L1 boot. Run `r` starts at contender `r - 1` (in the order of
-/// [`BenchOptions::contenders`]) and goes round, so that each takes each place in turn.
+/// `BenchOptions::contenders`) and goes round, so that each takes each place in turn.
 pub fn run_bench(
     ws: &Workspace,
     images: &L1Images,

@@ -24,12 +24,44 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use crate::images::{
-    copy_if_newer, find_deb, find_one, inside, io_err, progress, unpack_kernel, ImageError,
-    Workspace, KERNEL_METAPACKAGE,
-};
+use crate::cache::copy_if_newer;
+use crate::debian::{find_deb, find_one, unpack_kernel, KERNEL_METAPACKAGE};
+use crate::error::{io_err, ImageError, RigError};
+use crate::host::progress;
+use crate::inside;
 use crate::private_apt::PrivateApt;
-use crate::rig::{KernelForm, RigError};
+use crate::workspace::Workspace;
+
+/// The form of the guest kernel an inner VMM boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelForm {
+    /// The Debian bzImage, which decompresses itself.
+    #[default]
+    BzImage,
+    /// The same kernel uncompressed (an ELF vmlinux), entered through PVH: pvmm's PVH boot,
+    /// QEMU's `-kernel` with its PVH option ROM. L1 needs the vmlinux layer
+    /// (`L1Needs::vmlinux`).
+    Pvh,
+}
+
+impl KernelForm {
+    /// Its path in L1 for L1's own kernel, 6.1 (every guest kernel's:
+    /// [`GuestKernel::l1_path`]).
+    pub fn path(self) -> &'static str {
+        match self {
+            KernelForm::BzImage => inside::GUEST_KERNEL,
+            KernelForm::Pvh => inside::GUEST_VMLINUX,
+        }
+    }
+
+    /// Its name in labels and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelForm::BzImage => "bzImage",
+            KernelForm::Pvh => "pvh",
+        }
+    }
+}
 
 /// The Debian suite the 6.12 kernel comes from.
 pub const TRIXIE_SUITE: &str = "trixie";
@@ -264,7 +296,7 @@ mod tests {
         let listing =
             "linux-image-cloud-amd64\n  Depends: linux-image-6.12.117+deb13-cloud-amd64\n";
         assert_eq!(
-            crate::images::kernel_dependency(listing).as_deref(),
+            crate::debian::kernel_dependency(listing).as_deref(),
             Some("linux-image-6.12.117+deb13-cloud-amd64")
         );
     }

@@ -13,11 +13,13 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::rig::{InnerVmm, RigError, RigOutcome, Topology, VmSpec};
+use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions};
 use crate::soak::{classify, vm_kind, BootKind};
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 
 /// Guests run before the levels count: L1's page cache takes in the kernel, the initramfs and
 /// pvmm's binary, and the kernel's per-CPU caches and KVM's module state settle.
@@ -132,22 +134,14 @@ pub struct GuestSoak {
 /// (`name:KiB`, from `/proc/slabinfo`: active objects times object size). debugfs is mounted
 /// if it is not, for KVM's per-VM directories.
 fn probe() -> String {
-    format!(
-        r#"mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug 2>/dev/null
-mkdir -p {PROBE_DIR}
-while kill -0 $PVMM_PID 2>/dev/null; do sleep 0.2; done
-sleep 1
-set -- $(awk '/^MemAvailable:/ {{a=$2}} /^SUnreclaim:/ {{s=$2}} END {{print a, s}}' /proc/meminfo)
-procs=$(ls -d /proc/[0-9]* | wc -l)
-threads=$(cut -d' ' -f4 /proc/loadavg | cut -d/ -f2)
-files=$(for d in /proc/[0-9]*/fd; do ls $d; done 2>/dev/null | wc -l)
-vms=$(ls /sys/kernel/debug/kvm 2>/dev/null | grep -c '^[0-9]')
-tmp=$(ls -A /tmp | grep -v -e '^rig-run-' -e '^soak-probe$' | wc -l)
-echo "{STATE_TAG} $1 $2 $procs $threads $files $vms $tmp"
-awk 'NR > 2 {{print $1, $2 * $4}}' /proc/slabinfo > {PROBE_DIR}/slab-now
-[ -f {PROBE_DIR}/slab-first ] || cp {PROBE_DIR}/slab-now {PROBE_DIR}/slab-first
-echo "{SLAB_TAG} $(awk 'NR == FNR {{a[$1] = $2; next}} $2 > a[$1] {{print $2 - a[$1], $1}}' {PROBE_DIR}/slab-first {PROBE_DIR}/slab-now | sort -rn | head -{SLAB_TOP} | awk '{{printf "%s:%d ", $2, $1 / 1024}}')"
-"#
+    scripts::assemble(
+        &[
+            ("STATE_TAG", STATE_TAG),
+            ("SLAB_TAG", SLAB_TAG),
+            ("PROBE_DIR", PROBE_DIR),
+            ("SLAB_TOP", &SLAB_TOP.to_string()),
+        ],
+        &[scripts::GUEST_SOAK_PROBE],
     )
 }
 

@@ -26,10 +26,12 @@ use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
 
-use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
-use crate::images::{L1Images, Workspace};
+use crate::activity::Activity;
+use crate::images::L1Images;
 use crate::probe::L1_USER_HZ;
 use crate::rig::{InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
+use crate::scripts;
+use crate::workspace::Workspace;
 
 /// How the VMs of a case are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,13 +137,15 @@ impl HostCase {
 /// The guest command of VM `n`: idle, then the load, its progress (iterations so far) each
 /// second through a `pvmm-mark:` line that L1 timestamps.
 pub fn guest_command(options: &HostBenchOptions, n: usize) -> String {
-    format!(
-        "sleep {LEAD_SECS}\n\
-         echo pvmm-mark: load-begin-{n}\n\
-         pvmm-load --threads 1 --duty {} --period-ms {} --seconds {} --progress-ms 1000 | \
-         while read -r a b c; do [ \"$b\" = progress ] && echo \"pvmm-mark: work-{n} $c\"; done\n\
-         echo pvmm-mark: load-end-{n}\n",
-        options.duty_percent, options.period_ms, options.seconds
+    scripts::guest_command(
+        &[
+            ("VM", &n.to_string()),
+            ("LEAD_SECS", &LEAD_SECS.to_string()),
+            ("DUTY", &options.duty_percent.to_string()),
+            ("PERIOD_MS", &options.period_ms.to_string()),
+            ("SECONDS_LOAD", &options.seconds.to_string()),
+        ],
+        &[scripts::HOST_BENCH_GUEST],
     )
 }
 
@@ -150,56 +154,15 @@ pub fn guest_command(options: &HostBenchOptions, n: usize) -> String {
 /// own VM's vCPU-thread migrations. The leader, after every VM has ended, prints the guests'
 /// marks and stops the daemon.
 pub fn probe(regime: Regime) -> String {
-    let daemon = if regime == Regime::Daemon {
-        format!(
-            "/bin/pvmm host --runtime-dir {RUNTIME_DIR} --adopt auto --tick-ms 100 > /tmp/pvmm-host.log 2>&1 &\n  echo $! > /tmp/pvmm-host.pid"
-        )
-    } else {
-        ":".to_string()
-    };
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1
-mkdir -p /tmp/bench-live && : > /tmp/bench-live/$PVMM_PID
-leader=
-if mkdir /tmp/bench-leader 2>/dev/null; then
-  leader=1
-  {daemon}
-{TOPOLOGY_SCRIPT}
-fi
-out=/tmp/bench-samples-$PVMM_PID
-: > $out
-n=0
-while kill -0 $PVMM_PID 2>/dev/null; do
-  if [ -n "$leader" ]; then
-  {SAMPLE_SCRIPT}
-  fi
-  n=$((n + 1))
-  if [ $((n % {MIGRATION_EVERY})) = 0 ]; then
-    files=
-    stats=
-    for t in /proc/$PVMM_PID/task/*; do
-      {{ read -r c < $t/comm; }} 2>/dev/null
-      case "$c" in vcpu*|"CPU "*/KVM) files="$files $t/sched"; stats="$stats $t/stat";; esac
-    done
-    read -r up rest < /proc/uptime
-    mig=$(cat $files 2>/dev/null | awk '/nr_migrations/ {{s += $NF}} END {{print s + 0}}')
-    cpu=$(cat /proc/$PVMM_PID/stat $stats 2>/dev/null | awk '{{sub(/^.*\) /, ""); t = $12 + $13; if (NR == 1) all = t; else v += t}} END {{print all + 0, v + 0}}')
-    echo "N $up $mig $cpu" >> $out
-    if [ -n "$leader" ] && [ -f /tmp/pvmm-host.pid ]; then
-      echo "D $up $(awk '{{sub(/^.*\) /, ""); print $12 + $13}}' /proc/$(cat /tmp/pvmm-host.pid)/stat 2>/dev/null)" >> $out
-    fi
-  fi
-  sleep {SAMPLE_INTERVAL}
-done
-cat $out
-rm -f /tmp/bench-live/$PVMM_PID
-if [ -n "$leader" ]; then
-  while [ -n "$(ls /tmp/bench-live)" ]; do sleep 1; done
-  sleep 1
-  [ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
-  [ -f /tmp/pvmm-host.pid ] && kill $(cat /tmp/pvmm-host.pid) 2>/dev/null
-fi
-"#
+    let daemon = if regime == Regime::Daemon { "1" } else { "0" };
+    scripts::assemble(
+        &[
+            ("START_DAEMON", daemon),
+            ("RUNTIME_DIR", RUNTIME_DIR),
+            ("SAMPLE_INTERVAL", SAMPLE_INTERVAL),
+            ("MIGRATION_EVERY", &MIGRATION_EVERY.to_string()),
+        ],
+        &[scripts::CPU_ACTIVITY_LIB, scripts::HOST_BENCH_PROBE],
     )
 }
 
@@ -447,8 +410,11 @@ mod tests {
     fn regimes_parse_and_the_probe_and_guest_say_what_the_parser_reads() {
         assert_eq!("pvmm-host".parse::<Regime>(), Ok(Regime::Daemon));
         assert!("numad".parse::<Regime>().is_err());
-        assert!(probe(Regime::Daemon).contains("pvmm host --runtime-dir /tmp --adopt auto"));
-        assert!(!probe(Regime::PerVm).contains("pvmm host"));
+        assert!(probe(Regime::Daemon).contains("\nSTART_DAEMON=1\nRUNTIME_DIR=/tmp\n"));
+        assert!(
+            probe(Regime::Daemon).contains("pvmm host --runtime-dir \"$RUNTIME_DIR\" --adopt auto")
+        );
+        assert!(probe(Regime::PerVm).contains("\nSTART_DAEMON=0\n"));
         assert!(probe(Regime::Qemu).contains("nr_migrations"));
         let options = HostBenchOptions {
             vms: vec![2],
@@ -460,13 +426,15 @@ mod tests {
             echo: false,
         };
         let guest = guest_command(&options, 1);
-        assert!(guest.contains("pvmm-mark: load-begin-1"));
-        assert!(guest.contains("pvmm-mark: work-1 $c"));
-        assert!(guest.contains("--duty 29 --period-ms 70 --seconds 20 --progress-ms 1000"));
+        assert!(guest.starts_with("VM=1\n"));
+        assert!(guest.contains("pvmm-mark: load-begin-$VM"));
+        assert!(guest.contains("pvmm-mark: work-$VM $c"));
+        assert!(guest.contains("\nDUTY=29\nPERIOD_MS=70\nSECONDS_LOAD=20\n"));
+        assert!(guest.contains("--seconds \"$SECONDS_LOAD\" \\\n--progress-ms 1000"));
         // Both scripts are valid shell for L1's and the guest's busybox.
-        if std::path::Path::new(crate::images::BUSYBOX).is_file() {
+        if std::path::Path::new(crate::host::BUSYBOX).is_file() {
             for script in [probe(Regime::Daemon), guest.clone()] {
-                let check = std::process::Command::new(crate::images::BUSYBOX)
+                let check = std::process::Command::new(crate::host::BUSYBOX)
                     .args(["sh", "-n", "-c", &script])
                     .output()
                     .expect("busybox runs");

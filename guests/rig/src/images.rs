@@ -10,42 +10,20 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::SystemTime;
 
-use crate::cpio::{CpioArchive, CpioError};
+use crate::cache::{copy_if_newer, up_to_date};
+use crate::cpio::CpioArchive;
+use crate::debian::{find_deb, find_one, resolve_kernel_package, unpack_kernel};
+use crate::error::{io_err, ImageError};
 use crate::guest_kernel::{self, GuestKernel, KernelImage};
-use crate::packages::{self, PackageError};
+use crate::host::{is_static_elf, progress, run_tool, which, BUSYBOX, QEMU};
+use crate::inside;
+use crate::packages;
 use crate::scripts;
-
-/// The Debian metapackage whose dependency names the current cloud kernel package.
-pub const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
+use crate::workspace::Workspace;
 
 /// The rust target the static binaries are built for (the only std installed on our machines).
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
-
-/// Where Debian's busybox-static installs busybox.
-pub const BUSYBOX: &str = "/bin/busybox";
-
-/// The QEMU binary used for L1 (on the host) and as the inner VMM in L1 (`--vmm qemu`).
-pub const QEMU: &str = "qemu-system-x86_64";
-
-/// Paths of files inside the images, shared with the rig's command lines.
-pub mod inside {
-    /// The guest kernel in L1 (L1's own, Debian 12's 6.1).
-    pub const GUEST_KERNEL: &str = "/guest/vmlinuz";
-    /// The 6.12 guest kernel in L1, when its layer is there.
-    pub const GUEST_KERNEL_612: &str = "/guest/vmlinuz-6.12";
-    /// The guest initramfs in L1.
-    pub const GUEST_INITRD: &str = "/guest/initrd.cpio";
-    /// The guest kernel uncompressed (an ELF vmlinux for PVH boots) in L1.
-    pub const GUEST_VMLINUX: &str = "/guest/vmlinux";
-    /// pvmm in L1.
-    pub const PVMM: &str = "/bin/pvmm";
-    /// QEMU in L1.
-    pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
-    /// pvmm-load in the guest.
-    pub const PVMM_LOAD: &str = "/bin/pvmm-load";
-}
 
 /// The kernel modules L1 loads, in load order (kvm.ko needs irqbypass.ko).
 const KVM_MODULES: [(&str, &str); 3] = [
@@ -65,120 +43,6 @@ const QEMU_FIRMWARE: [&str; 6] = [
     "/usr/share/qemu/pvh.bin",
 ];
 
-/// Errors from building images.
-#[derive(Debug, thiserror::Error)]
-pub enum ImageError {
-    #[error("cannot locate the workspace root from {0}")]
-    NoWorkspace(PathBuf),
-    #[error("cannot run '{program}': {source} (is the Debian package {package} installed?)")]
-    ToolMissing {
-        program: String,
-        package: &'static str,
-        source: std::io::Error,
-    },
-    #[error("'{command}' failed with {status}: {stderr}")]
-    ToolFailed {
-        command: String,
-        status: std::process::ExitStatus,
-        stderr: String,
-    },
-    #[error("'{0}' does not list a linux-image dependency (run 'sudo apt-get update' first)")]
-    NoKernelPackage(String),
-    #[error("apt {action} on Debian {suite} failed: {why}")]
-    Apt {
-        action: &'static str,
-        suite: String,
-        why: String,
-    },
-    #[error("{package} lacks {} (its {config})", .missing.join(", "))]
-    KernelConfig {
-        package: String,
-        config: PathBuf,
-        missing: Vec<&'static str>,
-    },
-    #[error("{0} is not a static executable (install the Debian package busybox-static)")]
-    BusyboxNotStatic(String),
-    #[error("{binary} is {version}; the rig's L1 needs QEMU {needed} or newer")]
-    QemuTooOld {
-        binary: PathBuf,
-        version: String,
-        needed: u32,
-    },
-    #[error("expected file missing: {0}")]
-    Missing(PathBuf),
-    #[error("cannot unpack the vmlinux of {kernel}: {source}")]
-    Vmlinux {
-        kernel: PathBuf,
-        source: crate::vmlinux::VmlinuxError,
-    },
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Cpio(#[from] CpioError),
-    #[error(transparent)]
-    Packages(#[from] PackageError),
-}
-
-pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
-    move |source| ImageError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// Prints a progress line on stderr.
-pub fn progress(message: &str) {
-    eprintln!("pvmm-rig: {message}");
-}
-
-/// The workspace and its output folder.
-#[derive(Debug, Clone)]
-pub struct Workspace {
-    /// The workspace root (holds the top-level Cargo.toml).
-    pub root: PathBuf,
-    /// `guests/out`, where everything built goes.
-    pub out: PathBuf,
-}
-
-impl Workspace {
-    /// The workspace this crate was compiled in.
-    pub fn locate() -> Result<Workspace, ImageError> {
-        let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let root = manifest_dir
-            .parent()
-            .and_then(Path::parent)
-            .filter(|root| root.join("Cargo.toml").is_file())
-            .ok_or_else(|| ImageError::NoWorkspace(manifest_dir.clone()))?
-            .to_path_buf();
-        let out = root.join("guests").join("out");
-        Ok(Workspace { root, out })
-    }
-
-    fn dir(&self, name: &str) -> Result<PathBuf, ImageError> {
-        let dir = self.out.join(name);
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        Ok(dir)
-    }
-
-    /// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `<root>/target`.
-    pub fn target_dir(&self) -> PathBuf {
-        match std::env::var_os("CARGO_TARGET_DIR") {
-            Some(dir) => {
-                let dir = PathBuf::from(dir);
-                if dir.is_absolute() {
-                    dir
-                } else {
-                    std::env::current_dir().unwrap_or_default().join(dir)
-                }
-            }
-            None => self.root.join("target"),
-        }
-    }
-}
-
 /// The guest images and the kernel modules of the same kernel package.
 #[derive(Debug, Clone)]
 pub struct GuestImages {
@@ -194,135 +58,12 @@ pub struct GuestImages {
     pub kvm_modules: Vec<PathBuf>,
 }
 
-pub(crate) fn run_tool(command: &mut Command, package: &'static str) -> Result<String, ImageError> {
-    let rendered = format!("{command:?}").replace('"', "");
-    let output = command.output().map_err(|source| ImageError::ToolMissing {
-        program: command.get_program().to_string_lossy().into_owned(),
-        package,
-        source,
-    })?;
-    if !output.status.success() {
-        return Err(ImageError::ToolFailed {
-            command: rendered,
-            status: output.status,
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-fn mtime(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-/// Whether `output` exists and is newer than every input (missing inputs count as newer).
-fn up_to_date(output: &Path, inputs: &[&Path]) -> bool {
-    let Some(out_time) = mtime(output) else {
-        return false;
-    };
-    inputs
-        .iter()
-        .all(|input| mtime(input).is_some_and(|t| t <= out_time))
-}
-
 /// The fixed modification time of archive entries: `SOURCE_DATE_EPOCH`, else 0.
 fn archive_mtime() -> u32 {
     std::env::var("SOURCE_DATE_EPOCH")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
-}
-
-/// The kernel package `linux-image-cloud-amd64` depends on (or `PVMM_GUEST_KERNEL_PACKAGE`).
-pub fn resolve_kernel_package() -> Result<String, ImageError> {
-    if let Ok(pinned) = std::env::var("PVMM_GUEST_KERNEL_PACKAGE") {
-        if !pinned.is_empty() {
-            return Ok(pinned);
-        }
-    }
-    let depends = || {
-        run_tool(
-            Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]),
-            "apt",
-        )
-        .ok()
-        .and_then(|listing| kernel_dependency(&listing))
-    };
-    if let Some(package) = depends() {
-        return Ok(package);
-    }
-    // apt's package lists are empty (a fresh container) or lack the metapackage.
-    if packages::running_as_root() {
-        progress("apt's package lists do not name the kernel package: apt-get update");
-        packages::update_lists()?;
-        if let Some(package) = depends() {
-            return Ok(package);
-        }
-    }
-    Err(ImageError::NoKernelPackage(KERNEL_METAPACKAGE.to_string()))
-}
-
-/// The `linux-image-*` dependency in `apt-cache depends` output.
-pub(crate) fn kernel_dependency(listing: &str) -> Option<String> {
-    listing
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix("Depends:"))
-        .map(str::trim)
-        .find(|dep| dep.starts_with("linux-image-"))
-        .map(str::to_string)
-}
-
-pub(crate) fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
-    let prefix = format!("{package}_");
-    let mut debs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
-        })
-        .collect();
-    debs.sort();
-    debs.pop()
-}
-
-pub(crate) fn find_one(dir: &Path, prefix: &str) -> Result<PathBuf, ImageError> {
-    std::fs::read_dir(dir)
-        .map_err(io_err(dir))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .ok_or_else(|| ImageError::Missing(dir.join(format!("{prefix}*"))))
-}
-
-/// Unpacks the kernel package `deb` into `guests/out/kernel/<package>` (once per download);
-/// returns that folder.
-pub(crate) fn unpack_kernel(
-    ws: &Workspace,
-    package: &str,
-    deb: &Path,
-) -> Result<PathBuf, ImageError> {
-    let unpacked = ws.out.join("kernel").join(package);
-    let stamp = unpacked.join(".unpacked");
-    if !up_to_date(&stamp, &[deb]) {
-        progress(&format!("unpacking {}", deb.display()));
-        if unpacked.exists() {
-            std::fs::remove_dir_all(&unpacked).map_err(io_err(&unpacked))?;
-        }
-        std::fs::create_dir_all(&unpacked).map_err(io_err(&unpacked))?;
-        run_tool(
-            Command::new("dpkg").arg("-x").arg(deb).arg(&unpacked),
-            "dpkg",
-        )?;
-        std::fs::write(&stamp, b"").map_err(io_err(&stamp))?;
-    }
-    Ok(unpacked)
 }
 
 /// Downloads and unpacks the kernel package; returns the kernel and the KVM modules.
@@ -359,28 +100,6 @@ fn fetch_kernel(ws: &Workspace) -> Result<(String, PathBuf, Vec<PathBuf>), Image
         modules.push(module);
     }
     Ok((package, kernel, modules))
-}
-
-/// Checks that `path` is an ELF executable without a program interpreter (static).
-pub(crate) fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
-    let bytes = std::fs::read(path).map_err(io_err(path))?;
-    const PT_INTERP: u32 = 3;
-    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
-        return Ok(false);
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or([0; 8])) as usize;
-    let (phentsize, phnum) = (u16_at(54), u16_at(56));
-    for index in 0..phnum {
-        let offset = phoff + index * phentsize;
-        let Some(kind) = bytes.get(offset..offset + 4) else {
-            return Ok(false);
-        };
-        if u32::from_le_bytes([kind[0], kind[1], kind[2], kind[3]]) == PT_INTERP {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// Adds busybox and a symlink per applet (from `busybox --list-full`).
@@ -564,14 +283,6 @@ impl L1Images {
     }
 }
 
-/// Copies `from` to `to` unless `to` is newer.
-pub(crate) fn copy_if_newer(from: &Path, to: &Path) -> Result<(), ImageError> {
-    if !up_to_date(to, &[from]) {
-        std::fs::copy(from, to).map_err(io_err(to))?;
-    }
-    Ok(())
-}
-
 /// The L1 layer `name` holding the one file `source` at `inside` (mode `mode`), written when
 /// `source` is newer than it.
 fn file_layer(
@@ -607,15 +318,6 @@ fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
         }
     }
     Ok(libraries)
-}
-
-/// `program` on `PATH`.
-pub(crate) fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|candidate| candidate.is_file())
-    })
 }
 
 /// The L1 layer holding the guest kernel uncompressed ([`inside::GUEST_VMLINUX`]), unpacked
@@ -750,42 +452,4 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         vmlinux,
         kernel_612,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recognises_static_and_dynamic_executables() {
-        // /bin/sh on Debian is dynamically linked (dash); the test binary itself is too.
-        let this = std::env::current_exe().unwrap();
-        assert!(!is_static_elf(&this).unwrap());
-        let not_elf = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-        assert!(!is_static_elf(&not_elf).unwrap());
-    }
-
-    #[test]
-    fn finds_the_kernel_dependency() {
-        let listing = "linux-image-cloud-amd64\n  Depends: linux-image-6.1.0-28-cloud-amd64\n";
-        assert_eq!(
-            kernel_dependency(listing).as_deref(),
-            Some("linux-image-6.1.0-28-cloud-amd64")
-        );
-        assert_eq!(kernel_dependency("linux-image-cloud-amd64\n"), None);
-    }
-
-    #[test]
-    fn up_to_date_needs_output_newer_than_inputs() {
-        let dir = std::env::temp_dir().join(format!("pvmm-rig-utd-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let input = dir.join("in");
-        let output = dir.join("out");
-        std::fs::write(&input, b"x").unwrap();
-        assert!(!up_to_date(&output, &[&input]));
-        std::fs::write(&output, b"y").unwrap();
-        assert!(up_to_date(&output, &[&input]));
-        assert!(!up_to_date(&output, &[&dir.join("missing")]));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

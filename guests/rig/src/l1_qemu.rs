@@ -1,7 +1,7 @@
 //! Which QEMU runs L1.
 //!
 //! The rig's L1 needs QEMU's TCG emulation of AMD SVM. The `qemu10` variant runs L1 on a newer
-//! QEMU than Debian 12's 7.2, to compare the two (README, "Rig reliability": measured side by
+//! QEMU than Debian 12's 7.2, to compare the two (guests/README.md, "Rig reliability": measured side by
 //! side, it was no more reliable and no faster, so it is not the default). Debian 12 ships
 //! QEMU 10.0 in `bookworm-backports`, built against its own libraries, so the rig fetches it
 //! there when the host's QEMU is older: `apt-get download` with a private sources list and
@@ -15,8 +15,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::images::{find_deb, io_err, progress, run_tool, which, ImageError, Workspace, QEMU};
+use crate::debian::find_deb;
+use crate::error::{io_err, ImageError};
+use crate::host::{progress, run_tool, which, QEMU};
 use crate::private_apt::PrivateApt;
+use crate::workspace::Workspace;
 
 /// The oldest QEMU major version [`L1Qemu::Newer`] accepts from the host.
 pub const NEWER_MAJOR: u32 = 10;

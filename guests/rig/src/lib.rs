@@ -7,11 +7,15 @@
 //!   6.12) and fetching 6.12.
 //! - [`private_apt`]: apt on a Debian suite the machine's apt setup does not name.
 //! - [`images`]: builds the Debian cloud kernel, the busybox guest initramfs (with
-//!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`.
+//!   `pvmm-load`), static binaries and the L1 initramfs layers into `guests/out/`, on:
+//!   [`workspace`] (the workspace and `guests/out/`), [`cache`] (skipping steps whose outputs
+//!   are up to date), [`debian`] (the kernel package and `.deb` files), [`host`] (this
+//!   machine's programs and progress lines) and [`inside`] (file paths inside the images).
+//! - [`error`]: the crate's error types.
 //! - [`rig`]: boots L1 under QEMU TCG with an emulated multi-socket AMD CPU with SVM, runs pvmm
 //!   (or QEMU with KVM) inside it on the guest images, and classifies the console output.
 //! - [`activity`]: L1's package idle time and modelled energy from a probe's samples.
-//! - [`bench`]: the boot-time benchmark, pvmm vs QEMU in one L1 boot.
+//! - [`bench`](mod@bench): the boot-time benchmark, pvmm vs QEMU in one L1 boot.
 //! - [`host_bench`]: several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned
 //!   (`cargo xtask bench-host`).
 //! - [`probe`]: the L1 probes' lines and their parser (the placement tests' probe and trace).
@@ -21,27 +25,35 @@
 //! - [`soak`]: counting rig outcomes by kind over many boots (`cargo xtask rig-soak`).
 //! - [`guest_soak`]: many guests one after another in one L1, and what each leaves behind in
 //!   it (`cargo xtask rig-guest-soak`).
+//! - [`retry`]: booting the rig again when it fails by itself, and a boot's whole log.
 //! - [`vmlinux`]: the uncompressed kernel inside a bzImage, for PVH boots.
 //! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
 
 pub mod activity;
 pub mod bench;
+pub mod cache;
 pub mod cpio;
+pub mod debian;
+pub mod error;
 pub mod guest_kernel;
 pub mod guest_soak;
+pub mod host;
 pub mod host_bench;
 pub mod images;
+pub mod inside;
 pub mod l1_qemu;
 pub mod packages;
 pub mod placement_bench;
 pub mod private_apt;
 pub mod probe;
+pub mod retry;
 pub mod rig;
 pub mod scripts;
 pub mod sequence;
 pub mod soak;
 pub mod tuning;
 pub mod vmlinux;
+pub mod workspace;
 
 pub use guest_kernel::GuestKernel;
 pub use rig::{

@@ -1,7 +1,7 @@
 //! The Debian packages the rig and the tests need, and getting them installed.
 //!
 //! Every entry point of the rig (`cargo xtask rig`, the benchmarks, the rig tests) builds its
-//! images through [`crate::images::build_guest`], which first calls [`ensure`]. It looks for
+//! images through the image builder's `build_guest`, which first calls [`ensure`]. It looks for
 //! the files each package provides; when some are missing it either installs the packages
 //! (running as root: `apt-get install -y --no-install-recommends ...`, after `apt-get update`
 //! when apt's package lists are missing or stale) or fails with one line that names the one
@@ -17,7 +17,8 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::images::{is_static_elf, progress, which, BUSYBOX, QEMU};
+pub use crate::error::PackageError;
+use crate::host::{is_static_elf, progress, which, BUSYBOX, QEMU};
 
 /// What a package is needed for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,46 +67,6 @@ pub const PACKAGES: [Package; 3] = [
 
 /// The apt-get options of every install, here and in the printed command.
 const INSTALL_OPTIONS: [&str; 3] = ["install", "-y", "--no-install-recommends"];
-
-/// Why the packages could not be made available; each reads as one line.
-#[derive(Debug, thiserror::Error)]
-pub enum PackageError {
-    #[error("missing Debian packages {}: run '{command}'", .packages.join(" "))]
-    Missing {
-        packages: Vec<&'static str>,
-        command: String,
-    },
-    #[error(
-        "missing Debian packages {} and no apt-get here: install what they provide ({})",
-        .packages.join(" "),
-        .provides.join("; ")
-    )]
-    NoApt {
-        packages: Vec<&'static str>,
-        provides: Vec<&'static str>,
-    },
-    #[error("cannot run apt-get: {0}")]
-    AptSpawn(std::io::Error),
-    #[error("'{command}' failed with {status}: {stderr}")]
-    AptFailed {
-        command: String,
-        status: std::process::ExitStatus,
-        /// The last lines of apt-get's stderr.
-        stderr: String,
-        /// Whether apt-get's stderr says that its package lists are missing or stale
-        /// ([`lists_need_update`]).
-        lists_stale: bool,
-    },
-    #[error(
-        "apt-get installed {}, yet what {} provide is still not found",
-        .installed.join(" "),
-        .missing.join(" ")
-    )]
-    StillMissing {
-        installed: Vec<&'static str>,
-        missing: Vec<&'static str>,
-    },
-}
 
 /// What to do about the missing packages.
 #[derive(Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 //! - **L1 migrations**: the same window counted by L1's kernel: the sum of the vCPU threads'
 //!   `se.nr_migrations` (`/proc/<pid>/task/<tid>/sched`), every move of a vCPU thread from one
 //!   L1 CPU to another, whoever made it (pvmm's pinning, or L1's scheduler within a set of
-//!   several CPUs or under `--policy none`), read every [`KERNEL_COUNT_EVERY`] samples; the
+//!   several CPUs or under `--policy none`), read every `KERNEL_COUNT_EVERY` samples; the
 //!   window runs from the last read at or before the load's start to the last at or before its
 //!   end;
 //! - **Pkg1 idle after start(s)**, **after end(s)**: the seconds from the load's start until
@@ -39,11 +39,13 @@ use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
 
-use crate::activity::{Activity, SAMPLE_SCRIPT, TOPOLOGY_SCRIPT};
-use crate::images::{L1Images, Workspace};
+use crate::activity::Activity;
+use crate::images::L1Images;
 use crate::probe::ProbeLine;
 use crate::rig::{RigError, RigOutcome, Topology};
+use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
+use crate::workspace::Workspace;
 
 /// The kernbench thread busy fraction of the simulator's scenario, 1 - sqrt(0.5086) = 0.287,
 /// as a pvmm-load duty in percent (pvmm-sim's `kernbench_busy_fraction`: 50.86 % is the packed
@@ -176,43 +178,16 @@ pub struct CaseFailure {
 }
 
 /// The L1 probe: pins itself to CPU 0, prints the CPU topology, then samples `/proc/stat`
-/// (and every [`KERNEL_COUNT_EVERY`] samples the vCPU threads' `se.nr_migrations`, a `K` line)
+/// (and every `KERNEL_COUNT_EVERY` samples the vCPU threads' `se.nr_migrations`, a `K` line)
 /// until pvmm exits; prints the samples, the guest's marks and pvmm's migration counts.
 pub fn bench_probe() -> String {
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1
-{TOPOLOGY_SCRIPT}
-read -r up rest < /proc/uptime
-echo "START $up"
-out=/tmp/bench-samples
-: > $out
-n=0
-while kill -0 $PVMM_PID 2>/dev/null; do
-  {SAMPLE_SCRIPT}
-  n=$((n + 1))
-  if [ $((n % {KERNEL_COUNT_EVERY})) = 0 ]; then
-    files=
-    for t in /proc/$PVMM_PID/task/*; do
-      {{ read -r c < $t/comm; }} 2>/dev/null
-      case "$c" in vcpu*) files="$files $t/sched";; esac
-    done
-    if [ -n "$files" ]; then
-      mig=0
-      for m in $(grep -h nr_migrations $files 2>/dev/null | while read -r k colon v; do echo $v; done); do
-        mig=$((mig + m))
-      done
-      echo "K $up $mig" >> $out
-    fi
-  fi
-  sleep {SAMPLE_INTERVAL}
-done
-cat $out
-sleep 1
-[ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
-rm -f /tmp/rig-marks
-sed -n -e 's/.*"t_ms":\([0-9]*\).*"migrations_total":\([0-9]*\).*/S \1 \2/p' -e 's/.*"migrations_total":\([0-9]*\).*"t_ms":\([0-9]*\).*/S \2 \1/p' {STATS_PATH}
-rm -f {STATS_PATH}
-"#
+    scripts::assemble(
+        &[
+            ("SAMPLE_INTERVAL", SAMPLE_INTERVAL),
+            ("KERNEL_COUNT_EVERY", &KERNEL_COUNT_EVERY.to_string()),
+            ("STATS_PATH", STATS_PATH),
+        ],
+        &[scripts::CPU_ACTIVITY_LIB, scripts::BENCH_PROBE],
     )
 }
 
@@ -250,15 +225,16 @@ pub const SETTLE_SECS: u32 = 6;
 /// The guest command of one case; with no busy thread the guest sleeps through the window
 /// (an idle guest's steady state).
 pub fn guest_command(options: &PlacementBenchOptions, threads: u32) -> String {
-    let load = match threads {
-        0 => format!("sleep {}", options.seconds),
-        _ => format!(
-            "pvmm-load --threads {threads} --duty {} --period-ms {} --seconds {}",
-            options.duty_percent, options.period_ms, options.seconds
-        ),
-    };
-    format!(
-        "sleep {SETTLE_SECS}\necho pvmm-mark: load-begin\n{load}\necho pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\necho pvmm-mark: idle-end\n"
+    scripts::guest_command(
+        &[
+            ("SETTLE_SECS", &SETTLE_SECS.to_string()),
+            ("THREADS", &threads.to_string()),
+            ("DUTY", &options.duty_percent.to_string()),
+            ("PERIOD_MS", &options.period_ms.to_string()),
+            ("SECONDS_LOAD", &options.seconds.to_string()),
+            ("IDLE_TAIL_SECS", &IDLE_TAIL_SECS.to_string()),
+        ],
+        &[scripts::PLACEMENT_BENCH_GUEST],
     )
 }
 
@@ -297,7 +273,7 @@ pub fn run_placement_bench(
         tuning: crate::tuning::L1Tuning::default(),
         guest_kernel: options.guest_kernel,
     };
-    crate::images::progress(&format!(
+    crate::host::progress(&format!(
         "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",
         runs.len(),
         options.seconds,
@@ -576,9 +552,9 @@ mod tests {
             let out = std::process::Command::new("sh")
                 .arg("-c")
                 .arg(format!(
-                    "printf '%s\\n' '{line}' > /tmp/pvmm-bench-sed-test; {}",
-                    script.replace(STATS_PATH, "/tmp/pvmm-bench-sed-test")
+                    "printf '%s\\n' '{line}' > \"$STATS_PATH\"; {script}"
                 ))
+                .env("STATS_PATH", "/tmp/pvmm-bench-sed-test")
                 .output()
                 .expect("sh runs");
             String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -599,14 +575,24 @@ mod tests {
             echo: false,
             guest_kernel: crate::GuestKernel::default(),
         };
-        let command = guest_command(&options, 2);
-        assert!(command.contains("pvmm-mark: load-begin"));
-        assert!(command.contains(&format!(
-            "pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\necho pvmm-mark: idle-end"
-        )));
-        assert!(command.contains("--threads 2 --duty 29 --period-ms 70 --seconds 10"));
-        let idle = guest_command(&options, 0);
-        assert!(idle.contains("load-begin\nsleep 10\necho pvmm-mark: load-end"));
-        assert!(!idle.contains("pvmm-load"));
+        // The command run with stubs for sleep and pvmm-load: the marks and the load, in order.
+        let run = |threads| {
+            let command = guest_command(&options, threads).replace("pvmm-load ", "echo load ");
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("sleep() {{ echo \"sleep $1\"; }}\n{command}"))
+                .output()
+                .expect("sh runs");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert_eq!(
+            run(2),
+            format!(
+                "sleep {SETTLE_SECS}\npvmm-mark: load-begin\n\
+                 load --threads 2 --duty 29 --period-ms 70 --seconds 10\n\
+                 pvmm-mark: load-end\nsleep {IDLE_TAIL_SECS}\npvmm-mark: idle-end\n"
+            )
+        );
+        assert!(run(0).contains("load-begin\nsleep 10\npvmm-mark: load-end"));
     }
 }

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::images::{io_err, ImageError};
+use crate::error::{io_err, ImageError};
 
 /// The Debian mirror every suite is fetched from (the host's own apt setup names the same).
 pub const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
@@ -143,7 +143,7 @@ impl PrivateApt {
                 self.command("apt-cache").args(["depends", metapackage]),
             )
             .ok()?;
-        crate::images::kernel_dependency(&listing)
+        crate::debian::kernel_dependency(&listing)
     }
 
     /// Downloads `packages` (`name` or `name/suite`) into [`Self::debs`].

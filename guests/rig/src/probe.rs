@@ -34,8 +34,8 @@ pub const L1_USER_HZ: f64 = 100.0;
 /// pvmm's own "busy" definition (ran at least half of the interval).
 pub const BUSY_SHARE: f64 = 0.5;
 
-/// One sample of the L1 probe, a single busybox `awk` over `/proc` (pvmm's pid in
-/// `$PVMM_PID`), printing:
+/// Defines the shell function `probe_sample [FILE...]`: one sample of the L1 probe, a single
+/// busybox `awk` over `/proc` (pvmm's pid in `$PVMM_PID`), printing:
 ///
 /// - `T <L1 uptime>`;
 /// - per L1 CPU `C cpuN <the /proc/stat counters>`;
@@ -59,34 +59,11 @@ pub const BUSY_SHARE: f64 = 0.5;
 /// the shell expanded the glob), where busybox awk would abort on an input file operand; a
 /// thread whose `stat` or `status` could not be read is left out (the parser then drops the
 /// sample as incomplete).
-pub const PROBE_SAMPLE: &str = r#"awk -v threads="$PROBE_THREADS" 'BEGIN {
-  if ((getline line < "/proc/uptime") > 0) { split(line, w, " "); print "T", w[1] }
-  while ((getline line < "/proc/stat") > 0) if (line ~ /^cpu[0-9]/) print "C", line
-  for (i = 1; i < ARGC; i++) {
-    f = ARGV[i]; n = split(f, path, "/"); tid = path[n - 1]
-    if (path[n] == "stat") {
-      if ((getline line < f) > 0) {
-        lp = index(line, "("); rest = substr(line, lp + 1); rp = match(rest, /\) [A-Za-z] /)
-        name = substr(rest, 1, rp - 1); split(substr(rest, rp + 2), w, " ")
-        if (name ~ /^CPU [0-9]+\/KVM$/) { split(name, q, "[ /]"); name = "vcpu" q[2] }
-        names[tid] = name
-        if (name ~ /^vcpu[0-9]+$/) { comm[tid] = name; times[tid] = w[12] " " w[13] " " w[37] }
-      }
-    } else {
-      while ((getline line < f) > 0) {
-        if (line ~ /^Cpus_allowed_list:/) { split(line, w, " "); allowed[tid] = w[2] }
-        else if (line ~ /^Seccomp:/) { split(line, w, " "); mode[tid] = w[2] }
-      }
-    }
-    close(f)
-  }
-  for (tid in comm) if (tid in allowed) print "V", comm[tid], tid, allowed[tid], times[tid]
-  if (threads != "") for (tid in mode) if (tid in names) print "F", tid, mode[tid], names[tid] >> threads
-}' /proc/$PVMM_PID/task/*/stat /proc/$PVMM_PID/task/*/status"#;
+pub const PROBE_SAMPLE: &str = crate::scripts::PROBE_SAMPLE_LIB;
 
 /// The L1 probe for placement tests. It pins itself to L1 CPU 0 (package 0) so that its own
 /// work never shows up as activity on the package the tests want idle, then every
-/// `interval_s` seconds appends a [`PROBE_SAMPLE`] to a tmpfs file.
+/// `interval_s` seconds appends a sample ([`PROBE_SAMPLE`]) to a tmpfs file.
 ///
 /// It starts with `START <L1 uptime>` (pvmm's start, the origin of its stats `t_ms` within
 /// a few milliseconds) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
@@ -95,29 +72,12 @@ pub const PROBE_SAMPLE: &str = r#"awk -v threads="$PROBE_THREADS" 'BEGIN {
 /// `pvmm-mark: TEXT`, see [`crate::scripts`]), then pvmm's `--stats` file
 /// ([`L1_STATS_PATH`]) with the fields the tests do not read removed (less console traffic).
 pub fn placement_probe(interval_s: &str) -> String {
-    format!(
-        r#"taskset -p 1 $$ >/dev/null 2>&1 || echo "probe: cannot pin to CPU 0"
-out=/tmp/pvmm-samples
-export PROBE_THREADS=/tmp/pvmm-threads
-rm -f $PROBE_THREADS
-read -r up rest < /proc/uptime
-echo "START $up" > $out
-for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  read -r pkg < $c/topology/physical_package_id
-  echo "PKG ${{c##*cpu}} $pkg" >> $out
-done
-while kill -0 $PVMM_PID 2>/dev/null; do
-  {PROBE_SAMPLE} >> $out
-  sleep {interval_s}
-done
-cat $out
-[ -f $PROBE_THREADS ] && sort -u $PROBE_THREADS
-rm -f $PROBE_THREADS
-sleep 1
-[ -f /tmp/rig-marks ] && sed 's/^/M /' /tmp/rig-marks
-rm -f /tmp/rig-marks
-sed -e 's/"tid":[0-9]*,//g' -e 's/,"desired":[0-9]*//g' -e 's/"policy":"[^"]*",//' {L1_STATS_PATH}
-"#
+    crate::scripts::assemble(
+        &[
+            ("PROBE_INTERVAL", interval_s),
+            ("STATS_PATH", L1_STATS_PATH),
+        ],
+        &[PROBE_SAMPLE, crate::scripts::PLACEMENT_PROBE],
     )
 }
 
@@ -147,16 +107,8 @@ pub struct ThreadSeccomp {
     pub name: String,
 }
 
-/// One L1 CPU's `/proc/stat` counters at a sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CpuTimes {
-    /// CPU number.
-    pub cpu: u32,
-    /// idle + iowait ticks.
-    pub idle: u64,
-    /// All ticks.
-    pub total: u64,
-}
+pub use pvmm_scheduler::CpuSet;
+pub use pvmm_tick::cpustat::CpuTimes;
 
 /// One probe sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,8 +117,8 @@ pub struct ProbeSample {
     pub t: f64,
     /// The vCPU threads, by vCPU index.
     pub threads: Vec<ThreadSample>,
-    /// L1's CPUs, by number.
-    pub cpus: Vec<CpuTimes>,
+    /// L1's CPUs' `/proc/stat` times, by CPU number.
+    pub cpus: Vec<(u32, CpuTimes)>,
 }
 
 /// One vCPU in one pvmm `--stats` line.
@@ -213,21 +165,6 @@ pub struct PlacementTrace {
     pub seccomp: Vec<ThreadSeccomp>,
 }
 
-/// Expands a Linux CPU list (`0-2,5`); None when malformed.
-pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
-                cpus.extend(a..=b);
-            }
-            None => cpus.push(part.parse().ok()?),
-        }
-    }
-    Some(cpus)
-}
-
 /// One line of an L1 probe's output (see the module documentation).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProbeLine {
@@ -245,7 +182,7 @@ pub enum ProbeLine {
     /// `T`: a sample begins at this L1 uptime.
     Sample(f64),
     /// `C`: an L1 CPU's times.
-    Cpu(CpuTimes),
+    Cpu(u32, CpuTimes),
     /// `V`: a vCPU thread.
     Thread(ThreadSample),
     /// `F`: a VMM thread's seccomp mode.
@@ -315,16 +252,19 @@ impl ProbeLine {
                     .map(|w| w.parse::<u64>())
                     .collect::<Result<Vec<u64>, _>>()
                     .map_err(|_| MalformedLine(line.to_string()))?;
-                ProbeLine::Cpu(CpuTimes {
-                    cpu: numbered(&words, 1, "cpu", line)?,
-                    idle: counters[3] + counters[4],
-                    total: counters.iter().take(8).sum(),
-                })
+                ProbeLine::Cpu(
+                    numbered(&words, 1, "cpu", line)?,
+                    CpuTimes::from_counters(&counters),
+                )
             }
             Some("V") if words.len() == 7 => ProbeLine::Thread(ThreadSample {
                 vcpu: numbered(&words, 1, "vcpu", line)?,
                 tid: field(&words, 2, line)?,
-                allowed: parse_cpu_list(words[3]).ok_or_else(|| MalformedLine(line.to_string()))?,
+                allowed: words[3]
+                    .parse::<CpuSet>()
+                    .map_err(|_| MalformedLine(line.to_string()))?
+                    .iter()
+                    .collect(),
                 cpu_ticks: field::<u64>(&words, 4, line)? + field::<u64>(&words, 5, line)?,
                 last_cpu: field(&words, 6, line)?,
             }),
@@ -417,7 +357,9 @@ impl PlacementTrace {
                 Some(ProbeLine::Thread(thread)) => {
                     open_sample(&mut current, line).threads.push(thread)
                 }
-                Some(ProbeLine::Cpu(cpu)) => open_sample(&mut current, line).cpus.push(cpu),
+                Some(ProbeLine::Cpu(cpu, times)) => {
+                    open_sample(&mut current, line).cpus.push((cpu, times))
+                }
                 Some(ProbeLine::Stats(tick)) => trace.ticks.push(tick),
                 Some(ProbeLine::Seccomp(thread)) => trace.seccomp.push(thread),
                 Some(ProbeLine::Migrations { .. } | ProbeLine::KernelMigrations { .. }) | None => {}
@@ -426,7 +368,7 @@ impl PlacementTrace {
         trace.samples.extend(current);
         for sample in &mut trace.samples {
             sample.threads.sort_by_key(|t| t.vcpu);
-            sample.cpus.sort_by_key(|c| c.cpu);
+            sample.cpus.sort_by_key(|&(cpu, _)| cpu);
         }
         // A sample cut off by pvmm's exit (fewer threads than the others) is dropped.
         let vcpus = trace
@@ -622,11 +564,9 @@ impl PlacementTrace {
 
     /// Share of the time between samples `a` and `b` that L1 CPU `cpu` was idle.
     pub fn cpu_idle_share(&self, cpu: u32, a: usize, b: usize) -> f64 {
-        let find = |s: &ProbeSample| s.cpus.iter().find(|c| c.cpu == cpu).cloned();
+        let find = |s: &ProbeSample| s.cpus.iter().find(|&&(c, _)| c == cpu).map(|&(_, t)| t);
         match (find(&self.samples[a]), find(&self.samples[b])) {
-            (Some(x), Some(y)) if y.total > x.total => {
-                y.idle.saturating_sub(x.idle) as f64 / (y.total - x.total) as f64
-            }
+            (Some(x), Some(y)) => y.idle_fraction_since(&x).unwrap_or(1.0),
             _ => 1.0,
         }
     }

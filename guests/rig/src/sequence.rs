@@ -9,13 +9,14 @@
 use std::time::Duration;
 
 use crate::guest_kernel::GuestKernel;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::rig::{
     guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, KernelForm, L1Job, L1Options,
     RigError, RigOutcome, Topology,
 };
 use crate::scripts::{shell_join, shell_quote};
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 
 /// One pvmm run of a sequence.
 #[derive(Debug, Clone)]

@@ -9,9 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::guest_kernel::GuestKernel;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::rig::{InnerVmm, KernelForm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 // pvmm's exit statuses for a guest triple fault and a guest reboot. The rig's guests boot with
 // `panic=-1`, so a guest kernel panic ends as a reboot.
 use pvmm::exit::{EXIT_GUEST_RESET, EXIT_TRIPLE_FAULT};
@@ -51,7 +52,7 @@ pub enum BootKind {
     /// The hard timeout passed ([`RigEnd::TimedOut`]).
     Timeout,
     /// L1 killed the inner VMM at the run's own time limit ([`RUN_LIMIT_STATUS`]) after its
-    /// guest reported a stall ([`GUEST_STALL_MARKS`]): the guest stopped making progress, the
+    /// guest reported a stall (`GUEST_STALL_MARKS`): the guest stopped making progress, the
     /// way the stalled guest of a timed-out boot does.
     GuestStall,
     /// Every VM reported, but L1 did not power off ([`RigEnd::HungAtPowerOff`]).
@@ -110,9 +111,10 @@ impl BootKind {
     }
 }
 
-/// The kind of a boot of `vms` labelled `labels`, and a line saying what happened.
-pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (BootKind, String) {
-    let l1 = match outcome.end {
+/// The kind of a rig that ended as `end` before its VMs could end it: L1's own failures, the
+/// rig's timeout and QEMU killed from outside; None when L1 ran to its end.
+pub fn l1_kind(end: RigEnd) -> Option<BootKind> {
+    match end {
         RigEnd::L1Lockup => Some(BootKind::L1Lockup),
         RigEnd::L1Panic => Some(BootKind::L1Panic),
         RigEnd::L1Frozen => Some(BootKind::L1Frozen),
@@ -120,8 +122,12 @@ pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (Boo
         RigEnd::TimedOut => Some(BootKind::Timeout),
         RigEnd::KilledOutside => Some(BootKind::KilledOutside),
         RigEnd::Completed | RigEnd::HungAtPowerOff => None,
-    };
-    if let Some(kind) = l1 {
+    }
+}
+
+/// The kind of a boot of `vms` labelled `labels`, and a line saying what happened.
+pub fn classify(outcome: &RigOutcome, vms: &[VmSpec], labels: &[String]) -> (BootKind, String) {
+    if let Some(kind) = l1_kind(outcome.end) {
         return (kind, outcome.summary(vms[0].vmm.name()));
     }
     let mut worst = (BootKind::Clean, String::new());

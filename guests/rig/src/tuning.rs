@@ -1,14 +1,14 @@
 //! How L1 is run: QEMU's `-cpu` and TCG settings, extra words for L1's kernel command line, the
 //! parameters L1's init gives the KVM modules, and extra pvmm arguments. A tuning is named by presets joined with
-//! `+` (e.g. `single+nothp`), each applied in order on top of [`BASE`], so soak runs and rig
+//! `+` (e.g. `single+nothp`), each applied in order on top of the base settings ([`BASE_CPU`]), so soak runs and rig
 //! tests can name exactly what they ran.
 
 use std::fmt;
 use std::str::FromStr;
 
+use crate::error::RigError;
 use crate::guest_kernel::GuestKernel;
 use crate::l1_qemu::{L1Qemu, NEWER_MAJOR};
-use crate::rig::RigError;
 
 /// QEMU's `-cpu` for L1 before any preset changes it: an EPYC with SVM and nested paging.
 /// QEMU's `EPYC` is a first-generation Zen (family 23, model 1).
@@ -31,7 +31,7 @@ const ZEN2_MODEL: &str = "EPYC-Rome";
 
 /// The preset the rig uses when none is named (`cargo xtask rig`, the rig tests, the
 /// benchmarks): L1's KVM shadows L2's page tables instead of using the emulated CPU's nested
-/// paging. Measured side by side with `base` (README, "Rig reliability"): no guest triple
+/// paging. Measured side by side with `base` (guests/README.md, "Rig reliability"): no guest triple
 /// fault where `base` had them, and guests reach init sooner.
 pub const DEFAULT_VARIANT: &str = "npt0";
 
@@ -193,10 +193,12 @@ impl L1Tuning {
 
     /// Shell assignments L1's init sources before loading the KVM modules.
     pub fn module_script(&self) -> String {
-        format!(
-            "RIG_KVM_PARAMS='{}'\nRIG_KVM_AMD_PARAMS='{}'\n",
-            self.kvm_params.join(" "),
-            self.kvm_amd_params.join(" ")
+        crate::scripts::assemble(
+            &[
+                ("RIG_KVM_PARAMS", &self.kvm_params.join(" ")),
+                ("RIG_KVM_AMD_PARAMS", &self.kvm_amd_params.join(" ")),
+            ],
+            &[],
         )
     }
 
@@ -322,7 +324,8 @@ mod tests {
         assert_eq!(t.cmdline_extra, ["transparent_hugepage=never"]);
         assert_eq!(
             t.module_script(),
-            "RIG_KVM_PARAMS='halt_poll_ns=0'\nRIG_KVM_AMD_PARAMS='vgif=0 vls=0 avic=0 pause_filter_count=0'\n"
+            "#!/bin/sh\nRIG_KVM_PARAMS=halt_poll_ns=0\n\
+             RIG_KVM_AMD_PARAMS='vgif=0 vls=0 avic=0 pause_filter_count=0'\n"
         );
         let base: L1Tuning = "base".parse().unwrap();
         assert_eq!(base, L1Tuning::base());

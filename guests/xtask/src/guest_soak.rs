@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use clap::Args;
 use pvmm_rig::guest_soak::{findings, format_report, run_guest_soak, GuestSoakOptions};
-use pvmm_rig::images::{L1Needs, Workspace};
+use pvmm_rig::images::L1Needs;
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::soak::{outcome_log, BootKind, BusyLoops};
+use pvmm_rig::workspace::Workspace;
 use pvmm_rig::Topology;
 
 #[derive(Debug, Args)]

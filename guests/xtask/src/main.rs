@@ -35,14 +35,15 @@ mod soak;
 
 use clap::{Args, Parser, Subcommand};
 use pvmm_rig::bench::{run_bench, BenchOptions};
+use pvmm_rig::host::progress;
 use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
-use pvmm_rig::images::{self, L1Needs, Workspace};
+use pvmm_rig::images::{self, L1Needs};
 use pvmm_rig::placement_bench::{KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS};
+use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::tuning::DEFAULT_VARIANT;
-use pvmm_rig::{
-    GuestKernel, InnerVmm, KernelForm, L1Tuning, Rig, RigError, RigOutcome, Topology, VmSpec,
-};
+use pvmm_rig::workspace::Workspace;
+use pvmm_rig::{GuestKernel, InnerVmm, KernelForm, L1Tuning, Rig, RigError, Topology, VmSpec};
 
 /// The guest command when none is given: the README's demo prints the guest's CPU count.
 const DEFAULT_GUEST_CMD: &str =
@@ -68,8 +69,8 @@ enum Task {
     /// Boot the QEMU-nested rig and run pvmm (or QEMU) on the guest inside it.
     ///
     /// Exits with pvmm's exit status; 124 when the timeout killed QEMU; 125 when L1 ended
-    /// without reporting pvmm's status. Console lines are prefixed [L1], [guest], [pvmm]
-    /// (pvmm's stderr), [rig] (events), [qemu] (QEMU's stderr).
+    /// without reporting pvmm's status. Console lines are prefixed with their source in
+    /// brackets: L1, guest, pvmm (pvmm's stderr), rig (events), qemu (QEMU's stderr).
     Rig(RigArgs),
     /// Boot the rig many times and count the outcomes by kind, per variant (variants take
     /// turns, one boot each per round). Presets: base, qemu10, single, tb256, cpu-max,
@@ -194,10 +195,10 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
     for &vms in &options.vms {
         let mut cases = Vec::new();
         for &regime in &options.regimes {
-            images::progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
+            progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
             let result = host_bench::run_case(ws, &images, &options, regime, vms);
             if let Ok((_, outcome)) = &result {
-                dump_outcome(outcome, &format!("bench-host-{}-{vms}", regime.name()));
+                dump_outcome(&format!("bench-host-{}-{vms}", regime.name()), outcome);
             }
             match result {
                 Ok((Ok(case), _)) => cases.push(case),
@@ -248,7 +249,7 @@ struct RigArgs {
     /// The VMM inside L1: pvmm, or qemu (-enable-kvm, same kernel, initrd, vCPUs, memory).
     #[arg(long, default_value = "pvmm", value_name = "pvmm|qemu")]
     vmm: InnerVmm,
-    /// Shell script file L1 runs alongside the VMM (PVMM_PID is set); output tagged [probe].
+    /// Shell script file L1 runs alongside the VMM (PVMM_PID is set); its output tagged "probe".
     #[arg(long, value_name = "FILE")]
     l1_probe: Option<PathBuf>,
     /// Run L1 with -accel tcg,thread=single (slower; a fallback if L1 hangs).
@@ -279,32 +280,6 @@ struct RigArgs {
     /// and the kernel.
     #[arg(last = true, value_name = "PVMM ARGS")]
     pvmm_args: Vec<String>,
-}
-
-/// Boots of L1 a benchmark may use: one that L1 itself ends ([`pvmm_rig::RigEnd::is_l1_failure`]) is run
-/// again whole, with a fresh L1, as the rig tests do (README, "Rig reliability").
-const BENCH_ATTEMPTS: u32 = 3;
-
-/// Runs `bench` (one L1 boot) again while its L1 failed by itself, up to [`BENCH_ATTEMPTS`]
-/// boots, saying so on stderr each time; returns the last result.
-fn retry_l1_failure<T>(
-    name: &str,
-    mut bench: impl FnMut() -> Result<T, RigError>,
-    outcome: impl Fn(&T) -> &RigOutcome,
-) -> Result<T, RigError> {
-    let mut attempt = 1;
-    loop {
-        let result = bench()?;
-        let ended = outcome(&result);
-        if !ended.end.is_l1_failure() || attempt == BENCH_ATTEMPTS {
-            return Ok(result);
-        }
-        attempt += 1;
-        eprintln!(
-            "xtask: {name}: L1 failed by itself ({}); booting it again for the whole benchmark (attempt {attempt} of {BENCH_ATTEMPTS})",
-            ended.summary("last VMM")
-        );
-    }
 }
 
 /// Exit code for a rig that could not run: 2 for bad arguments, else [`EXIT_RIG_FAILURE`].
@@ -506,10 +481,10 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         quiet: !args.boot_log,
         guest_kernel: args.guest_kernel,
     };
-    match retry_l1_failure(
+    match retry_boots(
         "bench-boot",
         || run_bench(ws, &images, &options),
-        |report| &report.outcome,
+        |report| l1_failure_kind(&report.outcome),
     ) {
         Ok(report) => {
             println!("{}", report.table(&options));
@@ -524,18 +499,6 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
             eprintln!("xtask: error: {error}");
             ExitCode::from(EXIT_RIG_FAILURE as u8)
         }
-    }
-}
-
-/// With `PVMM_RIG_DUMP=DIR` set, writes every classified line of `outcome`
-/// ([`RigOutcome::log_text`]) to `DIR/<name>.log`: a failed case's post-mortem.
-fn dump_outcome(outcome: &RigOutcome, name: &str) {
-    let Some(dir) = std::env::var_os("PVMM_RIG_DUMP") else {
-        return;
-    };
-    let path = PathBuf::from(dir).join(format!("{name}.log"));
-    if let Err(error) = std::fs::write(&path, outcome.log_text()) {
-        eprintln!("xtask: cannot write {}: {error}", path.display());
     }
 }
 
@@ -563,7 +526,6 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pvmm_rig::RigEnd;
 
     fn parse(args: &[&str]) -> Result<Task, clap::Error> {
         Cli::try_parse_from(["cargo xtask"].iter().chain(args)).map(|cli| cli.command)
@@ -600,39 +562,6 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn a_benchmark_is_run_again_only_when_l1_failed_by_itself() {
-        let run = |ends: Vec<RigEnd>| {
-            let mut ends = ends.into_iter();
-            let mut boots = 0;
-            let last = retry_l1_failure(
-                "test",
-                || {
-                    boots += 1;
-                    Ok(RigOutcome::empty(ends.next().expect("one end per boot")))
-                },
-                |outcome| outcome,
-            )
-            .expect("no rig error");
-            (boots, last.end)
-        };
-        assert_eq!(
-            run(vec![RigEnd::L1Lockup, RigEnd::Completed]),
-            (2, RigEnd::Completed)
-        );
-        assert_eq!(run(vec![RigEnd::TimedOut]), (1, RigEnd::TimedOut));
-        assert_eq!(
-            run(vec![RigEnd::L1Frozen, RigEnd::L1Reset, RigEnd::L1Panic]),
-            (BENCH_ATTEMPTS, RigEnd::L1Panic)
-        );
-        let error = retry_l1_failure::<RigOutcome>(
-            "test",
-            || Err(RigError::BadArgs("x".into())),
-            |outcome| outcome,
-        );
-        assert!(error.is_err());
     }
 
     #[test]

@@ -5,15 +5,18 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
-use pvmm_rig::images::{L1Needs, Workspace};
+use pvmm_rig::images::L1Needs;
 use pvmm_rig::placement_bench::{
     format_bench_table, run_placement_bench, PlacementBenchOptions, BENCH_POLICIES,
     KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS,
 };
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, Topology};
 
-use super::{build_l1, dump_outcome, retry_l1_failure, rig_error_exit};
+use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
+
+use super::{build_l1, rig_error_exit};
 
 #[derive(Debug, Args)]
 pub struct PlacementBenchArgs {
@@ -75,10 +78,10 @@ pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCo
         echo: args.verbose,
         guest_kernel: args.guest_kernel,
     };
-    let measured = retry_l1_failure(
+    let measured = retry_boots(
         "bench-placement",
         || run_placement_bench(ws, &images, &options),
-        |(_, _, outcome)| outcome,
+        |(_, _, outcome)| l1_failure_kind(outcome),
     );
     let (results, failures, outcome) = match measured {
         Ok(measured) => measured,
@@ -87,7 +90,7 @@ pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCo
             return ExitCode::from(rig_error_exit(&error));
         }
     };
-    dump_outcome(&outcome, "bench-placement");
+    dump_outcome("bench-placement", &outcome);
     for &n in &options.threads {
         let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
         let load = match n {

@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use pvmm_rig::images::{self, Workspace};
+use pvmm_rig::images;
 use pvmm_rig::soak::{format_tallies, run_soak, BusyLoops, SoakOptions};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
+use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, InnerVmm, KernelForm, L1Tuning, Topology, VmSpec};
 
 use super::{
@@ -66,7 +67,7 @@ pub struct SoakArgs {
     /// Hard timeout of one boot in seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=3600))]
     timeout: u64,
-    /// Folder for each boot's full log (default guests/out/soak/<unix time>).
+    /// Folder for each boot's full log (default guests/out/soak/UNIX_TIME).
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
 }

@@ -10,6 +10,27 @@ pub struct CpuTimes {
     pub total: u64,
 }
 
+impl CpuTimes {
+    /// The times of one CPU from the counters of its `/proc/stat` line, the fields after
+    /// `cpuN`: user nice system idle iowait irq softirq steal (guest time is inside user, so
+    /// the counters after steal are not added again). Missing counters count as 0.
+    pub fn from_counters(counters: &[u64]) -> CpuTimes {
+        let counter = |i: usize| counters.get(i).copied().unwrap_or(0);
+        CpuTimes {
+            idle: counter(3) + counter(4),
+            total: counters.iter().take(8).sum(),
+        }
+    }
+
+    /// The share (0..=1) of the time from `before` to these times that the CPU was idle; None
+    /// when no time passed between the two.
+    pub fn idle_fraction_since(&self, before: &CpuTimes) -> Option<f64> {
+        let total = self.total.saturating_sub(before.total);
+        let idle = self.idle.saturating_sub(before.idle).min(total);
+        (total > 0).then(|| idle as f64 / total as f64)
+    }
+}
+
 /// Parses the `cpuN` lines of /proc/stat into (cpu id, times).
 pub fn parse_proc_stat(text: &str) -> Vec<(u32, CpuTimes)> {
     text.lines()
@@ -17,10 +38,7 @@ pub fn parse_proc_stat(text: &str) -> Vec<(u32, CpuTimes)> {
             let mut fields = line.split_whitespace();
             let id: u32 = fields.next()?.strip_prefix("cpu")?.parse().ok()?;
             let values: Vec<u64> = fields.filter_map(|f| f.parse().ok()).collect();
-            // user nice system idle iowait irq softirq steal (guest time is inside user).
-            let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
-            let total = values.iter().take(8).sum();
-            Some((id, CpuTimes { idle, total }))
+            Some((id, CpuTimes::from_counters(&values)))
         })
         .collect()
 }
@@ -64,5 +82,27 @@ mod tests {
         assert_eq!(idle_share(&a, &b, [1].into_iter()), Some(0.0));
         assert_eq!(idle_share(&a, &b, [0, 1].into_iter()), Some(0.45));
         assert_eq!(idle_share(&a, &b, [7].into_iter()), None);
+    }
+
+    #[test]
+    fn times_from_counters_and_idle_fraction() {
+        let before = CpuTimes::from_counters(&[10, 0, 5, 100, 7, 0, 1, 0, 9, 9]);
+        assert_eq!(
+            before,
+            CpuTimes {
+                idle: 107,
+                total: 123
+            }
+        );
+        assert_eq!(
+            CpuTimes::from_counters(&[1, 2]),
+            CpuTimes { idle: 0, total: 3 }
+        );
+        let after = CpuTimes {
+            idle: 137,
+            total: 163,
+        };
+        assert_eq!(after.idle_fraction_since(&before), Some(0.75));
+        assert_eq!(before.idle_fraction_since(&before), None);
     }
 }

@@ -28,11 +28,13 @@ fn every_kind_parses() {
     assert_eq!(parse("T 13.01"), Some(ProbeLine::Sample(13.01)));
     assert_eq!(
         parse("C cpu2 10 0 5 100 7 0 1 0 0 0"),
-        Some(ProbeLine::Cpu(CpuTimes {
-            cpu: 2,
-            idle: 107,
-            total: 123
-        }))
+        Some(ProbeLine::Cpu(
+            2,
+            CpuTimes {
+                idle: 107,
+                total: 123
+            }
+        ))
     );
     assert_eq!(
         parse("V vcpu1 120 0-1,3 40 2 3"),
@@ -126,7 +128,7 @@ fn a_trace_keeps_complete_samples_in_order() {
     assert_eq!(trace.samples.len(), 1);
     let threads: Vec<u32> = trace.samples[0].threads.iter().map(|t| t.vcpu).collect();
     assert_eq!(threads, vec![0, 1]);
-    assert_eq!(trace.samples[0].cpus[0].cpu, 0);
+    assert_eq!(trace.samples[0].cpus[0].0, 0);
     assert_eq!(trace.mark("go"), Some(10.15));
 }
 

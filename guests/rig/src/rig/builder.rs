@@ -7,9 +7,10 @@ use super::{
     RigError, RigOutcome, Topology, VmSpec,
 };
 use crate::guest_kernel::GuestKernel;
-use crate::images::{L1Images, Workspace};
+use crate::images::L1Images;
 use crate::scripts::shell_join;
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 
 /// Default hard timeout of a rig run: L1 boots in about 5 s and a 4-vCPU guest in about 10 s
 /// more on an idle machine; our machines are shared and noisy, so allow 20x that.
@@ -20,7 +21,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///
 /// ```no_run
 /// use pvmm_rig::{images, Rig, InnerVmm};
-/// let ws = images::Workspace::locate()?;
+/// let ws = pvmm_rig::workspace::Workspace::locate()?;
 /// let l1 = images::build_l1(&ws, images::L1Needs { pvmm: true, ..Default::default() })?;
 /// let outcome = Rig::new(InnerVmm::Pvmm)
 ///     .guest_command("nproc")
@@ -263,7 +264,7 @@ pub fn combined_status(outcome: &RigOutcome, labels: &[String]) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::images::inside;
+    use crate::inside;
 
     #[test]
     fn several_vms_start_together_with_their_own_labels_and_memory() {

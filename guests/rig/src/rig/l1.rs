@@ -14,9 +14,11 @@ use super::stall::sample_threads;
 use super::{RigEnd, RigError, RigOutcome, Topology, QEMU_SIGNAL_MARK};
 use crate::cpio::CpioArchive;
 use crate::guest_kernel::GuestKernel;
-use crate::images::{progress, L1Images, Workspace};
+use crate::host::progress;
+use crate::images::L1Images;
 use crate::l1_qemu::{self, QemuBinary};
 use crate::tuning::L1Tuning;
+use crate::workspace::Workspace;
 
 /// L1's kernel command line. `loglevel=4` keeps L1's boot chatter off the console while still
 /// showing warnings and errors (RCU stalls, soft lockups) that explain a hung rig.
@@ -123,7 +125,7 @@ fn write_run_initrd(
 }
 
 /// L1's memory: the initramfs twice (the packed image and the unpacked files), the guest, and
-/// [`L1_BASE_MEMORY_MIB`], rounded up to [`L1_MEMORY_GRANULE_MIB`].
+/// `L1_BASE_MEMORY_MIB`, rounded up to `L1_MEMORY_GRANULE_MIB`.
 pub fn l1_memory_mib(initrd_bytes: u64, guest_memory_mib: u64) -> u64 {
     let initrd_mib = initrd_bytes.div_ceil(1 << 20);
     let total = L1_BASE_MEMORY_MIB + 2 * initrd_mib + guest_memory_mib;

@@ -3,9 +3,9 @@
 
 use std::str::FromStr;
 
-use super::RigError;
-use crate::guest_kernel::GuestKernel;
-use crate::images::inside;
+use crate::error::RigError;
+use crate::guest_kernel::{GuestKernel, KernelForm};
+use crate::inside;
 use crate::scripts::base64_encode;
 
 /// Added to the guest's command line unless it is `quiet`: the decompressor and the kernel
@@ -61,26 +61,25 @@ impl Default for Topology {
 
 impl FromStr for Topology {
     type Err = RigError;
+    /// Parses `SxCxT` with pvmm's spec parser; QEMU's `-smp` takes no dies here, and no
+    /// dimension may pass `MAX_TOPOLOGY_DIMENSION`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let parts: Vec<u32> = text
-            .split('x')
-            .map(|p| p.parse::<u32>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| RigError::BadTopology(text.into()))?;
-        match parts[..] {
-            [sockets, cores, threads]
-                if [sockets, cores, threads]
-                    .iter()
-                    .all(|&n| (1..=MAX_TOPOLOGY_DIMENSION).contains(&n)) =>
-            {
-                Ok(Topology {
-                    sockets,
-                    cores,
-                    threads,
-                })
-            }
-            _ => Err(RigError::BadTopology(text.into())),
+        let bad = || RigError::BadTopology(text.into());
+        let counts = pvmm_scheduler::parse_spec(text).map_err(|_| bad())?;
+        let dimension = |n: u64| {
+            u32::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_TOPOLOGY_DIMENSION)
+                .ok_or_else(bad)
+        };
+        if counts.dies != 1 {
+            return Err(bad());
         }
+        Ok(Topology {
+            sockets: dimension(counts.sockets)?,
+            cores: dimension(counts.cores)?,
+            threads: dimension(counts.threads)?,
+        })
     }
 }
 
@@ -188,37 +187,6 @@ pub fn vm_shape(pvmm_args: &[String]) -> Result<(u32, u64), RigError> {
         }
     }
     Ok((vcpus, memory))
-}
-
-/// The form of the guest kernel an inner VMM boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KernelForm {
-    /// The Debian bzImage, which decompresses itself.
-    #[default]
-    BzImage,
-    /// The same kernel uncompressed (an ELF vmlinux), entered through PVH: pvmm's PVH boot,
-    /// QEMU's `-kernel` with its PVH option ROM. L1 needs the vmlinux layer
-    /// ([`crate::images::L1Needs::vmlinux`]).
-    Pvh,
-}
-
-impl KernelForm {
-    /// Its path in L1 for L1's own kernel, 6.1 (every guest kernel's:
-    /// [`GuestKernel::l1_path`]).
-    pub fn path(self) -> &'static str {
-        match self {
-            KernelForm::BzImage => inside::GUEST_KERNEL,
-            KernelForm::Pvh => inside::GUEST_VMLINUX,
-        }
-    }
-
-    /// Its name in labels and tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelForm::BzImage => "bzImage",
-            KernelForm::Pvh => "pvh",
-        }
-    }
 }
 
 /// The command line that runs `vmm` in L1 on the guest images: the kernel `guest` in `form`.
@@ -348,7 +316,9 @@ mod tests {
         let t: Topology = "2x2x2".parse().unwrap();
         assert_eq!(t.cpus(), 8);
         assert_eq!(t.to_string(), "2x2x2");
-        for bad in ["2x2", "0x1x1", "axbxc", "1x1x1x1", "", "65x1x1"] {
+        // A spec with dies parses when it declares one die: QEMU's -smp here takes none.
+        assert_eq!("2x1x2x2".parse::<Topology>().unwrap(), t);
+        for bad in ["2x2", "0x1x1", "axbxc", "1x2x1x1", "", "65x1x1"] {
             assert!(bad.parse::<Topology>().is_err(), "{bad}");
         }
     }

@@ -1,0 +1,47 @@
+#!/bin/sh
+# rig_host's L1 probe of each VM, its beginning (then the placement probe, then
+# host-probe-end.sh). The first probe to start launches the daemon (`pvmm host`, the static
+# pvmm's daemon, its pid in /tmp/pvmm-host.pid) and, when $L1_JOB is `restart`, the
+# kill-and-restart job in the background (its output discarded: the rig reads the probe's
+# output until every writer has closed it). Each probe samples its own VM into its own file and
+# keeps the marks file shared with the other probes.
+
+# start_daemon: starts the daemon and records its pid.
+start_daemon() {
+    /bin/pvmm host --runtime-dir "$RUNTIME_DIR" --adopt auto --tick-ms 100 -v >> /tmp/pvmm-host.log 2>&1 &
+    echo $! > /tmp/pvmm-host.pid
+}
+
+# kill_and_restart: once the guest's fall mark is in (the mark keeps the console's carriage
+# return, so it is matched without an end anchor), waits $KILL_AFTER_FALL_SECS, kills the
+# daemon with SIGKILL, waits $RESTART_AFTER_KILL_SECS (past pvmm's lease) and starts it again;
+# each step leaves a mark. Gives up after 10 minutes without the mark.
+kill_and_restart() {
+    n=0
+    until grep -q ' fall' /tmp/rig-marks 2>/dev/null; do
+        n=$((n + 1))
+        [ $n -gt 3000 ] && exit 0
+        sleep 0.2
+    done
+    sleep "$KILL_AFTER_FALL_SECS"
+    kill -9 "$(cat /tmp/pvmm-host.pid)"
+    read -r up _ < /proc/uptime
+    echo "$up host-killed" >> /tmp/rig-marks
+    sleep "$RESTART_AFTER_KILL_SECS"
+    start_daemon
+    read -r up _ < /proc/uptime
+    echo "$up host-restarted" >> /tmp/rig-marks
+}
+
+taskset -p 1 $$ >/dev/null 2>&1
+if mkdir /tmp/pvmm-host-started 2>/dev/null; then
+    start_daemon
+    if [ "$L1_JOB" = restart ]; then
+        (kill_and_restart) > /dev/null 2>&1 &
+    fi
+fi
+# Read by the placement probe, which follows.
+# shellcheck disable=SC2034
+PROBE_OUT=/tmp/pvmm-samples-$PVMM_PID
+# shellcheck disable=SC2034
+KEEP_MARKS=1
