@@ -48,7 +48,6 @@ pub enum TapError {
 #[derive(Debug)]
 pub struct Tap {
     file: File,
-    name: String,
 }
 
 /// The `ifreq` of `TUNSETIFF`: the name, then the flags (the rest of the union unused).
@@ -103,15 +102,7 @@ impl Tap {
         if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ, &len) } != 0 {
             return Err(err(std::io::Error::last_os_error()));
         }
-        Ok(Self {
-            file,
-            name: name.into(),
-        })
-    }
-
-    /// The interface's name.
-    pub fn name(&self) -> &str {
-        &self.name
+        Ok(Self { file })
     }
 
     /// The frames' file.

@@ -29,11 +29,6 @@ impl Engine {
         }
     }
 
-    /// The CPUs vCPU `id` is limited to, if any.
-    pub fn allowed(&self, id: VcpuId) -> Option<&CpuSet> {
-        self.allowed.get(&id)
-    }
-
     /// Moves each vCPU placed outside its set to the least loaded CPU within it (ties: the
     /// CPU it ran on, then the lowest).
     pub(super) fn keep_allowed(&mut self, loads: &[VcpuLoad]) {
