@@ -234,6 +234,11 @@ impl MmioTransport {
     }
 
     fn read_register(&self, offset: u64) -> Option<u32> {
+        // The driver's interrupt handler reads this while the worker may hold the lock for a
+        // whole request: the status is an atomic, read without it.
+        if offset == reg::INTERRUPT_STATUS {
+            return Some(self.interrupt.status());
+        }
         let t = self.lock();
         let features = t.device.features() | VIRTIO_F_VERSION_1;
         Some(match offset {
@@ -254,7 +259,6 @@ impl MmioTransport {
                 .queues
                 .get(t.queue_sel as usize)
                 .map_or(0, |q| u32::from(q.ready())),
-            reg::INTERRUPT_STATUS => self.interrupt.status(),
             reg::STATUS => t.status,
             reg::CONFIG_GENERATION => t.config_generation,
             _ => return None,
@@ -329,6 +333,11 @@ impl MmioTransport {
     }
 
     fn write_register(&self, offset: u64, value: u32) -> bool {
+        // Acknowledged without the lock, as the status is read.
+        if offset == reg::INTERRUPT_ACK {
+            self.interrupt.acknowledge(value);
+            return true;
+        }
         let mut t = self.lock();
         match offset {
             reg::DEVICE_FEATURES_SEL => t.device_features_sel = value,
@@ -357,7 +366,6 @@ impl MmioTransport {
                 // A full counter is already readable: the worker will wake.
                 let _ = fd.write(1);
             }
-            reg::INTERRUPT_ACK => self.interrupt.acknowledge(value),
             reg::STATUS => return self.write_status(&mut t, value),
             reg::QUEUE_NUM
             | reg::QUEUE_READY
