@@ -156,6 +156,7 @@ pub fn run_placement_sequence_on(
             qemu: false,
             vmlinux: false,
             guest_kernel,
+            root_disk: false,
         },
     )?;
     let runs: Vec<pvmm_rig::PvmmRun> = runs

@@ -24,8 +24,8 @@ rig_tag() {
 
 # rig_run LABEL LIMIT_SECS CMD...: runs an inner VMM with its stdout and stderr tagged
 # "guest/LABEL" and "vmm/LABEL", kills it after LIMIT_SECS (0: no limit), runs /rig/probe.sh
-# alongside it when present (with PVMM_PID set to the VMM's pid, its output tagged
-# "probe/LABEL"), and reports the VMM's exit status. Runs with different labels may run at
+# alongside it when present (with PVMM_PID set to the VMM's pid and RIG_LABEL to LABEL, its
+# output tagged "probe/LABEL"), and reports the VMM's exit status. Runs with different labels may run at
 # the same time (`rig_run a 0 ... & rig_run b 0 ... &`): each has its own pipes.
 rig_run() {
     RIG_LABEL=$1
@@ -66,7 +66,7 @@ rig_run() {
             sleep 0.05
             rig_polls=$((rig_polls + 1))
         done
-        PVMM_PID=$RIG_VMM_PID sh /rig/probe.sh < /dev/null 2>&1 | rig_tag "probe/$RIG_LABEL" &
+        PVMM_PID=$RIG_VMM_PID RIG_LABEL=$RIG_LABEL sh /rig/probe.sh < /dev/null 2>&1 | rig_tag "probe/$RIG_LABEL" &
         rig_probe_pid=$!
     fi
     wait $RIG_VMM_PID
@@ -77,4 +77,15 @@ rig_run() {
         wait $rig_probe_pid
     fi
     echo "@@rig@@ vmm-exit $RIG_LABEL $rig_status"
+}
+
+# rig_tap NAME ADDRESS/PREFIX: creates the tap NAME (loading L1's tap driver the first time)
+# with L1's address on it, up, for an inner VMM to open.
+rig_tap() {
+    if [ ! -c /dev/net/tun ]; then
+        insmod /lib/modules/rig/tun.ko || echo "@@rig@@ error - insmod-tun-failed"
+    fi
+    tunctl -t "$1" > /dev/null || echo "@@rig@@ error - tunctl-$1-failed"
+    ip addr add "$2" dev "$1" || echo "@@rig@@ error - tap-address-$1-failed"
+    ip link set "$1" up || echo "@@rig@@ error - tap-up-$1-failed"
 }

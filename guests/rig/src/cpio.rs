@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// The newc magic ("new ASCII" format without checksums).
@@ -172,6 +173,38 @@ impl CpioArchive {
     /// Whether the archive has an entry at `path`.
     pub fn contains(&self, path: &str) -> bool {
         normalize(path).is_ok_and(|p| self.entries.contains_key(&p))
+    }
+
+    /// Writes the archive's directories, files and symbolic links as a tree under `dir` (which
+    /// must not exist yet), for tools that take a directory (`mke2fs -d`). Device nodes are left
+    /// out: creating them needs privileges, and a kernel with devtmpfs does not need them.
+    pub fn extract_to(&self, dir: &Path) -> Result<(), CpioError> {
+        let werr = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CpioError::Write { path, source }
+        };
+        std::fs::create_dir(dir).map_err(werr(dir))?;
+        for (name, entry) in &self.entries {
+            let path = dir.join(name);
+            match &entry.content {
+                Content::Directory => std::fs::create_dir(&path).map_err(werr(&path))?,
+                Content::FileBytes(bytes) => std::fs::write(&path, bytes).map_err(werr(&path))?,
+                Content::FileFrom(source) => {
+                    std::fs::copy(source, &path).map_err(|e| CpioError::ReadSource {
+                        path: source.clone(),
+                        source: e,
+                    })?;
+                }
+                Content::Symlink(target) => {
+                    std::os::unix::fs::symlink(target, &path).map_err(werr(&path))?;
+                    continue;
+                }
+                Content::CharDevice { .. } => continue,
+            }
+            let mode = std::fs::Permissions::from_mode(entry.permissions & 0o7777);
+            std::fs::set_permissions(&path, mode).map_err(werr(&path))?;
+        }
+        Ok(())
     }
 
     /// Writes the archive (with its trailer) to `out`.
@@ -375,6 +408,35 @@ mod tests {
             names,
             ["bin", "bin/hello", "dev", "dev/console", "TRAILER!!!"]
         );
+    }
+
+    #[test]
+    fn extracts_a_tree_without_device_nodes() {
+        let mut archive = CpioArchive::new(0);
+        archive
+            .add_file_bytes("bin/busybox", b"elf", 0o755)
+            .unwrap();
+        archive.add_symlink("bin/sh", "/bin/busybox").unwrap();
+        archive.add_file_bytes("init", b"#!/bin/sh", 0o700).unwrap();
+        archive.add_char_device("dev/console", 0o600, 5, 1).unwrap();
+        let dir = std::env::temp_dir().join(format!("pvmm-cpio-tree-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        archive.extract_to(&dir).unwrap();
+        assert_eq!(std::fs::read(dir.join("bin/busybox")).unwrap(), b"elf");
+        assert_eq!(
+            std::fs::read_link(dir.join("bin/sh")).unwrap(),
+            Path::new("/bin/busybox")
+        );
+        let mode = std::fs::metadata(dir.join("init"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o700);
+        assert!(dir.join("dev").is_dir());
+        assert!(!dir.join("dev/console").exists());
+        // The tree must be new: a second extraction refuses to mix into it.
+        assert!(archive.extract_to(&dir).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

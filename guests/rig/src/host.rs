@@ -44,6 +44,22 @@ pub(crate) fn which(program: &str) -> Option<PathBuf> {
     })
 }
 
+/// Libraries `ldd` lists for `binary` (absolute paths, including the dynamic loader).
+pub(crate) fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
+    let listing = run_tool(Command::new("ldd").arg(binary), "libc-bin")?;
+    let mut libraries = Vec::new();
+    for line in listing.lines() {
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(path) = path.filter(|p| p.starts_with('/')) {
+            libraries.push(PathBuf::from(path));
+        }
+    }
+    Ok(libraries)
+}
+
 /// Checks that `path` is an ELF executable without a program interpreter (static).
 pub(crate) fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;

@@ -16,9 +16,10 @@ use crate::cpio::CpioArchive;
 use crate::debian::{find_deb, find_one, resolve_kernel_package, unpack_kernel};
 use crate::error::{io_err, ImageError};
 use crate::guest_kernel::{self, GuestKernel, KernelImage};
-use crate::host::{is_static_elf, progress, run_tool, which, BUSYBOX, QEMU};
+use crate::host::{is_static_elf, progress, run_tool, shared_libraries, which, BUSYBOX, QEMU};
 use crate::inside;
 use crate::packages;
+use crate::root_disk;
 use crate::scripts;
 use crate::workspace::Workspace;
 
@@ -30,6 +31,34 @@ const KVM_MODULES: [(&str, &str); 3] = [
     ("irqbypass", "kernel/virt/lib/irqbypass.ko"),
     ("kvm", "kernel/arch/x86/kvm/kvm.ko"),
     ("kvm-amd", "kernel/arch/x86/kvm/kvm-amd.ko"),
+];
+
+/// L1's tap driver, loaded by runs with a tap network ([`crate::rig::Rig::tap`]).
+const TUN_MODULE: (&str, &str) = ("tun", "kernel/drivers/net/tun.ko");
+
+/// The guest's virtio drivers, in load order (each needs those before it). Debian's 6.1 cloud
+/// kernel builds the whole virtio stack as modules (`CONFIG_VIRTIO=m`): the MMIO transport that
+/// pvmm's devices use (bound through their DSDT entries, `LNRO0005`), the PCI transport that
+/// QEMU's use, and the block, network and entropy drivers. The guest's init loads them when the
+/// VM has virtio devices ([`crate::scripts::GUEST_INIT`]).
+const GUEST_VIRTIO_MODULES: [(&str, &str); 11] = [
+    ("virtio_ring", "kernel/drivers/virtio/virtio_ring.ko"),
+    ("virtio", "kernel/drivers/virtio/virtio.ko"),
+    ("virtio_mmio", "kernel/drivers/virtio/virtio_mmio.ko"),
+    (
+        "virtio_pci_legacy_dev",
+        "kernel/drivers/virtio/virtio_pci_legacy_dev.ko",
+    ),
+    (
+        "virtio_pci_modern_dev",
+        "kernel/drivers/virtio/virtio_pci_modern_dev.ko",
+    ),
+    ("virtio_pci", "kernel/drivers/virtio/virtio_pci.ko"),
+    ("virtio_blk", "kernel/drivers/block/virtio_blk.ko"),
+    ("failover", "kernel/net/core/failover.ko"),
+    ("net_failover", "kernel/drivers/net/net_failover.ko"),
+    ("virtio_net", "kernel/drivers/net/virtio_net.ko"),
+    ("virtio-rng", "kernel/drivers/char/hw_random/virtio-rng.ko"),
 ];
 
 /// QEMU firmware files the inner QEMU needs for `-kernel` boots with `-nodefaults`, looked up in
@@ -56,6 +85,21 @@ pub struct GuestImages {
     pub initrd: PathBuf,
     /// irqbypass.ko, kvm.ko, kvm-amd.ko, in load order.
     pub kvm_modules: Vec<PathBuf>,
+    /// tun.ko, for L1's taps.
+    pub tun_module: PathBuf,
+    /// The guest's virtio drivers, in load order (in the initramfs).
+    pub virtio_modules: Vec<PathBuf>,
+    /// The static pvmm-load in the guest's userland.
+    pub load: PathBuf,
+}
+
+/// The files the image build takes from the kernel package.
+struct KernelFiles {
+    package: String,
+    kernel: PathBuf,
+    kvm_modules: Vec<PathBuf>,
+    tun_module: PathBuf,
+    virtio_modules: Vec<PathBuf>,
 }
 
 /// The fixed modification time of archive entries: `SOURCE_DATE_EPOCH`, else 0.
@@ -66,8 +110,8 @@ fn archive_mtime() -> u32 {
         .unwrap_or(0)
 }
 
-/// Downloads and unpacks the kernel package; returns the kernel and the KVM modules.
-fn fetch_kernel(ws: &Workspace) -> Result<(String, PathBuf, Vec<PathBuf>), ImageError> {
+/// Downloads and unpacks the kernel package; returns the kernel and the modules the rig uses.
+fn fetch_kernel(ws: &Workspace) -> Result<KernelFiles, ImageError> {
     let package = resolve_kernel_package()?;
     let debs = ws.dir("debs")?;
     let deb = match find_deb(&debs, &package) {
@@ -91,15 +135,24 @@ fn fetch_kernel(ws: &Workspace) -> Result<(String, PathBuf, Vec<PathBuf>), Image
     let unpacked = unpack_kernel(ws, &package, &deb)?;
     let kernel = find_one(&unpacked.join("boot"), "vmlinuz-")?;
     let modules_root = find_one(&unpacked.join("lib").join("modules"), "")?;
-    let mut modules = Vec::new();
-    for (_, relative) in KVM_MODULES {
-        let module = modules_root.join(relative);
-        if !module.is_file() {
-            return Err(ImageError::Missing(module));
+    let module = |relative: &str| {
+        let path = modules_root.join(relative);
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(ImageError::Missing(path))
         }
-        modules.push(module);
-    }
-    Ok((package, kernel, modules))
+    };
+    let modules = |list: &[(&str, &str)]| -> Result<Vec<PathBuf>, ImageError> {
+        list.iter().map(|(_, r)| module(r)).collect()
+    };
+    Ok(KernelFiles {
+        package,
+        kernel,
+        kvm_modules: modules(&KVM_MODULES)?,
+        tun_module: module(TUN_MODULE.1)?,
+        virtio_modules: modules(&GUEST_VIRTIO_MODULES)?,
+    })
 }
 
 /// Adds busybox and a symlink per applet (from `busybox --list-full`).
@@ -179,36 +232,36 @@ pub fn build_static(ws: &Workspace, package: &str, binary: &str) -> Result<PathB
 /// ([`guest_kernel::fetch_612`]); L1's kernel and the default guest's stay 6.1.
 pub fn build_guest(ws: &Workspace, guest_kernel: GuestKernel) -> Result<GuestImages, ImageError> {
     packages::ensure()?;
-    let (kernel_package, unpacked_kernel, kvm_modules) = fetch_kernel(ws)?;
+    let files = fetch_kernel(ws)?;
     let guest_dir = ws.dir("guest")?;
     let kernel = guest_dir.join("vmlinuz");
-    copy_if_newer(&unpacked_kernel, &kernel)?;
+    copy_if_newer(&files.kernel, &kernel)?;
     let kernel_612 = match guest_kernel {
         GuestKernel::Linux6_1 => None,
         GuestKernel::Linux6_12 => Some(guest_kernel::fetch_612(ws, &guest_dir)?),
     };
     let load = build_static(ws, "pvmm-load", "pvmm-load")?;
     let initrd = guest_dir.join("initrd.cpio");
-    let this_crate = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src")
-        .join("scripts.rs");
-    if up_to_date(&initrd, &[&load, Path::new(BUSYBOX), &this_crate]) {
+    let init = scripts::source("guest-init.sh");
+    let mut inputs: Vec<&Path> = vec![&load, Path::new(BUSYBOX), &init];
+    inputs.extend(files.virtio_modules.iter().map(PathBuf::as_path));
+    if up_to_date(&initrd, &inputs) {
         progress(&format!("guest initramfs up to date: {}", initrd.display()));
     } else {
         progress(&format!("writing guest initramfs {}", initrd.display()));
-        let mut archive = base_archive()?;
-        add_busybox(&mut archive)?;
-        archive.add_file_bytes("init", scripts::GUEST_INIT.as_bytes(), 0o755)?;
-        archive.add_file_from(inside::PVMM_LOAD, &load, 0o755)?;
-        archive.write_to(&initrd)?;
+        guest_userland(&load, &files.virtio_modules)?.write_to(&initrd)?;
     }
     let manifest = guest_dir.join("manifest.txt");
     let mut text = format!(
-        "kernel package: {kernel_package}\nkernel: {}\ninitrd: {}\nmodules: {}\n",
-        unpacked_kernel.display(),
+        "kernel package: {}\nkernel: {}\ninitrd: {}\nmodules: {}\n",
+        files.package,
+        files.kernel.display(),
         initrd.display(),
-        kvm_modules
+        files
+            .kvm_modules
             .iter()
+            .chain([&files.tun_module])
+            .chain(&files.virtio_modules)
             .map(|m| m.display().to_string())
             .collect::<Vec<_>>()
             .join(" ")
@@ -223,12 +276,34 @@ pub fn build_guest(ws: &Workspace, guest_kernel: GuestKernel) -> Result<GuestIma
     }
     std::fs::write(&manifest, text).map_err(io_err(&manifest))?;
     Ok(GuestImages {
-        kernel_package,
+        kernel_package: files.package,
         kernel,
         kernel_612,
         initrd,
-        kvm_modules,
+        kvm_modules: files.kvm_modules,
+        tun_module: files.tun_module,
+        virtio_modules: files.virtio_modules,
+        load,
     })
+}
+
+/// The guest's userland, as its initramfs holds it and its root disk
+/// ([`crate::root_disk`]) too: busybox, `/init`, `pvmm-load`, and the virtio drivers with
+/// their load order in [`inside::GUEST_VIRTIO_ORDER`].
+pub fn guest_userland(load: &Path, virtio_modules: &[PathBuf]) -> Result<CpioArchive, ImageError> {
+    let mut archive = base_archive()?;
+    add_busybox(&mut archive)?;
+    archive.add_file_bytes("init", scripts::GUEST_INIT.as_bytes(), 0o755)?;
+    archive.add_file_from(inside::PVMM_LOAD, load, 0o755)?;
+    let mut order = String::new();
+    for ((name, _), module) in GUEST_VIRTIO_MODULES.iter().zip(virtio_modules) {
+        let path = format!("{}/{name}.ko", inside::GUEST_VIRTIO_MODULES);
+        archive.add_file_from(&path, module, 0o644)?;
+        order.push_str(&path);
+        order.push('\n');
+    }
+    archive.add_file_bytes(inside::GUEST_VIRTIO_ORDER, order.as_bytes(), 0o644)?;
+    Ok(archive)
 }
 
 /// Which optional L1 layers to build.
@@ -243,6 +318,8 @@ pub struct L1Needs {
     /// The guest kernel the VMs boot: 6.1 is always there (the base layer holds it: it is
     /// L1's own kernel); 6.12 is fetched and gets a layer of its own.
     pub guest_kernel: GuestKernel,
+    /// The guest's root disk image and e2fsprogs to read it back ([`crate::root_disk`]).
+    pub root_disk: bool,
 }
 
 /// The L1 initramfs layers; the rig concatenates them with a per-run job layer (Linux unpacks
@@ -261,6 +338,8 @@ pub struct L1Images {
     pub vmlinux: Option<PathBuf>,
     /// The 6.12 guest kernel ([`inside::GUEST_KERNEL_612`]), when built.
     pub kernel_612: Option<PathBuf>,
+    /// The guest's root disk and e2fsprogs, when built.
+    pub root_disk: Option<PathBuf>,
 }
 
 impl L1Images {
@@ -271,6 +350,7 @@ impl L1Images {
         layers.extend(self.qemu.iter().cloned());
         layers.extend(self.vmlinux.iter().cloned());
         layers.extend(self.kernel_612.iter().cloned());
+        layers.extend(self.root_disk.iter().cloned());
         layers
     }
 
@@ -302,22 +382,6 @@ fn file_layer(
         archive.write_to(&layer)?;
     }
     Ok(layer)
-}
-
-/// Libraries `ldd` lists for `binary` (absolute paths, including the dynamic loader).
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
-    let listing = run_tool(Command::new("ldd").arg(binary), "libc-bin")?;
-    let mut libraries = Vec::new();
-    for line in listing.lines() {
-        let path = match line.split_once("=>") {
-            Some((_, rest)) => rest.split_whitespace().next(),
-            None => line.split_whitespace().next(),
-        };
-        if let Some(path) = path.filter(|p| p.starts_with('/')) {
-            libraries.push(PathBuf::from(path));
-        }
-    }
-    Ok(libraries)
 }
 
 /// The L1 layer holding the guest kernel uncompressed ([`inside::GUEST_VMLINUX`]), unpacked
@@ -381,18 +445,18 @@ fn qemu_layer(l1_dir: &Path) -> Result<PathBuf, ImageError> {
 pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> {
     let guest = build_guest(ws, needs.guest_kernel)?;
     let l1_dir = ws.dir("l1")?;
-    let this_crate = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src")
-        .join("scripts.rs");
+    let (init, lib) = (scripts::source("l1-init.sh"), scripts::source("l1-lib.sh"));
 
     let base = l1_dir.join("base.cpio");
     let mut inputs: Vec<&Path> = vec![
         &guest.kernel,
         &guest.initrd,
         Path::new(BUSYBOX),
-        &this_crate,
+        &init,
+        &lib,
     ];
     inputs.extend(guest.kvm_modules.iter().map(PathBuf::as_path));
+    inputs.push(&guest.tun_module);
     if up_to_date(&base, &inputs) {
         progress(&format!("L1 base layer up to date: {}", base.display()));
     } else {
@@ -404,6 +468,7 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         for ((name, _), module) in KVM_MODULES.iter().zip(&guest.kvm_modules) {
             archive.add_file_from(&format!("lib/modules/rig/{name}.ko"), module, 0o644)?;
         }
+        archive.add_file_from(inside::L1_TUN_MODULE, &guest.tun_module, 0o644)?;
         archive.add_file_from(inside::GUEST_KERNEL, &guest.kernel, 0o644)?;
         archive.add_file_from(inside::GUEST_INITRD, &guest.initrd, 0o644)?;
         archive.write_to(&base)?;
@@ -444,6 +509,19 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         None
     };
 
+    let root_disk = if needs.root_disk {
+        let userland = guest_userland(&guest.load, &guest.virtio_modules)?;
+        Some(root_disk::build_layer(
+            &ws.dir("guest")?,
+            &l1_dir,
+            userland,
+            &[&guest.initrd],
+            archive_mtime(),
+        )?)
+    } else {
+        None
+    };
+
     Ok(L1Images {
         guest,
         base,
@@ -451,5 +529,6 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         qemu,
         vmlinux,
         kernel_612,
+        root_disk,
     })
 }

@@ -15,3 +15,18 @@ pub const PVMM: &str = "/bin/pvmm";
 pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 /// pvmm-load in the guest.
 pub const PVMM_LOAD: &str = "/bin/pvmm-load";
+/// The guest's virtio drivers (in its initramfs and on its root disk).
+pub const GUEST_VIRTIO_MODULES: &str = "/lib/modules/virtio";
+/// The guest's virtio drivers' paths, one per line, in load order.
+pub const GUEST_VIRTIO_ORDER: &str = "/lib/modules/virtio/order";
+/// The guest's root disk image in L1 (an ext4 image of the guest's userland).
+pub const GUEST_ROOT_DISK: &str = "/guest/root.ext4";
+/// A file only the guest's root disk holds: the guest's init runs from the disk when it is there.
+pub const GUEST_ROOT_DISK_MARK: &str = "/etc/pvmm-root-disk";
+/// L1's tap driver.
+pub const L1_TUN_MODULE: &str = "/lib/modules/rig/tun.ko";
+/// e2fsprogs' fsck in L1 (with the root disk's layer): replays the journal of an image a
+/// killed VMM left.
+pub const E2FSCK: &str = "/sbin/e2fsck";
+/// e2fsprogs' debugfs in L1 (with the root disk's layer): reads files out of an image.
+pub const DEBUGFS: &str = "/sbin/debugfs";

@@ -48,6 +48,7 @@ pub mod private_apt;
 pub mod probe;
 pub mod retry;
 pub mod rig;
+pub mod root_disk;
 pub mod scripts;
 pub mod sequence;
 pub mod soak;

@@ -15,7 +15,10 @@ mod stall;
 pub use crate::error::RigError;
 pub use crate::guest_kernel::KernelForm;
 
-pub use builder::{combined_status, Rig, DEFAULT_TIMEOUT, SINGLE_RUN_LABEL};
+pub use builder::{
+    combined_status, root_disk_path, tap_network, Rig, TapNetwork, DEFAULT_TIMEOUT,
+    SINGLE_RUN_LABEL,
+};
 pub use console::soft_lockup_seconds;
 pub use l1::{l1_memory_mib, run_l1, L1Job, L1Options, L1_CMDLINE};
 pub use outcome::{
@@ -23,7 +26,8 @@ pub use outcome::{
     L1_LOCKUP_LIMIT, L1_PANIC_MARK, L1_SILENCE_LIMIT, POWEROFF_GRACE, QEMU_SIGNAL_MARK,
 };
 pub use spec::{
-    guest_cmdline, inner_vmm_command, vm_shape, InnerVmm, Topology, VmSpec, GUEST_BASE_CMDLINE,
-    GUEST_EARLY_CONSOLE, MAX_GUEST_CMDLINE, PVMM_DEFAULT_MEMORY_MIB, PVMM_DEFAULT_VCPUS,
+    guest_cmdline, inner_vmm_command, qemu_virtio_args, vm_shape, with_params, InnerVmm, Topology,
+    VmSpec, GUEST_BASE_CMDLINE, GUEST_EARLY_CONSOLE, MAX_GUEST_CMDLINE, PVMM_DEFAULT_MEMORY_MIB,
+    PVMM_DEFAULT_VCPUS,
 };
 pub use stall::STALL_SAMPLE;

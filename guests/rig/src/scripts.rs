@@ -72,6 +72,14 @@ pub const ALL: &[(&str, &str)] = &[
     ("guest-soak-probe.sh", GUEST_SOAK_PROBE),
 ];
 
+/// The source file of the script `name` (one of [`ALL`]): the image builder rewrites an
+/// archive holding a script when its file is newer than the archive.
+pub fn source(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(name)
+}
+
 /// One script from script files: `#!/bin/sh`, then a `NAME=value` line for each of `vars`
 /// (the value shell-quoted), then `parts` in order. The parts read the values as shell
 /// variables, so a script file takes its parameters from Rust without being formatted.

@@ -271,6 +271,14 @@ struct RigArgs {
     /// early console.
     #[arg(long)]
     quiet: bool,
+    /// Boot each VM from a root disk, an ext4 image of the guest's userland (its first disk,
+    /// /dev/vda, with root=/dev/vda), copied to /tmp/rig-root-LABEL.ext4 in L1. 6.1 guests only.
+    #[arg(long)]
+    root_disk: bool,
+    /// Give each VM a tap-backed network to L1: VM i gets tap rigtapI, L1 is 10.0.I.1 on it and
+    /// the guest's default gateway, the guest's eth0 is 10.0.I.2/24. 6.1 guests only.
+    #[arg(long)]
+    tap: bool,
     /// A VM to run, side by side with the other --vm ones in one L1, instead of the one VM
     /// that --vmm, --guest-cmd and PVMM ARGS describe: "VMM [ARGS...] [-- CMD]", e.g.
     /// "pvmm --vcpus 2 --memory 256 -- nproc" (CMD defaults to --guest-cmd). Repeatable.
@@ -306,12 +314,14 @@ fn l1_images(
     vms: &[VmSpec],
     guest: GuestKernel,
     form: KernelForm,
+    root_disk: bool,
 ) -> Result<images::L1Images, ExitCode> {
     let needs = L1Needs {
         pvmm: vms.iter().any(|vm| vm.vmm == InnerVmm::Pvmm),
         qemu: vms.iter().any(|vm| vm.vmm == InnerVmm::Qemu),
         vmlinux: form == KernelForm::Pvh,
         guest_kernel: guest,
+        root_disk,
     };
     check_guest_forms(guest, &[form])?;
     build_l1(ws, needs)
@@ -373,6 +383,8 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
         kernel,
         guest_kernel,
         quiet,
+        root_disk,
+        tap,
         vms,
         pvmm_args,
     } = args;
@@ -402,7 +414,7 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
             ..vm
         })
         .collect();
-    let images = match l1_images(ws, &vms, guest_kernel, kernel) {
+    let images = match l1_images(ws, &vms, guest_kernel, kernel, root_disk) {
         Ok(images) => images,
         Err(code) => return code,
     };
@@ -414,6 +426,8 @@ fn rig_task(ws: &Workspace, started: Instant, args: RigArgs) -> ExitCode {
         .kernel(kernel)
         .guest_kernel(guest_kernel)
         .quiet(quiet)
+        .root_disk(root_disk)
+        .tap(tap)
         .topology(topology)
         .timeout(Duration::from_secs(timeout))
         .tuning(variant)
@@ -465,6 +479,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         qemu: true,
         vmlinux: args.kernels.contains(&KernelForm::Pvh),
         guest_kernel: args.guest_kernel,
+        root_disk: false,
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,

@@ -62,6 +62,7 @@ pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCo
         qemu: false,
         vmlinux: false,
         guest_kernel: args.guest_kernel,
+        root_disk: false,
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,

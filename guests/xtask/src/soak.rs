@@ -119,7 +119,7 @@ pub fn run(ws: &Workspace, args: SoakArgs) -> ExitCode {
         if images.iter().any(|(k, _)| *k == kernel) {
             continue;
         }
-        match l1_images(ws, &specs, kernel, form) {
+        match l1_images(ws, &specs, kernel, form, false) {
             Ok(built) => images.push((kernel, built)),
             Err(code) => return code,
         }

@@ -3,11 +3,13 @@
 use std::time::Duration;
 
 use super::{
-    guest_cmdline, inner_vmm_command, run_l1, vm_shape, InnerVmm, KernelForm, L1Job, L1Options,
-    RigError, RigOutcome, Topology, VmSpec,
+    guest_cmdline, inner_vmm_command, run_l1, vm_shape, with_params, InnerVmm, KernelForm, L1Job,
+    L1Options, RigError, RigOutcome, Topology, VmSpec,
 };
 use crate::guest_kernel::GuestKernel;
 use crate::images::L1Images;
+use crate::inside;
+use crate::root_disk::ROOT_DISK_MIB;
 use crate::scripts::shell_join;
 use crate::tuning::L1Tuning;
 use crate::workspace::Workspace;
@@ -46,6 +48,9 @@ pub struct Rig {
     kernel: KernelForm,
     guest_kernel: GuestKernel,
     quiet: bool,
+    root_disk: bool,
+    tap: bool,
+    setup: Option<String>,
 }
 
 /// The label of the only run of a one-VM rig.
@@ -69,6 +74,9 @@ impl Rig {
             kernel: KernelForm::default(),
             guest_kernel: GuestKernel::default(),
             quiet: false,
+            root_disk: false,
+            tap: false,
+            setup: None,
         }
     }
 
@@ -138,6 +146,30 @@ impl Rig {
         self
     }
 
+    /// Boot every VM from a root disk: a copy of the guest's userland as an ext4 image
+    /// ([`crate::root_disk`]), its first disk (`/dev/vda`, `root=/dev/vda`), at
+    /// [`root_disk_path`]`(label)` in L1. Needs L1 images with the root disk layer and the 6.1
+    /// guest kernel (whose virtio drivers the images hold).
+    pub fn root_disk(mut self, root_disk: bool) -> Rig {
+        self.root_disk = root_disk;
+        self
+    }
+
+    /// Give every VM a network to L1: VM `i` gets the tap [`tap_network`]`(i)`, which L1
+    /// creates with its address there, and the guest configures eth0 with L1 as its default
+    /// gateway. Needs the 6.1 guest kernel (whose virtio drivers the images hold).
+    pub fn tap(mut self, tap: bool) -> Rig {
+        self.tap = tap;
+        self
+    }
+
+    /// A shell script L1 runs once before the VMs start (files or devices their arguments
+    /// name).
+    pub fn l1_setup(mut self, script: impl Into<String>) -> Rig {
+        self.setup = Some(script.into());
+        self
+    }
+
     /// Print lines with `[L1] `, `[guest] `, ... prefixes on stdout as they arrive.
     pub fn echo(mut self, echo: bool) -> Rig {
         self.echo = echo;
@@ -166,16 +198,41 @@ impl Rig {
 
     /// The L1 job: one `rig_run` per VM, in the background when there are several.
     fn job(&self) -> Result<L1Job, RigError> {
+        if (self.root_disk || self.tap) && self.guest_kernel != GuestKernel::Linux6_1 {
+            return Err(RigError::BadArgs(format!(
+                "--root-disk and --tap need guest kernel 6.1: the images hold its virtio \
+                 drivers, not {}'s",
+                self.guest_kernel
+            )));
+        }
         let labels = self.labels();
         let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
-        for (vm, label) in self.vms.iter().zip(&labels) {
-            let cmdline = guest_cmdline(
-                vm.vmm,
-                self.guest_kernel,
-                vm.guest_command.as_deref(),
-                self.quiet,
-            )?;
+        script.push_str(self.setup.as_deref().unwrap_or_default());
+        for (index, (vm, label)) in self.vms.iter().zip(&labels).enumerate() {
             let mut args = vm.args.clone();
+            let mut params = Vec::new();
+            if self.root_disk {
+                let image = root_disk_path(label);
+                script.push_str(&format!("cp {} {image}\n", inside::GUEST_ROOT_DISK));
+                args.splice(0..0, ["--disk".to_string(), image]);
+                params.push("root=/dev/vda".to_string());
+                memory += ROOT_DISK_MIB;
+            }
+            if self.tap {
+                let net = tap_network(index);
+                script.push_str(&format!("rig_tap {} {}/24\n", net.tap, net.l1));
+                args.extend(["--net".to_string(), format!("tap={}", net.tap)]);
+                params.push(format!("pvmm_net={}/24,{}", net.guest, net.l1));
+            }
+            let cmdline = with_params(
+                guest_cmdline(
+                    vm.vmm,
+                    self.guest_kernel,
+                    vm.guest_command.as_deref(),
+                    self.quiet,
+                )?,
+                &params,
+            )?;
             if vm.vmm == InnerVmm::Pvmm {
                 args.extend(self.tuning.pvmm_args.iter().cloned());
             }
@@ -186,7 +243,7 @@ impl Rig {
                 &args,
                 &cmdline,
             )?);
-            memory += vm_shape(&vm.args)?.1;
+            memory += vm_shape(&args)?.1;
             if self.vms.len() == 1 {
                 script.push_str(&format!("rig_run {label} 0 {command}\n"));
             } else {
@@ -211,6 +268,11 @@ impl Rig {
     pub fn run(&self, ws: &Workspace, images: &L1Images) -> Result<RigOutcome, RigError> {
         if self.vms.is_empty() {
             return Err(RigError::BadArgs("a rig run needs at least one VM".into()));
+        }
+        if self.root_disk && images.root_disk.is_none() {
+            return Err(RigError::BadArgs(
+                "the L1 images were built without the root disk".into(),
+            ));
         }
         for vm in &self.vms {
             if vm.vmm == InnerVmm::Pvmm && images.pvmm.is_none() {
@@ -248,6 +310,31 @@ impl Rig {
             outcome.vmm_status = combined_status(&outcome, &labels);
         }
         Ok(outcome)
+    }
+}
+
+/// Where L1 keeps the root disk of the run `label` ([`Rig::root_disk`]).
+pub fn root_disk_path(label: &str) -> String {
+    format!("/tmp/rig-root-{label}.ext4")
+}
+
+/// The tap network of a rig's VM ([`Rig::tap`]): a /24 of its own per VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TapNetwork {
+    /// The tap's name in L1.
+    pub tap: String,
+    /// L1's address on it, the guest's gateway.
+    pub l1: String,
+    /// The guest's address (eth0).
+    pub guest: String,
+}
+
+/// The tap network of VM `index` (from 0): `rigtapI`, 10.0.I.1 in L1 and 10.0.I.2 in the guest.
+pub fn tap_network(index: usize) -> TapNetwork {
+    TapNetwork {
+        tap: format!("rigtap{index}"),
+        l1: format!("10.0.{index}.1"),
+        guest: format!("10.0.{index}.2"),
     }
 }
 
@@ -299,5 +386,44 @@ mod tests {
         assert_eq!(new.guest_kernel, GuestKernel::Linux6_12);
         assert!(new.script.contains(inside::GUEST_KERNEL_612));
         assert!(new.script.contains("amd_pstate=passive"));
+    }
+
+    #[test]
+    fn root_disks_and_taps_are_one_per_vm_and_reach_both_vmms() {
+        let vm = |text: &str| text.parse::<VmSpec>().unwrap();
+        let rig = Rig::with_vms(vec![
+            vm("pvmm --vcpus 2 --memory 256 --rng -- true"),
+            vm("qemu --vcpus 2 --memory 256 --rng -- true"),
+        ])
+        .root_disk(true)
+        .tap(true)
+        .l1_setup("echo setup\n");
+        let job = rig.job().unwrap();
+        assert_eq!(job.guest_memory_mib, 2 * (256 + ROOT_DISK_MIB));
+        let lines: Vec<&str> = job.script.lines().collect();
+        assert_eq!(lines[0], "echo setup");
+        assert_eq!(lines[1], "cp /guest/root.ext4 /tmp/rig-root-0.ext4");
+        assert_eq!(lines[2], "rig_tap rigtap0 10.0.0.1/24");
+        assert!(
+            lines[3].contains(" --disk /tmp/rig-root-0.ext4 --vcpus 2"),
+            "{}",
+            lines[3]
+        );
+        assert!(lines[3].contains(" --net tap=rigtap0 "), "{}", lines[3]);
+        assert!(lines[3].contains("root=/dev/vda pvmm_net=10.0.0.2/24,10.0.0.1"));
+        assert_eq!(lines[6], "rig_tap rigtap1 10.0.1.1/24");
+        for want in [
+            "-drive file=/tmp/rig-root-1.ext4,format=raw,if=none,id=disk0",
+            "-device virtio-blk-pci,drive=disk0",
+            "-netdev tap,id=net0,ifname=rigtap1,script=no,downscript=no",
+            "-device virtio-rng-pci",
+        ] {
+            assert!(lines[7].contains(want), "{want}: {}", lines[7]);
+        }
+        assert!(Rig::new(InnerVmm::Pvmm)
+            .guest_kernel(GuestKernel::Linux6_12)
+            .tap(true)
+            .job()
+            .is_err());
     }
 }

@@ -154,6 +154,11 @@ pub fn guest_cmdline(
         cmdline.push_str(" pvmm_cmd_b64=");
         cmdline.push_str(&base64_encode(command.as_bytes()));
     }
+    fits(cmdline)
+}
+
+/// `cmdline` when the guest kernel takes it whole.
+fn fits(cmdline: String) -> Result<String, RigError> {
     if cmdline.len() > MAX_GUEST_CMDLINE {
         return Err(RigError::BadArgs(format!(
             "the guest command is too long: the kernel command line would be {} bytes, the limit is {MAX_GUEST_CMDLINE}",
@@ -161,6 +166,16 @@ pub fn guest_cmdline(
         )));
     }
     Ok(cmdline)
+}
+
+/// `cmdline` with `params` added (`root=/dev/vda`, `pvmm_net=...`: see
+/// [`crate::scripts::GUEST_INIT`]).
+pub fn with_params(mut cmdline: String, params: &[String]) -> Result<String, RigError> {
+    for param in params {
+        cmdline.push(' ');
+        cmdline.push_str(param);
+    }
+    fits(cmdline)
 }
 
 /// vCPUs and memory (MiB) that pvmm arguments ask for, with pvmm's defaults.
@@ -227,7 +242,7 @@ pub fn inner_vmm_command(
         }
         InnerVmm::Qemu => {
             let (vcpus, memory) = (vcpus.to_string(), memory.to_string());
-            [
+            let mut words: Vec<String> = [
                 inside::QEMU,
                 // Thread names ("CPU 0/KVM") let L1 probes find the vCPU threads.
                 "-name",
@@ -254,9 +269,66 @@ pub fn inner_vmm_command(
                 cmdline,
             ]
             .map(String::from)
-            .to_vec()
+            .to_vec();
+            words.extend(qemu_virtio_args(pvmm_args)?);
+            words
         }
     };
+    Ok(words)
+}
+
+/// QEMU's options for the virtio devices that pvmm arguments ask for (`--disk`, `--net`,
+/// `--rng`), so that both VMMs run the same devices on the same images and taps: virtio-pci
+/// devices, which QEMU's PC machine has a bus for, with QEMU's defaults otherwise (its page
+/// cache use matches pvmm's buffered image; its network device offers the offloads pvmm does
+/// not).
+pub fn qemu_virtio_args(pvmm_args: &[String]) -> Result<Vec<String>, RigError> {
+    let mut words = Vec::new();
+    let (mut disks, mut nets) = (0, 0);
+    let mut args = pvmm_args.iter();
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| args.next().cloned())
+                .ok_or_else(|| RigError::BadArgs(format!("pvmm argument {name} needs a value")))
+        };
+        let bad = |why: String| RigError::BadArgs(format!("pvmm argument {name}: {why}"));
+        match name {
+            "--disk" => {
+                let disk: pvmm::config::DiskConfig = value(name)?.parse().map_err(bad)?;
+                let readonly = if disk.readonly { ",readonly=on" } else { "" };
+                words.push("-drive".into());
+                words.push(format!(
+                    "file={},format=raw,if=none,id=disk{disks}{readonly}",
+                    disk.path.display()
+                ));
+                words.push("-device".into());
+                words.push(format!("virtio-blk-pci,drive=disk{disks}"));
+                disks += 1;
+            }
+            "--net" => {
+                let net: pvmm::config::NetConfig = value(name)?.parse().map_err(bad)?;
+                words.push("-netdev".into());
+                words.push(format!(
+                    "tap,id=net{nets},ifname={},script=no,downscript=no",
+                    net.tap
+                ));
+                words.push("-device".into());
+                words.push(format!("virtio-net-pci,netdev=net{nets}"));
+                nets += 1;
+            }
+            "--rng" => {
+                words.push("-device".into());
+                words.push("virtio-rng-pci".into());
+            }
+            _ => {}
+        }
+    }
     Ok(words)
 }
 
@@ -265,7 +337,8 @@ pub fn inner_vmm_command(
 pub struct VmSpec {
     /// The VMM that runs it in L1.
     pub vmm: InnerVmm,
-    /// pvmm's arguments (with [`InnerVmm::Qemu`] only `--vcpus` and `--memory` are used).
+    /// pvmm's arguments (with [`InnerVmm::Qemu`] only `--vcpus`, `--memory` and the virtio
+    /// devices are used: [`qemu_virtio_args`]).
     pub args: Vec<String>,
     /// Shell command (or script) the guest's init runs before powering off.
     pub guest_command: Option<String>,
