@@ -47,6 +47,15 @@ pub const PLACEMENT_SPREAD_GUEST: &str = include_str!("../scripts/placement-spre
 /// `rig_prefcore`'s guest command.
 pub const PREFCORE_GUEST: &str = include_str!("../scripts/prefcore-guest.sh");
 
+/// `rig_virtio`'s first guest (disks, network, entropy).
+pub const VIRTIO_GUEST: &str = include_str!("../scripts/virtio-guest.sh");
+/// `rig_virtio`'s second guest, killed after a flush.
+pub const VIRTIO_KILL_GUEST: &str = include_str!("../scripts/virtio-kill-guest.sh");
+/// `rig_virtio`'s L1 probe beside each VM.
+pub const VIRTIO_PROBE: &str = include_str!("../scripts/virtio-probe.sh");
+/// `rig_virtio`'s L1 setup (the read-only image).
+pub const VIRTIO_SETUP: &str = include_str!("../scripts/virtio-setup.sh");
+
 /// Every script file of the tests, by file name.
 pub const ALL: &[(&str, &str)] = &[
     ("guest-helpers.sh", GUEST_HELPERS),
@@ -69,6 +78,10 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     ("placement-spread-guest.sh", PLACEMENT_SPREAD_GUEST),
     ("prefcore-guest.sh", PREFCORE_GUEST),
+    ("virtio-guest.sh", VIRTIO_GUEST),
+    ("virtio-kill-guest.sh", VIRTIO_KILL_GUEST),
+    ("virtio-probe.sh", VIRTIO_PROBE),
+    ("virtio-setup.sh", VIRTIO_SETUP),
 ];
 
 /// A guest command: [`GUEST_HELPERS`], then `script` with `vars` set.
