@@ -1,12 +1,13 @@
 //! `pvmm host --adopt auto` next to a cgroup cpuset, as Kubernetes' static CPU manager or
 //! libvirt leave one: the test makes a cgroup of its own whose cpuset leaves CPU 1 out, starts
-//! a QEMU VM (tiny PVH guest, 2 vCPUs, vCPU 0 spinning) inside it, and runs the daemon with
+//! two VMs inside it, a QEMU VM (adopted by its KVM file descriptors) and a pvmm VM (joined by
+//! its control socket), each of 2 vCPUs with vCPU 0 spinning, and runs the daemon with
 //! `--policy performance` over a 2-package topology of this machine's 2 CPUs
 //! (`--host-topology 2x1x1`: CPU N is package N), a policy that spreads vCPUs over both
 //! packages. A pvmm VM outside the cgroup shows that the same daemon does use package 1.
-//! Checked from /proc over many ticks: no thread of the QEMU VM is ever allowed, or seen
-//! running, outside the cpuset, status puts both its vCPUs within it, and the daemon makes no
-//! apply error.
+//! Checked from /proc over many ticks: no thread of either VM in the cgroup is ever allowed,
+//! or seen running, outside the cpuset, status puts all their vCPUs within it, and the daemon
+//! makes no apply error.
 //!
 //! It needs root, /dev/kvm, QEMU, at least 2 CPUs and a cpuset controller the test can make
 //! a cgroup in (cgroup v1's `cpuset` hierarchy, or cgroup2 with `cpuset` available); without
@@ -26,8 +27,9 @@ use serde_json::Value;
 const CPUSET: &str = "0";
 /// QEMU's firmware and the daemon's first ticks on a loaded machine.
 const SETTLE: Duration = Duration::from_secs(120);
-/// The QEMU VM's name (`-name`), its name in status and metrics.
-const VM: &str = "cg";
+/// The VMs in the cgroup, by their names in status and metrics: QEMU's (`-name`), pvmm's
+/// (its socket's).
+const VMS: [&str; 2] = ["cg-qemu", "cg-pvmm"];
 
 /// A cgroup made by the test, removed when dropped (after the processes in it have ended).
 struct TestCgroup {
@@ -132,6 +134,33 @@ fn cgroup_available() -> Option<TestCgroup> {
     }
 }
 
+/// Makes `command`'s process join the cgroup whose `cgroup.procs` is `procs` before it runs,
+/// so that every thread it makes is born there.
+fn join_cgroup(command: &mut Command, procs: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let procs = std::ffi::CString::new(procs.as_os_str().as_bytes()).expect("a path");
+    // SAFETY: between fork and exec the closure only makes system calls (open, write, close)
+    // on memory made before the fork, none of which allocates.
+    unsafe {
+        command.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // "0": the writing process itself.
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            let error = std::io::Error::last_os_error();
+            libc::close(fd);
+            if written == 1 {
+                Ok(())
+            } else {
+                Err(error)
+            }
+        });
+    }
+}
+
 /// The CPU thread `tid` of `pid` last ran on (`/proc/.../stat`, field 39).
 fn last_cpu(pid: u32, tid: &str) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
@@ -186,20 +215,14 @@ fn an_adopted_vm_never_leaves_its_cgroups_cpuset() {
     };
     let dir = scratch("cgroup");
     let kernel = write_kernel(&dir, &SPIN);
-    // QEMU starts inside the cgroup, so that every thread it makes is born there.
     let procs = cgroup.dir.join("cgroup.procs");
-    let qemu = Proc(
-        Command::new("sh")
-            .arg("-c")
-            .arg(r#"echo $$ > "$0" && exec qemu-system-x86_64 "$@""#)
-            .arg(&procs)
-            .args(qemu_tiny_args(VM, 2, &kernel))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start QEMU"),
-    );
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args(qemu_tiny_args(VMS[0], 2, &kernel))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    join_cgroup(&mut qemu, &procs);
+    let qemu = Proc(qemu.spawn().expect("start QEMU"));
     let qpid = qemu.0.id();
     until(
         "QEMU's vCPU threads",
@@ -209,6 +232,12 @@ fn an_adopted_vm_never_leaves_its_cgroups_cpuset() {
         },
         || format!("{:?}", process_threads(qpid)),
     );
+    // pvmm is told the CPUs its cgroup leaves it: it refuses a host topology it may not use.
+    let (pvmm, _) = start_pvmm_vm_with(&dir, VMS[1], &SPIN, "2", "600", |c| {
+        c.args(["--cpus", CPUSET]);
+        join_cgroup(c, &procs);
+    });
+    let pids = [qpid, pvmm.0.id()];
     let (_control, _) = start_pvmm_vm(&dir, "control", &HALT_LOOP, "2", "600");
     let run = dir.join("run");
     let daemon = Proc(
@@ -223,18 +252,20 @@ fn an_adopted_vm_never_leaves_its_cgroups_cpuset() {
             .spawn()
             .expect("start pvmm host"),
     );
-    // Adopted and placed, both vCPUs on CPU 0; the control VM's vCPUs spread onto package 1.
+    // Both VMs placed, every vCPU on CPU 0; the control VM's vCPUs spread onto package 1.
     let placed = |s: &Value| {
-        let qemu_on_0 = vm(s, VM)["vcpus"]
-            .as_array()
-            .is_some_and(|v| v.len() == 2 && v.iter().all(|c| c["cpus"] == CPUSET));
+        let within = VMS.iter().all(|name| {
+            vm(s, name)["vcpus"]
+                .as_array()
+                .is_some_and(|v| v.len() == 2 && v.iter().all(|c| c["cpus"] == CPUSET))
+        });
         let control_on_1 = vm(s, "control")["vcpus"]
             .as_array()
             .is_some_and(|v| v.iter().any(|c| c["cpus"] == "1"));
-        qemu_on_0 && control_on_1
+        within && control_on_1
     };
     until(
-        "QEMU adopted within its cpuset, the control VM on package 1",
+        "the VMs placed within their cpuset, the control VM on package 1",
         || placed(&host_status(&run)),
         || host_status(&run).to_string(),
     );
@@ -246,24 +277,27 @@ fn an_adopted_vm_never_leaves_its_cgroups_cpuset() {
             .count()
     });
     assert!(on_1 > 0, "the policy spreads onto package 1: {s}");
-    // Many ticks: no thread of QEMU ever allowed or running outside the cpuset.
+    // Many ticks: no thread of either VM ever allowed or running outside the cpuset.
     for _ in 0..50 {
-        let out = outside(qpid);
+        let out: Vec<String> = pids.iter().flat_map(|&pid| outside(pid)).collect();
         assert!(out.is_empty(), "outside the cpuset {CPUSET}: {out:?}");
         let s = host_status(&run);
         assert!(placed(&s), "{s}");
         assert_eq!(s["apply_errors"], 0, "{s}");
-        for v in vm(&s, VM)["vcpus"].as_array().into_iter().flatten() {
-            assert_eq!(v["pinned"], false, "a cpuset is no operator's pin: {s}");
+        for name in VMS {
+            for v in vm(&s, name)["vcpus"].as_array().into_iter().flatten() {
+                assert_eq!(v["pinned"], false, "a cpuset is no operator's pin: {s}");
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     let metrics = host_metrics(&run);
-    assert!(
-        metrics.contains(&format!("pvmm_vm_vcpus{{vm=\"{VM}\"}} 2")),
-        "{metrics}"
-    );
+    for name in VMS {
+        let series = format!("pvmm_vm_vcpus{{vm=\"{name}\"}} 2");
+        assert!(metrics.contains(&series), "{metrics}");
+    }
     drop(daemon);
+    drop(pvmm);
     drop(qemu);
     drop(cgroup);
     std::fs::remove_dir_all(&dir).ok();

@@ -224,16 +224,31 @@ pub fn start_pvmm_vm(
     vcpus: &str,
     lease_ms: &str,
 ) -> (Proc, PathBuf) {
+    start_pvmm_vm_with(dir, name, code, vcpus, lease_ms, |_| {})
+}
+
+/// [`start_pvmm_vm`], with `configure` adjusting the command first (more options, say).
+pub fn start_pvmm_vm_with(
+    dir: &Path,
+    name: &str,
+    code: &[u8],
+    vcpus: &str,
+    lease_ms: &str,
+    configure: impl FnOnce(&mut Command),
+) -> (Proc, PathBuf) {
     use std::process::Stdio;
     let kernel = dir.join(format!("{name}.elf"));
     std::fs::write(&kernel, tiny_pvh_kernel(code)).unwrap();
     std::fs::create_dir_all(dir.join("run")).unwrap();
     let socket = dir.join("run").join(format!("{name}.sock"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pvmm"));
+    command
         .args(["--vcpus", vcpus, "--memory", "64"])
         .args(["--external-lease-ms", lease_ms])
         .arg("--api-socket")
-        .arg(&socket)
+        .arg(&socket);
+    configure(&mut command);
+    let mut child = command
         .arg(&kernel)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
