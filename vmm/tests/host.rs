@@ -9,7 +9,7 @@ mod common;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pvmm::api::client::request;
@@ -17,8 +17,6 @@ use serde_json::Value;
 
 /// Long enough for several daemon ticks on a loaded machine.
 const SETTLE: Duration = Duration::from_secs(20);
-/// 32-bit code: spin forever (`jmp $`).
-const SPIN: [u8; 2] = [0xeb, 0xfe];
 /// The lease the test VMs give an outside balancer.
 const LEASE_MS: &str = "600";
 
@@ -30,54 +28,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `pvmm host`: the daemon as the multicall binary runs it (the `pvmm-host` crate's own
-/// binary runs the same entry point).
-fn host_command() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_pvmm"));
-    c.arg("host");
-    c
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.0.kill().ok();
-        self.0.wait().ok();
-    }
-}
-
 fn start_vm(dir: &Path, name: &str, code: &[u8], vcpus: &str) -> (Proc, PathBuf) {
-    let kernel = dir.join(format!("{name}.elf"));
-    std::fs::write(&kernel, tiny_pvh_kernel(code)).unwrap();
-    std::fs::create_dir_all(dir.join("run")).unwrap();
-    let socket = dir.join("run").join(format!("{name}.sock"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pvmm"))
-        .args([
-            "--vcpus",
-            vcpus,
-            "--memory",
-            "64",
-            "--external-lease-ms",
-            LEASE_MS,
-        ])
-        .arg("--api-socket")
-        .arg(&socket)
-        .arg(&kernel)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start pvmm");
-    let start = Instant::now();
-    while request(&socket, "GET", "/v1/vm", None).is_err() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("{name}: pvmm exited before serving its socket: {status}");
-        }
-        assert!(start.elapsed() < SETTLE, "{name}: no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (Proc(child), socket)
+    start_pvmm_vm(dir, name, code, vcpus, LEASE_MS)
 }
 
 fn start_daemon(dir: &Path, extra: &[&str]) -> Proc {
@@ -114,16 +66,7 @@ fn allowed(socket: &Path) -> Vec<String> {
         .as_array()
         .unwrap_or(&empty)
         .iter()
-        .map(|v| {
-            let tid = v["tid"].as_i64().unwrap_or(0);
-            let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .unwrap_or("?")
-                .trim()
-                .to_string()
-        })
+        .map(|v| cpus_allowed(v["tid"].as_i64().unwrap_or(0)))
         .collect()
 }
 
@@ -208,15 +151,7 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
         4,
         "{text}"
     );
-    let metrics = {
-        use std::io::{Read, Write};
-        let mut s = std::os::unix::net::UnixStream::connect(dir.join("run/pvmm-host.api")).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    };
+    let metrics = host_metrics(&dir.join("run"));
     assert!(metrics.contains("pvmm_vms 2\n"), "{metrics}");
     assert!(
         metrics.contains("pvmm_package_active{package=\"1\"} 0\n"),
@@ -292,22 +227,6 @@ fn a_killed_daemon_leaves_each_vm_to_its_lease() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Whether QEMU can run here; without it the adoption test skips loudly, unless the rig (which
-/// needs QEMU too) is required.
-fn qemu_available(test: &str) -> bool {
-    let ok = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        if std::env::var("PVMM_REQUIRE_RIG").as_deref() == Ok("1") {
-            panic!("{test}: qemu-system-x86_64 is missing and PVMM_REQUIRE_RIG=1");
-        }
-        eprintln!("\n!!! SKIPPED {test}: qemu-system-x86_64 is not installed !!!\n");
-    }
-    ok
-}
-
 #[test]
 fn a_qemu_vm_is_adopted_packed_with_pvmm_and_restored_at_sigterm() {
     let _serial = serial();
@@ -318,52 +237,13 @@ fn a_qemu_vm_is_adopted_packed_with_pvmm_and_restored_at_sigterm() {
     let kernel = dir.join("halt.elf");
     std::fs::write(&kernel, tiny_pvh_kernel(&HALT_LOOP)).unwrap();
     let mut qemu = Command::new("qemu-system-x86_64");
-    // `max` without ARCH_CAPABILITIES: some hosts' KVM refuses the value QEMU writes to that
-    // MSR (0x10a) and QEMU aborts before it starts its vCPU threads; the tiny guest needs no
-    // CPU feature at all.
-    qemu.args([
-        "-enable-kvm",
-        "-cpu",
-        "max,-arch-capabilities",
-        "-name",
-        "adopt,debug-threads=on",
-    ])
-    .args([
-        "-smp",
-        "2",
-        "-m",
-        "64",
-        "-display",
-        "none",
-        "-nodefaults",
-        "-no-reboot",
-    ])
-    .arg("-kernel")
-    .arg(&kernel)
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
+    qemu.args(qemu_tiny_args("adopt", 2, &kernel))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let qemu = Proc(qemu.spawn().expect("start QEMU"));
     let qpid = qemu.0.id();
-    let threads = || -> Vec<(String, String)> {
-        let Ok(entries) = std::fs::read_dir(format!("/proc/{qpid}/task")) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .map(|e| {
-                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
-                let allowed = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                    .unwrap_or("?")
-                    .trim()
-                    .to_string();
-                (comm.trim().to_string(), allowed)
-            })
-            .collect()
-    };
+    let threads = || process_threads(qpid);
     wait_for(
         "QEMU's vCPU threads",
         || {

@@ -33,7 +33,7 @@ debugfs (/sys/kernel/debug/kvm/PID-FD/vcpuN/pid), the VMM's thread names (QEMU's
 The daemon answers GET /v1/host (JSON) and GET /metrics (Prometheus text) on
 DIR/pvmm-host.api; `pvmm-host status` prints it. --metrics serves /metrics over
 TCP too (127.0.0.1:9477 when no address is given). Package energy comes from RAPL
-where readable (pvmm_package_energy_joules_total); pvmm_package_power_watts_model
+where readable (pvmm_package_energy_joules_total); pvmm_package_power_model_watts
 is a model, never a measurement.
 
 SIGTERM or SIGINT: placement is handed back (pvmm VMs to their own policy, other

@@ -178,7 +178,7 @@ struct HostMembers {
     energy: EnergyLedger,
     /// Operators' pins, and the limits the engine holds.
     pins: OperatorPins,
-    /// Each foreign vCPU thread's cgroup cpuset within the daemon's CPUs, where narrower.
+    /// Each vCPU thread's cgroup cpuset within the daemon's CPUs, where narrower.
     bounds: HashMap<i32, CpuSet>,
     _lock: std::fs::File,
 }
@@ -359,9 +359,6 @@ impl Members for HostMembers {
         let all = self.config.topology.cpu_set();
         let mut wanted = HashMap::new();
         for m in self.vms.values() {
-            if !matches!(m.member, Member::Foreign(_)) {
-                continue;
-            }
             for v in &m.vcpus {
                 let bound = self.bounds.get(&v.tid).unwrap_or(&all);
                 if let Some(set) = self.pins.limit(v.tid, bound, &all) {
@@ -532,23 +529,26 @@ impl HostMembers {
         }
     }
 
-    /// Reads each foreign vCPU thread's cgroup cpuset and affinity, and notes the operators'
-    /// pins among them ([`OperatorPins`]).
+    /// Reads each vCPU thread's cgroup cpuset, and each foreign one's affinity, noting the
+    /// operators' pins among those ([`OperatorPins`]). A pvmm VM sets its threads' affinity
+    /// itself, as the daemon asks: its cpuset bounds it, and nothing else is an operator's pin.
     fn observe_operators(&mut self) {
         let all = self.config.topology.cpu_set();
         let roots = &self.config.roots;
         let mut live = HashSet::new();
         self.bounds.clear();
         for (pid, m) in &self.vms {
-            if !matches!(m.member, Member::Foreign(_)) {
-                continue;
-            }
+            let foreign = matches!(m.member, Member::Foreign(_));
             for v in &m.vcpus {
-                live.insert(v.tid);
                 let cpuset = thread_cpuset(&roots.proc, &roots.cgroup, *pid, v.tid);
                 let bound = cpuset
                     .map(|set| set.intersection(&all))
                     .filter(|set| !set.is_empty() && *set != all);
+                if !foreign {
+                    self.bounds.extend(bound.map(|b| (v.tid, b)));
+                    continue;
+                }
+                live.insert(v.tid);
                 let affinity = self.executor.read(v.tid).ok();
                 let within = bound.as_ref().unwrap_or(&all);
                 self.pins

@@ -196,3 +196,174 @@ pub fn fuzz_config(cases: u32, seed: u64) -> proptest::test_runner::Config {
     config.failure_persistence = None;
     config
 }
+
+/// 32-bit code: spin forever (`jmp $`). This machine's KVM emulates kernel-mode code
+/// instruction by instruction, so the vCPU thread never sleeps: a busy vCPU.
+pub const SPIN: [u8; 2] = [0xeb, 0xfe];
+
+/// How long a started VM or daemon may take to answer on a loaded machine.
+const START_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A child process killed and reaped when dropped, so that a failing test leaves none behind.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+/// Starts a pvmm VM of `vcpus` vCPUs running the tiny guest `code`, its control socket
+/// `dir/run/NAME.sock` (so a `pvmm host --runtime-dir dir/run` finds it under the name
+/// `name`), giving an outside balancer a lease of `lease_ms`; returns once the socket answers.
+pub fn start_pvmm_vm(
+    dir: &Path,
+    name: &str,
+    code: &[u8],
+    vcpus: &str,
+    lease_ms: &str,
+) -> (Proc, PathBuf) {
+    start_pvmm_vm_with(dir, name, code, vcpus, lease_ms, |_| {})
+}
+
+/// [`start_pvmm_vm`], with `configure` adjusting the command first (more options, say).
+pub fn start_pvmm_vm_with(
+    dir: &Path,
+    name: &str,
+    code: &[u8],
+    vcpus: &str,
+    lease_ms: &str,
+    configure: impl FnOnce(&mut Command),
+) -> (Proc, PathBuf) {
+    use std::process::Stdio;
+    let kernel = dir.join(format!("{name}.elf"));
+    std::fs::write(&kernel, tiny_pvh_kernel(code)).unwrap();
+    std::fs::create_dir_all(dir.join("run")).unwrap();
+    let socket = dir.join("run").join(format!("{name}.sock"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pvmm"));
+    command
+        .args(["--vcpus", vcpus, "--memory", "64"])
+        .args(["--external-lease-ms", lease_ms])
+        .arg("--api-socket")
+        .arg(&socket);
+    configure(&mut command);
+    let mut child = command
+        .arg(&kernel)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start pvmm");
+    let start = std::time::Instant::now();
+    while pvmm::api::client::request(&socket, "GET", "/v1/vm", None).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name}: pvmm exited before serving its socket: {status}");
+        }
+        assert!(start.elapsed() < START_LIMIT, "{name}: no socket");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (Proc(child), socket)
+}
+
+/// `pvmm host`: the daemon as the multicall binary runs it (the `pvmm-host` crate's own
+/// binary runs the same entry point).
+pub fn host_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pvmm"));
+    c.arg("host");
+    c
+}
+
+/// The daemon's status (`pvmm host status --json`) on runtime directory `run`; `Null` while
+/// it does not answer.
+pub fn host_status(run: &Path) -> serde_json::Value {
+    let out = host_command()
+        .args(["status", "--json", "--runtime-dir"])
+        .arg(run)
+        .output()
+        .expect("run pvmm host status");
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// The daemon's Prometheus text, from its status socket on runtime directory `run`.
+pub fn host_metrics(run: &Path) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(run.join("pvmm-host.api"))
+        .expect("the daemon's status socket");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// A thread's `Cpus_allowed_list` from /proc; empty once the thread is gone.
+pub fn cpus_allowed(tid: i64) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// Whether QEMU can run here; without it a test that needs it skips loudly, unless the rig
+/// (which needs QEMU too) is required.
+pub fn qemu_available(test: &str) -> bool {
+    let ok = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("PVMM_REQUIRE_RIG").as_deref() == Ok("1") {
+            panic!("{test}: qemu-system-x86_64 is missing and PVMM_REQUIRE_RIG=1");
+        }
+        eprintln!("\n!!! SKIPPED {test}: qemu-system-x86_64 is not installed !!!\n");
+    }
+    ok
+}
+
+/// QEMU's arguments for a KVM VM named `name` (thread names on, so that `pvmm host --adopt
+/// auto` finds its vCPU threads by name) of `smp` vCPUs and 64 MiB running the tiny PVH
+/// `kernel`, with no devices, display or network.
+pub fn qemu_tiny_args(name: &str, smp: u32, kernel: &Path) -> Vec<String> {
+    // `max` without ARCH_CAPABILITIES: some hosts' KVM refuses the value QEMU writes to that
+    // MSR (0x10a) and QEMU aborts before it starts its vCPU threads; the tiny guest needs no
+    // CPU feature at all.
+    [
+        "-enable-kvm",
+        "-cpu",
+        "max,-arch-capabilities",
+        "-name",
+        &format!("{name},debug-threads=on"),
+        "-smp",
+        &smp.to_string(),
+        "-m",
+        "64",
+        "-display",
+        "none",
+        "-nodefaults",
+        "-no-reboot",
+        "-kernel",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([kernel.display().to_string()])
+    .collect()
+}
+
+/// Each thread of process `pid`: its name and `Cpus_allowed_list`.
+pub fn process_threads(pid: u32) -> Vec<(String, String)> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            let tid: i64 = e.file_name().to_string_lossy().parse().unwrap_or(0);
+            (comm.trim().to_string(), cpus_allowed(tid))
+        })
+        .collect()
+}
