@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use pvmm::cppc::guest_perfs;
+use pvmm_api::stats::VmStats;
 
 /// Where the placement tests make pvmm write its `--stats` lines inside L1 (L1's tmpfs root).
 pub const L1_STATS_PATH: &str = "/tmp/pvmm-stats.jsonl";
@@ -294,35 +295,25 @@ impl ProbeLine {
     }
 }
 
-/// A pvmm `--stats` line with the fields the tests read; None when it is not one. Read by key,
-/// not as `pvmm_api::stats::VmStats`: the placement probe drops the fields the tests do not
-/// read (`tid`, `desired`, `policy`) to keep L1's console output short.
+/// A pvmm `--stats` line, read as the stats schema's one type ([`VmStats`]), reduced to the
+/// fields the tests read; None when it is not one.
 fn parse_stats_line(line: &str) -> Option<StatsTick> {
-    let value: serde_json::Value = serde_json::from_str(line).ok()?;
-    let vcpus = value
-        .get("vcpus")?
-        .as_array()?
+    let stats: VmStats = serde_json::from_str(line).ok()?;
+    let vcpus = stats
+        .vcpus
         .iter()
-        .map(|v| {
-            Some(StatsVcpu {
-                vcpu: u32::try_from(v.get("vcpu")?.as_u64()?).ok()?,
-                cpus: v.get("cpus")?.as_str()?.to_string(),
-                capacity: v.get("capacity")?.as_u64()?,
-                busy: v.get("busy").and_then(|b| b.as_bool()).unwrap_or(false),
-            })
+        .map(|v| StatsVcpu {
+            vcpu: v.vcpu,
+            cpus: v.cpus.to_string(),
+            capacity: u64::from(v.capacity),
+            busy: v.busy,
         })
-        .collect::<Option<Vec<_>>>()?;
+        .collect();
     Some(StatsTick {
-        t_ms: value.get("t_ms")?.as_u64()?,
+        t_ms: stats.t_ms,
         vcpus,
-        capacity_notifications: value
-            .get("capacity_notifications")
-            .and_then(|n| n.as_u64())
-            .unwrap_or(0),
-        external: value
-            .get("external")
-            .and_then(|e| e.as_bool())
-            .unwrap_or(false),
+        capacity_notifications: stats.capacity_notifications.unwrap_or(0),
+        external: stats.external,
     })
 }
 

@@ -2,6 +2,23 @@
 
 use super::*;
 
+/// A whole `--stats` line (every schema field) with these ticks' values: `(vcpu, cpus,
+/// capacity, busy)` per vCPU.
+fn stats_line(t_ms: u64, vcpus: &[(u32, &str, u32, bool)], notes: u64, external: bool) -> String {
+    let vcpus: Vec<String> = vcpus
+        .iter()
+        .map(|(vcpu, cpus, capacity, busy)| {
+            format!(
+                r#"{{"busy":{busy},"capacity":{capacity},"cpus":"{cpus}","desired":null,"package":0,"tid":1,"util":0.5,"vcpu":{vcpu},"waited":0.0}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"capacity_notifications":{notes},"cppc_enabled":0,"external":{external},"guest_register_errors":0,"migrations":0,"migrations_total":0,"packages":[],"policy":"powersaving:1","policy_changes":0,"t_ms":{t_ms},"vcpus":[{}]}}"#,
+        vcpus.join(",")
+    )
+}
+
 fn parse(line: &str) -> Option<ProbeLine> {
     ProbeLine::parse(line).unwrap()
 }
@@ -64,9 +81,8 @@ fn every_kind_parses() {
             total: 17
         })
     );
-    let Some(ProbeLine::Stats(tick)) = parse(
-        r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":true}"#,
-    ) else {
+    let Some(ProbeLine::Stats(tick)) = parse(&stats_line(200, &[(0, "1", 1024, true)], 2, true))
+    else {
         panic!("a stats line");
     };
     assert_eq!(
@@ -134,13 +150,16 @@ fn a_trace_keeps_complete_samples_in_order() {
 
 #[test]
 fn the_guest_reads_the_capacities_on_its_own_scale() {
-    let lines: Vec<String> = [
-        "START 10.0",
-        r#"{"t_ms":100,"vcpus":[{"vcpu":0,"cpus":"0","capacity":1024,"busy":false},{"vcpu":1,"cpus":"0","capacity":1024,"busy":false}],"capacity_notifications":0,"external":false}"#,
-        r#"{"t_ms":200,"vcpus":[{"vcpu":0,"cpus":"0","capacity":512,"busy":true},{"vcpu":1,"cpus":"1","capacity":1024,"busy":true}],"capacity_notifications":2,"external":false}"#,
-    ]
-    .map(String::from)
-    .to_vec();
+    let lines: Vec<String> = vec![
+        "START 10.0".to_string(),
+        stats_line(
+            100,
+            &[(0, "0", 1024, false), (1, "0", 1024, false)],
+            0,
+            false,
+        ),
+        stats_line(200, &[(0, "0", 512, true), (1, "1", 1024, true)], 2, false),
+    ];
     let trace = PlacementTrace::parse(&lines);
     assert_eq!(
         trace.capacities_around(10.15, 1, 1),
