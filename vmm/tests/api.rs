@@ -584,20 +584,6 @@ fn without_shutdown_timeout_a_signalled_guest_gets_10_s_to_power_off() {
     assert!(err.contains("stopping it in 10000 ms"), "{err}");
 }
 
-/// Threads of `pid` named `name`, from /proc.
-fn threads_named(pid: u32, name: &str) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter(|e| {
-                    std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name)
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_kept_connection_serves_request_after_request_on_one_thread() {
     let Some(vmm) = Vmm::start("api-keepalive", &[]) else {
@@ -605,7 +591,7 @@ fn a_kept_connection_serves_request_after_request_on_one_thread() {
     };
     // The start-up probe's one-shot connections end once their client has closed.
     let start = Instant::now();
-    while threads_named(vmm.child.id(), "pvmm-api-conn") > 0 {
+    while api_conn_threads(vmm.child.id()) > 0 {
         assert!(start.elapsed() < SOCKET_WAIT, "one-shot connections linger");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -620,11 +606,19 @@ fn a_kept_connection_serves_request_after_request_on_one_thread() {
             .expect("kept connection");
         assert_eq!(a.status, 200, "{}", a.body);
         // One connection, one thread serving it, whatever the number of requests.
-        assert_eq!(threads_named(vmm.child.id(), "pvmm-api-conn"), 1);
+        assert_eq!(api_conn_threads(vmm.child.id()), 1);
     }
     // A one-shot client still gets its answer and a closed connection.
     assert_eq!(vmm.call("GET", "/v1/vm", None).status, 200);
     vmm.ok("PUT", "/v1/vm/shutdown", Some(r#"{"timeout_ms":0}"#));
     let (status, err) = vmm.finish();
     assert_eq!(status, Some(6), "{err}");
+}
+
+/// pvmm's API connection threads, from /proc.
+fn api_conn_threads(pid: u32) -> usize {
+    common::thread_names(&pid.to_string())
+        .iter()
+        .filter(|n| *n == "pvmm-api-conn")
+        .count()
 }

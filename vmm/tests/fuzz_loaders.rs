@@ -39,15 +39,9 @@ const PT_NOTE: u32 = 4;
 const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
 const SETUP_HEADER: usize = 0x1f1;
 
-/// A scratch directory per test thread.
+/// A scratch directory per test thread (proptest cases of one test share it in turn).
 fn scratch() -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "pvmm-fuzz-loaders-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch(&format!("fuzz-loaders-{:?}", std::thread::current().id()))
 }
 
 fn le16(b: &[u8], at: usize) -> u64 {

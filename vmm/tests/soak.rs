@@ -97,23 +97,20 @@ const REAP_POLL: Duration = Duration::from_millis(1);
 fn wait_threads_gone(prefixes: &[&str]) -> usize {
     let started = Instant::now();
     loop {
-        let left: usize = prefixes.iter().map(|p| threads_named(p)).sum();
+        let left: usize = prefixes
+            .iter()
+            .map(|p| {
+                common::thread_names("self")
+                    .iter()
+                    .filter(|n| n.starts_with(p))
+                    .count()
+            })
+            .sum();
         if left == 0 || started.elapsed() >= REAP_WAIT {
             return left;
         }
         std::thread::sleep(REAP_POLL);
     }
-}
-
-/// Threads of this process whose name starts with `prefix`.
-fn threads_named(prefix: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
-        })
-        .count()
 }
 
 fn config(kernel: &std::path::Path, vcpus: u32, api_socket: Option<PathBuf>) -> VmConfig {

@@ -353,6 +353,18 @@ pub fn qemu_tiny_args(name: &str, smp: u32, kernel: &Path) -> Vec<String> {
     .collect()
 }
 
+/// The names of the threads of `/proc/PROCESS` (a pid, or `self`), from their `comm`.
+pub fn thread_names(process: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{process}/task")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+        .map(|comm| comm.trim().to_string())
+        .collect()
+}
+
 /// Each thread of process `pid`: its name and `Cpus_allowed_list`.
 pub fn process_threads(pid: u32) -> Vec<(String, String)> {
     let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
