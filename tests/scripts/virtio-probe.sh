@@ -19,8 +19,11 @@ fi
 (
     while alive; do
         for task in /proc/"$PVMM_PID"/task/*; do
-            echo "THREAD $(cat "$task/comm") $(grep Seccomp: "$task/status" | cut -f2)"
-        done 2> /dev/null
+            # A thread that ends between the listing and the reads leaves them empty.
+            name=$(cat "$task/comm" 2> /dev/null)
+            mode=$(grep Seccomp: "$task/status" 2> /dev/null | cut -f2)
+            [ -n "$name" ] && [ -n "$mode" ] && echo "THREAD $name $mode"
+        done
         sleep 0.5
     done | sort -u > /tmp/threads
 ) &

@@ -91,7 +91,9 @@ fn outcome() -> Option<&'static RigOutcome> {
             &[("RO_BYTES", &RO_BYTES.to_string())],
             &[scripts::VIRTIO_SETUP],
         );
+        // Quiet guests: their kernels' boot logs would cost two nested boots many UART exits.
         let rig = Rig::with_vms(vms.clone())
+            .quiet(true)
             .root_disk(true)
             .tap(true)
             .l1_setup(setup)

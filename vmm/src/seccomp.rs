@@ -34,6 +34,7 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use pvmm_devices::virtio::tap::TUNSETOFFLOAD;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -389,7 +390,9 @@ fn rules_for(kind: ThreadKind) -> Rules {
         ThreadKind::Vcpu => {
             // KVM_RUN, and the registers a triple fault's report reads. The CPPC device reads
             // this thread's /proc/self/task/<tid>/schedstat for the guest's feedback counters.
-            r.ioctls(&[KVM_RUN(), KVM_GET_REGS(), KVM_GET_SREGS()])
+            // A network card's driver, accepting its features or resetting it, sets the
+            // offloads of its tap (TUNSETOFFLOAD) from this thread.
+            r.ioctls(&[KVM_RUN(), KVM_GET_REGS(), KVM_GET_SREGS(), TUNSETOFFLOAD])
                 .open_read_only();
         }
         ThreadKind::Device => {

@@ -284,6 +284,8 @@ impl MmioTransport {
                 t.status = value & !status::FEATURES_OK;
                 return false;
             }
+            let acked = t.driver_features;
+            t.device.features_acked(acked);
         }
         if added & status::DRIVER_OK != 0 {
             let mem = t.mem.clone();

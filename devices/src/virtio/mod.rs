@@ -92,6 +92,9 @@ pub trait VirtioDevice: Send {
     fn backend(&self) -> Option<(std::os::fd::RawFd, usize)> {
         None
     }
+    /// The driver accepted `features` (a subset of [`VirtioDevice::features`]) and set
+    /// FEATURES_OK: a device whose backend must know them (the tap's offloads) tells it now.
+    fn features_acked(&mut self, _features: u64) {}
     /// The driver reset the device: anything it asked for is forgotten.
     fn reset(&mut self) {}
 }

@@ -11,6 +11,15 @@ use std::os::unix::fs::OpenOptionsExt;
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 /// `_IOW('T', 216, int)`: the virtio-net header size the tap reads and writes.
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+/// `_IOW('T', 208, unsigned int)`: the offloads the tap may hand to its reader.
+pub const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+/// `TUNSETOFFLOAD` flags: frames whose checksum is left to the reader, and TCP segments of up
+/// to 64 KiB (IPv4, IPv6) that the reader need not cut to the MTU.
+pub const TUN_F_CSUM: u32 = 0x01;
+/// See [`TUN_F_CSUM`].
+pub const TUN_F_TSO4: u32 = 0x02;
+/// See [`TUN_F_CSUM`].
+pub const TUN_F_TSO6: u32 = 0x04;
 /// Interface flags: a tap (Ethernet frames), no packet-information prefix, a virtio-net
 /// header on each frame.
 const IFF_TAP: libc::c_short = 0x0002;
@@ -109,6 +118,17 @@ impl Tap {
     pub fn into_file(self) -> File {
         self.file
     }
+}
+
+/// Sets the offloads (`TUN_F_*`) the tap `file` may use on the frames it hands to pvmm. Frames
+/// pvmm writes may always carry checksum and segmentation requests in their header: the tap
+/// completes them itself.
+pub fn set_offload(file: &File, flags: u32) -> std::io::Result<()> {
+    // SAFETY: TUNSETOFFLOAD takes its flags as the ioctl's argument, not through a pointer.
+    if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETOFFLOAD, libc::c_ulong::from(flags)) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl AsRawFd for Tap {

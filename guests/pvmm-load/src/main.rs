@@ -9,9 +9,15 @@
 //! With `--progress-ms P` it also prints the total so far every P milliseconds, so a caller
 //! can count the work done inside a time window of its own.
 //!
+//! With `--random-reads PATH` it reads random 4 KiB blocks of PATH instead, one at a time past
+//! the page cache, for the run time, and prints how many ([`random_read`]).
+//!
 //! Exit status: 0 on success, 2 on bad flags (one line on stderr), 1 if a thread could not be
 //! started.
 
+mod random_read;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,7 +47,7 @@ const EXIT_FAILURE: u8 = 1;
 
 const USAGE: &str = "\
 usage: pvmm-load [--threads N] [--duty PCT] [--period-ms P] [--seconds S | --until-uptime U]
-                 [--progress-ms R]
+                 [--progress-ms R] [--random-reads PATH]
   --threads N       worker threads, 1-1024 (default 1)
   --duty PCT        busy share of each period in percent, 0-100 (default 100)
   --period-ms P     duty-cycle period in milliseconds, 1-60000 (default 100)
@@ -50,6 +56,9 @@ usage: pvmm-load [--threads N] [--duty PCT] [--period-ms P] [--seconds S | --unt
                     loads started one after another end together
   --progress-ms R   also print 'pvmm-load: progress <total so far>' every R ms, 1-60000
                     (the total counts each thread's periods finished so far)
+  --random-reads PATH  instead of the busy threads, read random 4 KiB blocks of PATH (a
+                    disk or file) one at a time with O_DIRECT for the run time, and print
+                    'pvmm-load: random-reads <count> seconds <run time>'
 Prints the iterations done by each thread and the total.";
 
 /// A bad command line.
@@ -79,6 +88,8 @@ struct LoadConfig {
     progress: Option<Duration>,
     /// Run until the system's uptime reaches this many seconds, instead of for `run_time`.
     until_uptime: Option<f64>,
+    /// Read random blocks of this disk or file instead of running the busy threads.
+    random_reads: Option<PathBuf>,
 }
 
 impl Default for LoadConfig {
@@ -90,6 +101,7 @@ impl Default for LoadConfig {
             run_time: Duration::from_secs(5),
             progress: None,
             until_uptime: None,
+            random_reads: None,
         }
     }
 }
@@ -184,6 +196,7 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
             "--seconds" => "--seconds",
             "--until-uptime" => "--until-uptime",
             "--progress-ms" => "--progress-ms",
+            "--random-reads" => "--random-reads",
             _ => return Err(FlagError::Unknown(arg)),
         };
         let value = match inline_value {
@@ -211,6 +224,7 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
                     Duration::from_secs_f64(parse_seconds(flag, &value, Some(MAX_SECONDS))?);
                 seconds_given = true;
             }
+            "--random-reads" => config.random_reads = Some(PathBuf::from(value)),
             _ => config.until_uptime = Some(parse_seconds(flag, &value, None)?),
         }
     }
@@ -333,6 +347,22 @@ fn main() -> ExitCode {
     } else {
         config
     };
+    if let Some(path) = &config.random_reads {
+        return match random_read::run(path, config.run_time) {
+            Ok(reads) => {
+                let seconds = config.run_time.as_secs_f64();
+                println!("pvmm-load: random-reads {reads} seconds {seconds}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!(
+                    "pvmm-load: error: --random-reads {}: {error}",
+                    path.display()
+                );
+                ExitCode::from(EXIT_FAILURE)
+            }
+        };
+    }
     match run(&config) {
         Ok(counts) => {
             for (index, count) in counts.iter().enumerate() {
@@ -375,8 +405,13 @@ mod tests {
                 run_time: Duration::from_millis(1500),
                 progress: None,
                 until_uptime: None,
+                random_reads: None,
             }))
         );
+        let Ok(Command::Run(config)) = parse(&["--random-reads", "/dev/vdb"]) else {
+            panic!("--random-reads parses");
+        };
+        assert_eq!(config.random_reads, Some(PathBuf::from("/dev/vdb")));
         let Ok(Command::Run(config)) = parse(&["--progress-ms", "250"]) else {
             panic!("--progress-ms parses");
         };
@@ -462,6 +497,7 @@ mod tests {
             run_time: Duration::from_millis(50),
             progress: None,
             until_uptime: None,
+            random_reads: None,
         };
         let done = AtomicU64::new(0);
         assert_eq!(run_worker(&idle, Instant::now(), 1, &done), 0);

@@ -41,6 +41,7 @@ pub mod host;
 pub mod host_bench;
 pub mod images;
 pub mod inside;
+pub mod io_bench;
 pub mod l1_qemu;
 pub mod packages;
 pub mod placement_bench;

@@ -57,6 +57,15 @@ pub const PLACEMENT_BENCH_GUEST: &str = include_str!("../scripts/placement-bench
 /// The guest soak's L1 probe.
 pub const GUEST_SOAK_PROBE: &str = include_str!("../scripts/guest-soak-probe.sh");
 
+/// The I/O benchmark's guest command ([`crate::io_bench`]).
+pub const IO_BENCH_GUEST: &str = include_str!("../scripts/io-bench-guest.sh");
+
+/// The I/O benchmark's L1 probe beside each VM.
+pub const IO_BENCH_PROBE: &str = include_str!("../scripts/io-bench-probe.sh");
+
+/// The I/O benchmark's L1 setup (the scratch disk).
+pub const IO_BENCH_SETUP: &str = include_str!("../scripts/io-bench-setup.sh");
+
 /// Every script file of the rig, by file name (checked by shellcheck in CI).
 pub const ALL: &[(&str, &str)] = &[
     ("guest-init.sh", GUEST_INIT),
@@ -70,6 +79,9 @@ pub const ALL: &[(&str, &str)] = &[
     ("host-bench-guest.sh", HOST_BENCH_GUEST),
     ("placement-bench-guest.sh", PLACEMENT_BENCH_GUEST),
     ("guest-soak-probe.sh", GUEST_SOAK_PROBE),
+    ("io-bench-guest.sh", IO_BENCH_GUEST),
+    ("io-bench-probe.sh", IO_BENCH_PROBE),
+    ("io-bench-setup.sh", IO_BENCH_SETUP),
 ];
 
 /// The source file of the script `name` (one of [`ALL`]): the image builder rewrites an

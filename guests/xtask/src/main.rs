@@ -22,6 +22,8 @@
 //! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S]`:
 //!   several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned, one table per VM
 //!   count.
+//! - `cargo xtask bench-io [--rounds N] [--disk-mib M] [--net-mib M] [--random-secs S]`: pvmm's
+//!   virtio disk and network against QEMU's in one L1 boot, as ratios.
 //!
 //! Exit codes of the xtask itself: 2 bad flags, 1 build failure.
 
@@ -30,6 +32,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 mod guest_soak;
+mod io;
 mod placement;
 mod soak;
 
@@ -92,6 +95,10 @@ enum Task {
     /// and QEMU unpinned (qemu); one L1 boot per case, one table per VM count (package idle,
     /// work, migrations, modelled energy per unit of work relative to qemu).
     BenchHost(HostBenchArgs),
+    /// I/O benchmark: pvmm's virtio disk and network against QEMU's (same root disk, scratch
+    /// disk and tap network), taking turns in one L1 boot: sequential O_DIRECT write and read,
+    /// 4 KiB random reads, TCP each way; medians and pvmm/QEMU ratios.
+    BenchIo(io::IoBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -535,6 +542,7 @@ fn main() -> ExitCode {
         Task::BenchBoot(args) => bench_boot(&ws, args),
         Task::BenchHost(args) => bench_host(&ws, args),
         Task::BenchPlacement(args) => placement::run(&ws, started, args),
+        Task::BenchIo(args) => io::run(&ws, started, args),
     }
 }
 

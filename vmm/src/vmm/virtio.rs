@@ -47,7 +47,7 @@ pub(super) fn open_devices(config: &VirtioConfig) -> Result<Vec<OpenDevice>, Vmm
         let mac = net.mac.unwrap_or_else(|| stable_mac(&net.tap));
         out.push(OpenDevice {
             name: format!("pvmm-net{i}"),
-            device: Box::new(Net::new(tap.into_file(), mac)),
+            device: Box::new(Net::on_tap(tap, mac)),
         });
     }
     if config.rng {

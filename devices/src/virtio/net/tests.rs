@@ -124,3 +124,24 @@ proptest! {
         let _ = net.process_queue(queue, &mut q, &ring.mem, &errors);
     }
 }
+
+#[test]
+fn offloads_are_offered_on_taps_only_and_follow_what_the_driver_took() {
+    let (net, _) = card();
+    assert_eq!(
+        net.features() & TAP_OFFLOADS,
+        0,
+        "a socket pair does no offloads"
+    );
+    assert_eq!(tun_offloads(0), 0);
+    assert_eq!(
+        tun_offloads(F_GUEST_TSO4),
+        0,
+        "no segments without checksums"
+    );
+    assert_eq!(tun_offloads(F_GUEST_CSUM), TUN_F_CSUM);
+    assert_eq!(
+        tun_offloads(F_GUEST_CSUM | F_GUEST_TSO4 | F_GUEST_TSO6),
+        TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
+    );
+}

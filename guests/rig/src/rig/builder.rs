@@ -51,6 +51,8 @@ pub struct Rig {
     root_disk: bool,
     tap: bool,
     setup: Option<String>,
+    in_turn: bool,
+    l1_extra_mib: u64,
 }
 
 /// The label of the only run of a one-VM rig.
@@ -77,6 +79,8 @@ impl Rig {
             root_disk: false,
             tap: false,
             setup: None,
+            in_turn: false,
+            l1_extra_mib: 0,
         }
     }
 
@@ -170,6 +174,20 @@ impl Rig {
         self
     }
 
+    /// Run the VMs one after another, in order, instead of side by side (a benchmark's
+    /// contenders, each on an otherwise idle L1).
+    pub fn in_turn(mut self, in_turn: bool) -> Rig {
+        self.in_turn = in_turn;
+        self
+    }
+
+    /// L1 memory (MiB) for files the setup or the probes keep in L1's RAM-backed root, on top
+    /// of what the VMs need.
+    pub fn l1_extra_memory(mut self, mib: u64) -> Rig {
+        self.l1_extra_mib = mib;
+        self
+    }
+
     /// Print lines with `[L1] `, `[guest] `, ... prefixes on stdout as they arrive.
     pub fn echo(mut self, echo: bool) -> Rig {
         self.echo = echo;
@@ -216,7 +234,6 @@ impl Rig {
                 script.push_str(&format!("cp {} {image}\n", inside::GUEST_ROOT_DISK));
                 args.splice(0..0, ["--disk".to_string(), image]);
                 params.push("root=/dev/vda".to_string());
-                memory += ROOT_DISK_MIB;
             }
             if self.tap {
                 let net = tap_network(index);
@@ -243,8 +260,13 @@ impl Rig {
                 &args,
                 &cmdline,
             )?);
-            memory += vm_shape(&args)?.1;
-            if self.vms.len() == 1 {
+            let vm_memory = vm_shape(&args)?.1 + if self.root_disk { ROOT_DISK_MIB } else { 0 };
+            memory = if self.in_turn {
+                memory.max(vm_memory)
+            } else {
+                memory + vm_memory
+            };
+            if self.vms.len() == 1 || self.in_turn {
                 script.push_str(&format!("rig_run {label} 0 {command}\n"));
             } else {
                 script.push_str(&format!(
@@ -259,7 +281,7 @@ impl Rig {
         Ok(L1Job {
             script,
             probe: self.probe.clone(),
-            guest_memory_mib: memory,
+            guest_memory_mib: memory + self.l1_extra_mib,
             guest_kernel: self.guest_kernel,
         })
     }
@@ -420,6 +442,15 @@ mod tests {
         ] {
             assert!(lines[7].contains(want), "{want}: {}", lines[7]);
         }
+        let in_turn = rig
+            .clone()
+            .in_turn(true)
+            .l1_extra_memory(100)
+            .job()
+            .unwrap();
+        assert_eq!(in_turn.guest_memory_mib, 256 + ROOT_DISK_MIB + 100);
+        assert!(!in_turn.script.contains(" &\n"), "{}", in_turn.script);
+        assert!(!in_turn.script.contains("wait"), "{}", in_turn.script);
         assert!(Rig::new(InnerVmm::Pvmm)
             .guest_kernel(GuestKernel::Linux6_12)
             .tap(true)

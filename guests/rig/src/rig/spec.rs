@@ -319,7 +319,8 @@ pub fn qemu_virtio_args(pvmm_args: &[String]) -> Result<Vec<String>, RigError> {
                     net.tap
                 ));
                 words.push("-device".into());
-                words.push(format!("virtio-net-pci,netdev=net{nets}"));
+                // No option ROM: the rig boots the kernel directly, and L1 holds no iPXE ROMs.
+                words.push(format!("virtio-net-pci,netdev=net{nets},romfile="));
                 nets += 1;
             }
             "--rng" => {
