@@ -70,7 +70,7 @@ pub struct IoBenchReport {
 
 /// The VMMs of round `round`, in the order they run.
 fn round_order(round: u32) -> [InnerVmm; 2] {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         [InnerVmm::Pvmm, InnerVmm::Qemu]
     } else {
         [InnerVmm::Qemu, InnerVmm::Pvmm]
@@ -204,7 +204,7 @@ fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     let n = values.len();
     match n {
         0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ if !n.is_multiple_of(2) => Some(values[n / 2]),
         _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
     }
 }
