@@ -160,7 +160,8 @@ pub struct Cli {
 
     /// A virtio network card on an existing tap device (ip tuntap add NAME mode tap); repeat
     /// for more. Without mac=, the card's address is derived from the tap's name, so it stays
-    /// the same for that tap. No offloads: the guest sends and takes plain frames.
+    /// the same for that tap. The tap does the checksum and TCP segmentation offloads the
+    /// guest's driver accepts.
     #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]")]
     pub nets: Vec<NetConfig>,
 
