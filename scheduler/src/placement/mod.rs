@@ -56,6 +56,13 @@
 //! When the whole host's fit demand exceeds the sum of its slots, every
 //! policy spreads instead of packing.
 //!
+//! The placing process's own threads (a VMM's device threads, say) are load
+//! too, on the package they are kept on ([`Engine::set_housekeeping`]; module
+//! `housekeeping`): it counts in the host's total fit demand, takes room from
+//! that package before any vCPU in pack mode, and adds to its load in spread
+//! mode. So vCPUs that fill a package with their I/O threads make a packing
+//! policy open another.
+//!
 //! Migrations are bounded per vCPU by a token bucket (module `tokens`,
 //! [`EngineConfig::max_migrations_per_vcpu_per_s`]); a vCPU without a token
 //! stays where it is, whatever the policy wants.
@@ -66,6 +73,7 @@
 //! - `index`: dense CPU and package indices, distinct from CPU and package ids;
 //! - `vcpus`: the vCPUs known between decisions, matched to the input by id;
 //! - `demand`: each vCPU's demand, the weight of the decisions;
+//! - `housekeeping`: the load of threads that are not vCPUs, on their package;
 //! - `tokens`: the migration token bucket;
 //! - `ramp`: thrash control for the number of packages in use;
 //! - `draft`: the decision being built, shared by both modes;
@@ -81,6 +89,7 @@ use crate::topology::HostTopology;
 mod allowed;
 mod demand;
 mod draft;
+mod housekeeping;
 mod index;
 mod layout;
 mod pack;
@@ -91,6 +100,7 @@ mod vcpus;
 
 pub use demand::{DEFAULT_DEMAND_HALF_LIFE_MS, DEMAND_FLAT_OUT_UTIL};
 use draft::{reset, Draft};
+use housekeeping::Housekeeping;
 use index::CpuIndex;
 use layout::Layout;
 use pack::PackScratch;
@@ -292,6 +302,8 @@ pub struct Engine {
     adopted_packages: usize,
     /// The CPUs some vCPUs are limited to ([`Engine::set_allowed`]).
     allowed: std::collections::HashMap<VcpuId, CpuSet>,
+    /// The placing process's own threads' load ([`Engine::set_housekeeping`]).
+    housekeeping: Housekeeping,
 }
 
 impl Engine {
@@ -315,6 +327,7 @@ impl Engine {
             assumed: std::collections::HashMap::new(),
             adopted_packages: 0,
             allowed: std::collections::HashMap::new(),
+            housekeeping: Housekeeping::default(),
         }
     }
 
@@ -333,6 +346,27 @@ impl Engine {
             Some(_) => true,
             None => false,
         }
+    }
+
+    /// Counts `util` (1024 = one CPU; threads together may use more) of CPU time that no
+    /// vCPU uses on package `package` in the next decisions: the placing process's own threads
+    /// (device, console, API threads), kept on that package, used that much since the previous
+    /// reading. Each decision averages the readings (a rise counts at once, a fall decays with
+    /// [`EngineConfig::demand_half_life_ms`]) and counts the average as that package's load:
+    /// in the fit demand that decides how many packages the packing policies use, against the
+    /// package's room for vCPUs, and in spread mode's package loads. Without a reading, or
+    /// with 0, decisions are those of an engine never told of one. False (and the reading
+    /// ignored) when `package` is not in the topology; None clears the package.
+    pub fn set_housekeeping(&mut self, package: Option<u32>, util: u32) -> bool {
+        let pkg = match package {
+            Some(id) => match self.layout.pkg_index(id) {
+                Some(pkg) => pkg,
+                None => return false,
+            },
+            None => index::PkgIndex::NONE,
+        };
+        self.housekeeping.set(pkg, util);
+        true
     }
 
     /// The host topology placements are made on.
@@ -385,13 +419,15 @@ impl Engine {
         self.sync_state(now_ms, loads)?;
         self.update_demand(now_ms, loads);
         self.draft.begin(&self.layout);
+        self.housekeeping.add_load(&mut self.draft);
         self.refill_tokens(now_ms);
         let total_fit: u64 = self
             .draft
             .weight
             .iter()
             .map(|w| layout::fit_demand(*w, self.layout.slots.host_max))
-            .sum();
+            .sum::<u64>()
+            + self.housekeeping.fit(&self.layout);
         let overutilized = total_fit > self.layout.slots.total;
         let (target_packages, preferred) = if !self.policy.packs() || overutilized {
             let num_pkgs = self.layout.num_pkgs();
@@ -424,6 +460,7 @@ impl Engine {
         let dt = self.last_ms.map(|last| now_ms.saturating_sub(last));
         self.last_ms = Some(now_ms);
         let keep = demand::keep_fraction(dt, self.config.demand_half_life_ms);
+        self.housekeeping.update(keep);
         let weight = &mut self.draft.weight;
         weight.clear();
         weight.extend(self.vcpus.iter_mut().zip(loads).map(|(v, l)| {

@@ -18,6 +18,8 @@ struct Recorder {
     homes: Vec<(u32, u32)>,
     lowest: Option<u32>,
     housekeeping: Vec<CpuSet>,
+    /// What the housekeeping threads used, handed to the loop at every tick.
+    housekeeping_util: u32,
     applied: Applied,
 }
 
@@ -85,6 +87,10 @@ impl Members for Recorder {
     fn pin_housekeeping(&mut self, cpus: &CpuSet) -> u64 {
         self.housekeeping.push(cpus.clone());
         1
+    }
+
+    fn sample_housekeeping(&mut self, _now_ns: u64) -> u32 {
+        self.housekeeping_util
     }
 
     fn publish(&mut self) {
@@ -156,6 +162,33 @@ fn housekeeping_follows_the_lowest_package_the_decision_uses() {
     assert_eq!(m.housekeeping, [two_packages().package_cpus(package)]);
     // The recorder refuses one housekeeping change per tick: counted as an apply error.
     assert_eq!(t.totals().apply_errors, 1);
+}
+
+/// The housekeeping threads' CPU time takes room on the package they were kept on: two busy
+/// vCPUs fill a two-CPU package, so once the threads use half a CPU there one vCPU moves to
+/// the other package, and the threads stay on the lowest one.
+#[test]
+fn housekeeping_load_takes_room_on_its_package() {
+    let mut t = tick(powersaving());
+    let mut m = Recorder {
+        vcpus: busy(2),
+        ..Recorder::default()
+    };
+    let packages = |t: &Tick| -> Vec<u32> {
+        let mut p: Vec<u32> = t.decision().assignments.iter().map(|a| a.package).collect();
+        p.sort_unstable();
+        p
+    };
+    for i in 0..5 {
+        t.run(i * 100_000_000, &mut m).expect("placed");
+    }
+    assert_eq!(packages(&t), [0, 0]);
+    m.housekeeping_util = 512;
+    for i in 5..15 {
+        t.run(i * 100_000_000, &mut m).expect("placed");
+    }
+    assert_eq!(packages(&t), [0, 1]);
+    assert_eq!(m.housekeeping.last(), Some(&two_packages().package_cpus(0)));
 }
 
 #[test]

@@ -1,0 +1,142 @@
+//! The placing process's own threads (a VMM's device, console, API and scheduler threads): not
+//! vCPUs, but CPU time on the one package they are kept on ([`super::Engine::set_housekeeping`]).
+//!
+//! The engine counts that time as load of that package, so that a package whose vCPUs leave
+//! no room for the threads that serve their I/O is seen as full:
+//!
+//! - the host's total fit demand includes it, so the packing policies open one more package
+//!   when vCPUs and housekeeping together exceed the packages in use, and the host counts as
+//!   overutilized when they exceed all of them;
+//! - in pack mode, the package starts each decision with it as fit demand, so vCPUs stay on,
+//!   move to and are placed on it only while both fit;
+//! - in spread mode, the package starts each decision with it as load, so spreading vCPUs
+//!   prefer the other packages.
+//!
+//! The threads may run on any CPU of their package (the host scheduler puts them where it
+//! finds room), so the load is counted against the package, never against one CPU: it takes
+//! no CPU slot and changes no vCPU's CPU offer.
+//!
+//! With no housekeeping load (none set, or 0), every count above adds 0: decisions are the
+//! same as an engine's that was never told of one.
+
+use crate::capacity::FIT_MARGIN;
+
+use super::demand::{average, to_demand, DEMAND_FRAC};
+use super::draft::Draft;
+use super::index::PkgIndex;
+use super::layout::Layout;
+
+/// The housekeeping load as the engine counts it between decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Housekeeping {
+    /// The package the threads are kept on; [`PkgIndex::NONE`] when not known.
+    pkg: PkgIndex,
+    /// The latest reading, 1024 = one CPU (several threads may use more than one CPU).
+    util: u64,
+    /// Its average, scaled as the vCPUs' demand is ([`super::demand`]); None before the
+    /// first decision that saw a reading.
+    scaled: Option<u64>,
+    /// The weight of the current decision: the average, 1024 = one CPU.
+    weight: u64,
+}
+
+impl Default for Housekeeping {
+    fn default() -> Self {
+        Housekeeping {
+            pkg: PkgIndex::NONE,
+            util: 0,
+            scaled: None,
+            weight: 0,
+        }
+    }
+}
+
+impl Housekeeping {
+    /// Takes a reading: `util` (1024 = one CPU) on package `pkg`.
+    pub(super) fn set(&mut self, pkg: PkgIndex, util: u32) {
+        self.pkg = pkg;
+        self.util = u64::from(util);
+    }
+
+    /// Folds the latest reading into the average with `keep` (the share of the old average
+    /// kept, as for the vCPUs' demand) and makes it this decision's weight.
+    ///
+    /// A rise counts at once and a fall decays with the demand half-life. Device threads
+    /// serve the guest's I/O in bursts whose requests queue while they wait: room must be
+    /// there at the first decision that sees the work, as for a vCPU that ran flat out, and
+    /// a quiet tick between bursts must not hand the room to a vCPU.
+    pub(super) fn update(&mut self, keep: u64) {
+        let now = self.util * DEMAND_FRAC;
+        let scaled = average(self.scaled, now, keep).max(now);
+        self.scaled = Some(scaled);
+        self.weight = to_demand(scaled);
+    }
+
+    /// The package the load is counted on, if it is known and has a load this decision.
+    fn loaded_pkg(&self) -> Option<PkgIndex> {
+        (!self.pkg.is_none() && self.weight > 0).then_some(self.pkg)
+    }
+
+    /// Its fit demand: the weight with the fit rule's headroom, as a vCPU's, but against the
+    /// whole package rather than one slot (its threads use any CPU of the package), and never
+    /// more than the package has.
+    pub(super) fn fit(&self, l: &Layout) -> u64 {
+        match self.loaded_pkg() {
+            Some(p) => (self.weight * FIT_MARGIN).min(l.slots.pkg_total[p.get()]),
+            None => 0,
+        }
+    }
+
+    /// Adds the fit demand to its package's, in pack mode's per-package fit demands.
+    pub(super) fn add_fit(&self, l: &Layout, pkg_fit: &mut [u64]) {
+        if let Some(p) = self.loaded_pkg() {
+            pkg_fit[p.get()] += self.fit(l);
+        }
+    }
+
+    /// Adds the weight to its package's load in the draft (spread mode's package loads).
+    pub(super) fn add_load(&self, draft: &mut Draft) {
+        if let Some(p) = self.loaded_pkg() {
+            draft.pkg_load[p.get()] += self.weight;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::demand::keep_fraction;
+    use super::*;
+
+    #[test]
+    fn a_rise_counts_at_once_and_a_fall_decays_with_the_half_life() {
+        let keep = keep_fraction(Some(100), 500);
+        let mut h = Housekeeping::default();
+        h.set(PkgIndex(0), 0);
+        h.update(keep);
+        assert_eq!(h.weight, 0);
+        h.set(PkgIndex(0), 800);
+        h.update(keep);
+        assert_eq!(h.weight, 800, "a rise counts at once");
+        h.set(PkgIndex(0), 0);
+        for _ in 0..5 {
+            h.update(keep);
+        }
+        assert!(
+            (390..=410).contains(&h.weight),
+            "half after one half-life: {}",
+            h.weight
+        );
+        for _ in 0..100 {
+            h.update(keep);
+        }
+        assert_eq!(h.weight, 0, "it decays to nothing");
+    }
+
+    #[test]
+    fn more_than_one_cpu_counts_whole() {
+        let mut h = Housekeeping::default();
+        h.set(PkgIndex(0), 3000);
+        h.update(0);
+        assert_eq!(h.weight, 3000);
+    }
+}
