@@ -4,6 +4,7 @@
 mod common;
 
 use proptest::prelude::*;
+use pvmm_scheduler::placement::MIN_HOUSEKEEPING_UTIL;
 use pvmm_scheduler::{Decision, Engine, EngineConfig, HostTopology, Policy, VcpuLoad};
 
 use common::{busy_vcpus, loads_for, policy_strategy, run_steady, spec_strategy, TICK_MS};
@@ -36,8 +37,9 @@ fn run_with_housekeeping(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// An engine told every tick that its own threads used nothing, on any package or none,
-    /// decides exactly as one never told of them, under every policy, topology and load.
+    /// An engine told every tick that its own threads used nothing, or less than the floor
+    /// that tells a load from a VMM's bookkeeping, on any package or none, decides exactly as
+    /// one never told of them, under every policy, topology and load.
     #[test]
     fn no_housekeeping_load_changes_no_decision(
         (s, c, t) in spec_strategy(),
@@ -45,6 +47,7 @@ proptest! {
         vms in prop::collection::vec(1u32..=4, 1..6),
         utils in prop::collection::vec(0u32..=1100, 40),
         packages in prop::collection::vec(prop::option::of(0u32..4), 16),
+        own in prop::collection::vec(0u32..MIN_HOUSEKEEPING_UTIL, 16),
         share_package in any::<bool>(),
     ) {
         let topology = HostTopology::from_spec(&format!("{s}x{c}x{t}")).unwrap();
@@ -56,7 +59,7 @@ proptest! {
             let tick = tick as u32;
             let loads = loads_for(&vm_list, |vm, vcpu| utils[((vm * 7 + vcpu + tick * 3) % 40) as usize]);
             let package = package.filter(|p| *p < s);
-            prop_assert!(told.set_housekeeping(package, 0));
+            prop_assert!(told.set_housekeeping(package, own[tick as usize]));
             let now = u64::from(tick) * TICK_MS;
             prop_assert_eq!(plain.place(now, &loads).unwrap(), told.place(now, &loads).unwrap());
         }
@@ -170,4 +173,39 @@ fn an_unknown_package_is_refused() {
     assert!(!engine.set_housekeeping(Some(7), 512));
     assert!(engine.set_housekeeping(Some(1), 512));
     assert!(engine.set_housekeeping(None, 512));
+}
+
+/// Where the package cannot hold the vCPUs and the device threads (the whole host is full),
+/// the threads' excess is taken off the package's vCPUs' capacities, evenly: 4 busy vCPUs
+/// on 4 CPUs and a CPU of device work leave each vCPU 3/4 of its CPU.
+#[test]
+fn device_work_beyond_the_room_lowers_the_capacities() {
+    let topology = HostTopology::from_spec("1x4x1").unwrap();
+    let loads = busy_vcpus(4);
+    for policy in Policy::ALL {
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let d = run_with_housekeeping(&mut engine, (0, 3), 0, &loads);
+        assert!(d.assignments.iter().all(|a| a.capacity == 1024), "{policy}");
+        let d = run_with_housekeeping(&mut engine, (3, 6), 1024, &loads);
+        assert!(
+            d.assignments.iter().all(|a| a.capacity == 768),
+            "{policy}: {d:?}"
+        );
+    }
+}
+
+/// Device work the package has room for takes nothing from the vCPUs' capacities.
+#[test]
+fn device_work_with_room_leaves_the_capacities() {
+    let topology = HostTopology::from_spec("2x4x1").unwrap();
+    let mut engine = Engine::new(
+        topology,
+        Policy::Powersaving { level: 1 },
+        EngineConfig::default(),
+    );
+    let loads = busy_vcpus(3);
+    run_with_housekeeping(&mut engine, (0, 10), 0, &loads);
+    let d = run_with_housekeeping(&mut engine, (10, 20), 1024, &loads);
+    assert_eq!(per_package(&d), [2, 1]);
+    assert!(d.assignments.iter().all(|a| a.capacity == 1024), "{d:?}");
 }

@@ -14,10 +14,13 @@
 //!
 //! The threads may run on any CPU of their package (the host scheduler puts them where it
 //! finds room), so the load is counted against the package, never against one CPU: it takes
-//! no CPU slot and changes no vCPU's CPU offer.
+//! no CPU slot. Only when the package's capacity (every thread busy) cannot hold the vCPUs'
+//! load and theirs (spread mode, an overutilized host) do they take time the vCPUs would
+//! run: the excess, shared evenly by the package's CPUs, is taken off what each of those CPUs
+//! offers its vCPUs, so the capacities published to the guest show it.
 //!
-//! With no housekeeping load (none set, or 0), every count above adds 0: decisions are the
-//! same as an engine's that was never told of one.
+//! With no housekeeping load (none set, or an average under [`MIN_HOUSEKEEPING_UTIL`]), every
+//! count above adds 0: decisions are the same as an engine's that was never told of one.
 
 use crate::capacity::FIT_MARGIN;
 
@@ -25,6 +28,14 @@ use super::demand::{average, to_demand, DEMAND_FRAC};
 use super::draft::Draft;
 use super::index::PkgIndex;
 use super::layout::Layout;
+
+/// Average housekeeping load (1024 = one CPU) under which the engine counts none: about 1.6 %
+/// of a CPU, the least a vCPU counts for ([`super::MIN_VCPU_WEIGHT`]). A VMM's own threads
+/// never quite stop: pvmm's tick alone costs about a thousandth of a CPU
+/// (`docs/results/own-threads.md`). Counted, that would open a package for busy vCPUs that
+/// exactly fill theirs, for bookkeeping that costs them less than the noise of their own
+/// utilization; device threads at work use far more.
+pub const MIN_HOUSEKEEPING_UTIL: u32 = 16;
 
 /// The housekeeping load as the engine counts it between decisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +47,8 @@ pub(super) struct Housekeeping {
     /// Its average, scaled as the vCPUs' demand is ([`super::demand`]); None before the
     /// first decision that saw a reading.
     scaled: Option<u64>,
-    /// The weight of the current decision: the average, 1024 = one CPU.
+    /// The weight of the current decision: the average, 1024 = one CPU, or 0 under
+    /// [`MIN_HOUSEKEEPING_UTIL`].
     weight: u64,
 }
 
@@ -69,7 +81,12 @@ impl Housekeeping {
         let now = self.util * DEMAND_FRAC;
         let scaled = average(self.scaled, now, keep).max(now);
         self.scaled = Some(scaled);
-        self.weight = to_demand(scaled);
+        let average = to_demand(scaled);
+        self.weight = if average < u64::from(MIN_HOUSEKEEPING_UTIL) {
+            0
+        } else {
+            average
+        };
     }
 
     /// The package the load is counted on, if it is known and has a load this decision.
@@ -92,6 +109,19 @@ impl Housekeeping {
         if let Some(p) = self.loaded_pkg() {
             pkg_fit[p.get()] += self.fit(l);
         }
+    }
+
+    /// What the threads take from each CPU of their package beyond the room its vCPUs leave
+    /// (its capacity with every thread busy, less their load in `draft`): that excess shared
+    /// evenly by the package's CPUs, rounded up. None when there is no excess.
+    pub(super) fn taken_per_cpu(&self, l: &Layout, draft: &Draft) -> Option<(PkgIndex, u32)> {
+        let p = self.loaded_pkg()?.get();
+        let vcpus = draft.pkg_load[p].saturating_sub(self.weight);
+        let room = l.spread.pkg_cap[p].saturating_sub(vcpus);
+        let excess = self.weight.saturating_sub(room);
+        let cpus = u64::from(l.pkg_cpu_start[p + 1] - l.pkg_cpu_start[p]).max(1);
+        let per_cpu = u32::try_from(excess.div_ceil(cpus)).unwrap_or(u32::MAX);
+        (excess > 0).then_some((PkgIndex(p as u32), per_cpu))
     }
 
     /// Adds the weight to its package's load in the draft (spread mode's package loads).
@@ -130,6 +160,17 @@ mod tests {
             h.update(keep);
         }
         assert_eq!(h.weight, 0, "it decays to nothing");
+    }
+
+    #[test]
+    fn a_load_under_the_floor_counts_for_nothing() {
+        let mut h = Housekeeping::default();
+        h.set(PkgIndex(0), MIN_HOUSEKEEPING_UTIL - 1);
+        h.update(0);
+        assert_eq!(h.weight, 0);
+        h.set(PkgIndex(0), MIN_HOUSEKEEPING_UTIL);
+        h.update(0);
+        assert_eq!(h.weight, u64::from(MIN_HOUSEKEEPING_UTIL));
     }
 
     #[test]

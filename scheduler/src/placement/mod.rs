@@ -61,7 +61,9 @@
 //! `housekeeping`): it counts in the host's total fit demand, takes room from
 //! that package before any vCPU in pack mode, and adds to its load in spread
 //! mode. So vCPUs that fill a package with their I/O threads make a packing
-//! policy open another.
+//! policy open another; where the package still cannot hold both (spread
+//! mode, an overutilized host), its vCPUs' capacities are lowered by the
+//! excess.
 //!
 //! Migrations are bounded per vCPU by a token bucket (module `tokens`,
 //! [`EngineConfig::max_migrations_per_vcpu_per_s`]); a vCPU without a token
@@ -101,6 +103,7 @@ mod vcpus;
 pub use demand::{DEFAULT_DEMAND_HALF_LIFE_MS, DEMAND_FLAT_OUT_UTIL};
 use draft::{reset, Draft};
 use housekeeping::Housekeeping;
+pub use housekeeping::MIN_HOUSEKEEPING_UTIL;
 use index::CpuIndex;
 use layout::Layout;
 use pack::PackScratch;
@@ -213,8 +216,10 @@ pub struct Assignment {
     /// Package id of those CPUs.
     pub package: u32,
     /// Capacity the vCPU can get there running flat out, 1..=1024: its CPU's
-    /// share of the core (less when an SMT sibling is busy) minus what the
-    /// other vCPUs on that CPU use, but at least an equal share of it
+    /// share of the core (less when an SMT sibling is busy, and less what
+    /// the housekeeping threads take from it when their package has no room
+    /// left for them, [`Engine::set_housekeeping`]) minus what the other
+    /// vCPUs on that CPU use, but at least an equal share of it
     /// ([`crate::capacity::CpuOffer`]).
     pub capacity: u32,
 }
@@ -354,8 +359,10 @@ impl Engine {
     /// reading. Each decision averages the readings (a rise counts at once, a fall decays with
     /// [`EngineConfig::demand_half_life_ms`]) and counts the average as that package's load:
     /// in the fit demand that decides how many packages the packing policies use, against the
-    /// package's room for vCPUs, and in spread mode's package loads. Without a reading, or
-    /// with 0, decisions are those of an engine never told of one. False (and the reading
+    /// package's room for vCPUs, and in spread mode's package loads; what the package cannot
+    /// hold beside its vCPUs is taken off their capacities ([`Assignment::capacity`]). Without
+    /// a reading, or with an average under [`MIN_HOUSEKEEPING_UTIL`], decisions are those of an
+    /// engine never told of one. False (and the reading
     /// ignored) when `package` is not in the topology; None clears the package.
     pub fn set_housekeeping(&mut self, package: Option<u32>, util: u32) -> bool {
         let pkg = match package {
@@ -489,16 +496,21 @@ impl Engine {
     fn finish(&mut self, loads: &[VcpuLoad], share: bool, out: &mut Decision) {
         self.count_busy_cpus(loads);
         let l = &self.layout;
+        let taken = self.housekeeping.taken_per_cpu(l, &self.draft);
         let d = &mut self.draft;
         d.cpu_offer.clear();
         d.cpu_offer.extend((0..l.num_cpus()).map(|c| {
             let busy_threads = d.core_busy[l.cpu_core[c] as usize] + u32::from(!d.cpu_busy[c]);
-            CpuOffer::new(
+            let offer = CpuOffer::new(
                 l.cpu_capacity[c],
                 l.cpu_threads[c],
                 busy_threads,
                 d.cpu_count[c],
-            )
+            );
+            match taken {
+                Some((p, per_cpu)) if l.cpu_pkg[c] == p => offer.less(per_cpu, d.cpu_count[c]),
+                _ => offer,
+            }
         }));
         let assignments = &mut out.assignments;
         let migrations = &mut out.migrations;

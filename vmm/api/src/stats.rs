@@ -30,8 +30,8 @@ pub struct VmStats<P = Vec<PackageStats>, V = Vec<VcpuStats>> {
     /// Guest register accesses that were refused (None when nothing counts them).
     pub guest_register_errors: Option<u64>,
     /// CPU time pvmm's own threads (the virtio devices', console, API and scheduler threads)
-    /// used over the last tick, in CPUs (more than 1 when several are busy): what placement
-    /// counts as load on the package they are kept on. 0 in lines that predate it.
+    /// used over the last tick, in CPUs (more than 1 when several are busy); pvmm's engine
+    /// counts its average as load on the package they are kept on. 0 when a line lacks it.
     #[serde(default)]
     pub housekeeping: f64,
     /// vCPUs moved this tick.
