@@ -209,3 +209,18 @@ fn device_work_with_room_leaves_the_capacities() {
     assert_eq!(per_package(&d), [2, 1]);
     assert!(d.assignments.iter().all(|a| a.capacity == 1024), "{d:?}");
 }
+
+/// The engine names the package it counted a housekeeping load on, and none while the load is
+/// under the floor.
+#[test]
+fn the_package_counted_on_is_named_while_it_has_a_load() {
+    let topology = HostTopology::from_spec("2x2x1").unwrap();
+    let mut engine = Engine::new(topology, Policy::Balance, EngineConfig::default());
+    let loads = busy_vcpus(1);
+    assert_eq!(engine.housekeeping_package(), None);
+    run_with_housekeeping(&mut engine, (0, 1), MIN_HOUSEKEEPING_UTIL - 1, &loads);
+    assert_eq!(engine.housekeeping_package(), None);
+    assert!(engine.set_housekeeping(Some(1), 300));
+    engine.place(TICK_MS, &loads).unwrap();
+    assert_eq!(engine.housekeeping_package(), Some(1));
+}

@@ -90,7 +90,7 @@ impl Housekeeping {
     }
 
     /// The package the load is counted on, if it is known and has a load this decision.
-    fn loaded_pkg(&self) -> Option<PkgIndex> {
+    pub(super) fn loaded_pkg(&self) -> Option<PkgIndex> {
         (!self.pkg.is_none() && self.weight > 0).then_some(self.pkg)
     }
 

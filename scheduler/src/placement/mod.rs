@@ -376,6 +376,16 @@ impl Engine {
         true
     }
 
+    /// The package the last decision counted a housekeeping load on ([`Engine::set_housekeeping`]),
+    /// None when it counted none. That package is in use as much as one holding vCPUs: the
+    /// threads' owner keeps them there rather than move them after vCPUs that left to make
+    /// room for them (and that would follow them back).
+    pub fn housekeeping_package(&self) -> Option<u32> {
+        self.housekeeping
+            .loaded_pkg()
+            .map(|p| self.layout.pkg_id(p))
+    }
+
     /// The host topology placements are made on.
     pub fn topology(&self) -> &HostTopology {
         &self.topology

@@ -3,13 +3,16 @@
 //!
 //! A package reaches its deep idle state only when every CPU in it is idle, so a VMM thread
 //! that wakes every tick on a package the placement keeps empty costs that package its sleep.
-//! pvmm's own threads therefore follow the lowest-numbered package that holds vCPUs. The
+//! pvmm's own threads therefore follow the lowest-numbered package that holds vCPUs (or, while
+//! placement counts their own load on a lower package, stay there: see below). The
 //! threads are listed from `/proc/self/task` at each tick rather than registered, so threads
 //! a library starts (the API's connection threads) are covered too.
 //!
 //! What they run there is load on that package like the vCPUs': a guest doing heavy I/O keeps
 //! its device threads busy. [`OwnThreads::sample_load`] adds up their time on CPU (each
-//! thread's `schedstat`, kept open) for the placement engine to count on their package.
+//! thread's `schedstat`, kept open) for the placement engine to count on their package. vCPUs
+//! may leave that package to make room for them; the threads then stay where their load is
+//! counted rather than follow those vCPUs, which would move back to make room again.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

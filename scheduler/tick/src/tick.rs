@@ -16,7 +16,9 @@
 //!    ([`Members::apply_outside`]), or under the `none` policy where the host ran each thread
 //!    ([`Members::follow_host`]); housekeeping threads onto the lowest-numbered package that
 //!    holds vCPUs ([`Members::pin_housekeeping`]), since a package reaches its deep idle state
-//!    only when every CPU in it is idle; capacities to the guests ([`Members::publish`]);
+//!    only when every CPU in it is idle (a package the engine counted their own load on counts
+//!    as holding vCPUs, [`pvmm_scheduler::Engine::housekeeping_package`]); capacities to the
+//!    guests ([`Members::publish`]);
 //! 5. **report** ([`Members::report`]).
 //!
 //! The engine starts afresh when the policy changes, when an outside balancer's lease ends,
@@ -378,7 +380,9 @@ impl Tick {
 
     /// Keeps housekeeping threads on the lowest-numbered package holding vCPUs, while the
     /// loop or an outside balancer places them, and notes that package for the next decision.
-    /// Returns refused affinity changes.
+    /// A package the engine counted their load on counts as holding vCPUs: vCPUs that left it
+    /// to make room for the threads must not draw the threads after them, or each would
+    /// follow the other from package to package every tick. Returns refused affinity changes.
     fn pin_housekeeping<M: Members>(
         &mut self,
         decided: bool,
@@ -390,7 +394,9 @@ impl Tick {
             return 0;
         }
         let home = if decided {
-            self.decision.assignments.iter().map(|a| a.package).min()
+            let counted = self.engine.as_ref().and_then(Engine::housekeeping_package);
+            let vcpus = self.decision.assignments.iter().map(|a| a.package).min();
+            vcpus.into_iter().chain(counted).min()
         } else {
             members.lowest_package()
         };

@@ -147,7 +147,9 @@ impl LiveScheduler {
         self
     }
 
-    /// Keeps pvmm's own threads on the lowest-numbered package that holds vCPUs.
+    /// Keeps pvmm's own threads on the lowest-numbered package that holds vCPUs (or their own
+    /// load, [`pvmm_scheduler::Engine::housekeeping_package`]), and counts their CPU time as
+    /// load there.
     pub fn with_own_threads(mut self, own: OwnThreads) -> Self {
         self.vm.own_threads = Some(own);
         self

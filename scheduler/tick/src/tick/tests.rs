@@ -191,6 +191,48 @@ fn housekeeping_load_takes_room_on_its_package() {
     assert_eq!(m.housekeeping.last(), Some(&two_packages().package_cpus(0)));
 }
 
+/// Housekeeping threads busy enough to push every vCPU off their package stay there: the
+/// vCPUs settle on the other package instead of drawing the threads after them, tick after
+/// tick. One busy vCPU and a CPU of device work need both single-CPU packages (powersaving);
+/// a fifth of a CPU of device work sends a busy vCPU to the emptier package (performance).
+#[test]
+fn housekeeping_threads_do_not_chase_the_vcpus_that_make_room_for_them() {
+    for (policy, spec, util) in [
+        (powersaving(), "2x1x1", 1024),
+        (PlacementPolicy::Managed(Policy::Performance), "2x2x1", 200),
+    ] {
+        let topology = HostTopology::from_spec(spec).expect("a valid spec");
+        let mut t = Tick::new(
+            policy,
+            topology.clone(),
+            EngineConfig::default(),
+            PhaseClock::Wall,
+        );
+        let mut m = Recorder {
+            vcpus: busy(1),
+            housekeeping_util: util,
+            ..Recorder::default()
+        };
+        let mut moves = 0;
+        for i in 0..40 {
+            let d = t
+                .run(i * 100_000_000, &mut m)
+                .expect("placed")
+                .expect("decided");
+            if i >= 20 {
+                moves += d.migrations.len();
+            }
+        }
+        assert_eq!(t.decision().assignments[0].package, 1, "{policy}");
+        assert_eq!(moves, 0, "{policy}: settled");
+        assert_eq!(
+            m.housekeeping.last(),
+            Some(&topology.package_cpus(0)),
+            "{policy}"
+        );
+    }
+}
+
 #[test]
 fn totals_add_what_the_members_applied() {
     let mut t = tick(powersaving());

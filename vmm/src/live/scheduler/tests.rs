@@ -436,7 +436,8 @@ fn sharing_vcpus_keep_their_cpus_when_another_goes_offline() {
 
 /// A busy device thread of pvmm's own is load on the package pvmm's threads are kept on: two
 /// always-busy vCPUs fill a two-CPU package, so once `pvmm-blk0` runs there too, powersaving
-/// moves one vCPU to the other package, and the snapshot reports the threads' CPU time.
+/// moves vCPUs to the other package (one or both: how much CPU the spinning thread gets on a
+/// shared test machine decides), and the snapshot reports the threads' CPU time.
 #[test]
 fn a_busy_device_thread_takes_room_from_the_vcpus() {
     let topo = HostTopology::from_spec("2x2x1").unwrap();
@@ -474,7 +475,7 @@ fn a_busy_device_thread_takes_room_from_the_vcpus() {
     while !spread && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
         let d = s.tick().unwrap().expect("decided");
-        spread = packages(d) == [0, 1];
+        spread = packages(d).contains(&1);
     }
     let snap = s.snapshot(s.now_ns(), 0);
     drop(stop);
