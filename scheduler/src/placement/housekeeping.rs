@@ -81,11 +81,11 @@ impl Housekeeping {
         let now = self.util * DEMAND_FRAC;
         let scaled = average(self.scaled, now, keep).max(now);
         self.scaled = Some(scaled);
-        let average = to_demand(scaled);
-        self.weight = if average < u64::from(MIN_HOUSEKEEPING_UTIL) {
+        let demand = to_demand(scaled);
+        self.weight = if demand < u64::from(MIN_HOUSEKEEPING_UTIL) {
             0
         } else {
-            average
+            demand
         };
     }
 
