@@ -7,7 +7,9 @@ use proptest::prelude::*;
 use pvmm_scheduler::placement::MIN_HOUSEKEEPING_UTIL;
 use pvmm_scheduler::{Decision, Engine, EngineConfig, HostTopology, Policy, VcpuLoad};
 
-use common::{busy_vcpus, loads_for, policy_strategy, run_steady, spec_strategy, TICK_MS};
+use common::{
+    busy_vcpus, check_decision, loads_for, policy_strategy, run_steady, spec_strategy, TICK_MS,
+};
 
 /// vCPUs per package of `decision`, in package id order (two packages).
 fn per_package(decision: &Decision) -> [usize; 2] {
@@ -62,6 +64,33 @@ proptest! {
             prop_assert!(told.set_housekeeping(package, own[tick as usize]));
             let now = u64::from(tick) * TICK_MS;
             prop_assert_eq!(plain.place(now, &loads).unwrap(), told.place(now, &loads).unwrap());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Any housekeeping load, on any package, leaves every decision well formed (each vCPU
+    /// placed once, on the topology, capacities 1..=1024), and debug builds check spread
+    /// mode's shortcuts against its search with the load in the package loads.
+    #[test]
+    fn any_housekeeping_load_gives_well_formed_decisions(
+        (s, c, t) in spec_strategy(),
+        policy in policy_strategy(),
+        vms in prop::collection::vec(1u32..=4, 1..6),
+        utils in prop::collection::vec(0u32..=1100, 40),
+        own in prop::collection::vec((prop::option::of(0u32..4), 0u32..5000), 16),
+    ) {
+        let topology = HostTopology::from_spec(&format!("{s}x{c}x{t}")).unwrap();
+        let mut engine = Engine::new(topology.clone(), policy, EngineConfig::default());
+        let vm_list: Vec<(u32, u32)> = vms.iter().enumerate().map(|(i, n)| (i as u32, *n)).collect();
+        for (tick, (package, util)) in own.iter().enumerate() {
+            let tick = tick as u32;
+            let loads = loads_for(&vm_list, |vm, vcpu| utils[((vm * 5 + vcpu + tick) % 40) as usize]);
+            prop_assert!(engine.set_housekeeping(package.filter(|p| *p < s), *util));
+            let d = engine.place(u64::from(tick) * TICK_MS, &loads).unwrap();
+            check_decision(&topology, &loads, &d);
         }
     }
 }
