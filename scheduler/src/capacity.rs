@@ -81,6 +81,18 @@ impl CpuOffer {
         }
     }
 
+    /// What the CPU offers its `vcpus_on_cpu` vCPUs (the count it was made
+    /// for) when work that is no vCPU's takes `taken` of it: the share less
+    /// `taken` (at least 1), and an equal share of that. With `taken` 0, the
+    /// same offer.
+    pub fn less(self, taken: u32, vcpus_on_cpu: u32) -> Self {
+        let share = self.share.saturating_sub(taken).max(1);
+        CpuOffer {
+            share,
+            fair: share / vcpus_on_cpu.max(1),
+        }
+    }
+
     /// The effective capacity of one of its vCPUs when the others use
     /// `others_util`.
     pub fn for_vcpu(&self, others_util: u64) -> u32 {
@@ -148,6 +160,16 @@ mod tests {
         assert_eq!(offer(1024, 1, 1, 4, 3 * 16), 976, "idle sharers leave most");
         assert_eq!(offer(1024, 1, 1, 1, 0), 1024);
         assert_eq!(offer(1, 1, 1, 8, 7), 1);
+        let less = |vcpus, taken, others| {
+            CpuOffer::new(1024, 1, 1, vcpus)
+                .less(taken, vcpus)
+                .for_vcpu(others)
+        };
+        assert_eq!(less(1, 0, 0), 1024);
+        assert_eq!(less(4, 0, 3 * 1024), 256);
+        assert_eq!(less(1, 256, 0), 768);
+        assert_eq!(less(2, 256, 1024), 384, "the rest is shared");
+        assert_eq!(less(1, 2000, 0), 1);
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub const DEMAND_FLAT_OUT_UTIL: u32 = 870;
 
 /// Fixed-point scale of the kept demand (1024 steps per utilization unit), so
 /// that slow decay is not lost to rounding.
-const DEMAND_FRAC: u64 = 1024;
+pub(super) const DEMAND_FRAC: u64 = 1024;
 
 /// The share (of [`DEMAND_FRAC`]) of the old average kept after `dt_ms` with
 /// half-life `half_life_ms`: 0 when averaging is off or no time is known.
@@ -88,10 +88,7 @@ impl Demand {
         let util = u64::from(load.util.min(CAPACITY_SCALE));
         let ran = util - u64::from(load.waited).min(util);
         let now = ran * DEMAND_FRAC;
-        let mut scaled = match self.scaled {
-            Some(old) => (old * keep + now * (DEMAND_FRAC - keep)) / DEMAND_FRAC,
-            None => now,
-        };
+        let mut scaled = average(self.scaled, now, keep);
         if util >= u64::from(DEMAND_FLAT_OUT_UTIL) {
             scaled = scaled.max(util * DEMAND_FRAC);
         } else if let (true, Some(before)) = (load.busy, self.busy_before) {
@@ -99,8 +96,22 @@ impl Demand {
         }
         self.busy_before = load.busy.then_some(now);
         self.scaled = Some(scaled);
-        (scaled + DEMAND_FRAC / 2) / DEMAND_FRAC
+        to_demand(scaled)
     }
+}
+
+/// `old` (None before the first reading) averaged with `now` (both x [`DEMAND_FRAC`]),
+/// keeping `keep` of `old` ([`keep_fraction`]); the first reading is taken whole.
+pub(super) fn average(old: Option<u64>, now: u64, keep: u64) -> u64 {
+    match old {
+        Some(old) => (old * keep + now * (DEMAND_FRAC - keep)) / DEMAND_FRAC,
+        None => now,
+    }
+}
+
+/// A kept average (x [`DEMAND_FRAC`]) as a demand, rounded.
+pub(super) fn to_demand(scaled: u64) -> u64 {
+    (scaled + DEMAND_FRAC / 2) / DEMAND_FRAC
 }
 
 #[cfg(test)]

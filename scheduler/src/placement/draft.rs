@@ -23,7 +23,8 @@ pub(super) struct Draft {
     /// vCPUs that were placed before and have no migration token left: they
     /// stay on their CPU whatever the policy wants.
     pub(super) out_of_tokens: Vec<bool>,
-    /// Sum of the weights placed on each CPU, core and package.
+    /// Sum of the weights placed on each CPU, core and package (a package's
+    /// also holds the housekeeping load counted on it, `super::housekeeping`).
     pub(super) cpu_load: Vec<u64>,
     pub(super) core_load: Vec<u64>,
     pub(super) pkg_load: Vec<u64>,

@@ -182,6 +182,14 @@ impl Layout {
             .map(|i| CpuIndex(i as u32))
     }
 
+    /// The dense index of package id `id`, if the topology has it.
+    pub(super) fn pkg_index(&self, id: u32) -> Option<PkgIndex> {
+        self.pkg_id
+            .iter()
+            .position(|&p| p == id)
+            .map(|p| PkgIndex(p as u32))
+    }
+
     /// The CPU id of dense CPU `c`.
     pub(super) fn cpu_id(&self, c: CpuIndex) -> u32 {
         self.cpu_id[c.get()]

@@ -56,6 +56,15 @@
 //! When the whole host's fit demand exceeds the sum of its slots, every
 //! policy spreads instead of packing.
 //!
+//! The placing process's own threads (a VMM's device threads, say) are load
+//! too, on the package they are kept on ([`Engine::set_housekeeping`]; module
+//! `housekeeping`): it counts in the host's total fit demand, takes room from
+//! that package before any vCPU in pack mode, and adds to its load in spread
+//! mode. So vCPUs that fill a package with their I/O threads make a packing
+//! policy open another; where the package still cannot hold both (spread
+//! mode, an overutilized host), its vCPUs' capacities are lowered by the
+//! excess.
+//!
 //! Migrations are bounded per vCPU by a token bucket (module `tokens`,
 //! [`EngineConfig::max_migrations_per_vcpu_per_s`]); a vCPU without a token
 //! stays where it is, whatever the policy wants.
@@ -66,6 +75,7 @@
 //! - `index`: dense CPU and package indices, distinct from CPU and package ids;
 //! - `vcpus`: the vCPUs known between decisions, matched to the input by id;
 //! - `demand`: each vCPU's demand, the weight of the decisions;
+//! - `housekeeping`: the load of threads that are not vCPUs, on their package;
 //! - `tokens`: the migration token bucket;
 //! - `ramp`: thrash control for the number of packages in use;
 //! - `draft`: the decision being built, shared by both modes;
@@ -81,6 +91,7 @@ use crate::topology::HostTopology;
 mod allowed;
 mod demand;
 mod draft;
+mod housekeeping;
 mod index;
 mod layout;
 mod pack;
@@ -91,6 +102,8 @@ mod vcpus;
 
 pub use demand::{DEFAULT_DEMAND_HALF_LIFE_MS, DEMAND_FLAT_OUT_UTIL};
 use draft::{reset, Draft};
+use housekeeping::Housekeeping;
+pub use housekeeping::MIN_HOUSEKEEPING_UTIL;
 use index::CpuIndex;
 use layout::Layout;
 use pack::PackScratch;
@@ -203,8 +216,10 @@ pub struct Assignment {
     /// Package id of those CPUs.
     pub package: u32,
     /// Capacity the vCPU can get there running flat out, 1..=1024: its CPU's
-    /// share of the core (less when an SMT sibling is busy) minus what the
-    /// other vCPUs on that CPU use, but at least an equal share of it
+    /// share of the core (less when an SMT sibling is busy, and less what
+    /// the housekeeping threads take from it when their package has no room
+    /// left for them, [`Engine::set_housekeeping`]) minus what the other
+    /// vCPUs on that CPU use, but at least an equal share of it
     /// ([`crate::capacity::CpuOffer`]).
     pub capacity: u32,
 }
@@ -292,6 +307,8 @@ pub struct Engine {
     adopted_packages: usize,
     /// The CPUs some vCPUs are limited to ([`Engine::set_allowed`]).
     allowed: std::collections::HashMap<VcpuId, CpuSet>,
+    /// The placing process's own threads' load ([`Engine::set_housekeeping`]).
+    housekeeping: Housekeeping,
 }
 
 impl Engine {
@@ -315,6 +332,7 @@ impl Engine {
             assumed: std::collections::HashMap::new(),
             adopted_packages: 0,
             allowed: std::collections::HashMap::new(),
+            housekeeping: Housekeeping::default(),
         }
     }
 
@@ -333,6 +351,39 @@ impl Engine {
             Some(_) => true,
             None => false,
         }
+    }
+
+    /// Counts `util` (1024 = one CPU; threads together may use more) of CPU time that no
+    /// vCPU uses on package `package` in the next decisions: the placing process's own threads
+    /// (device, console, API threads), kept on that package, used that much since the previous
+    /// reading. Each decision averages the readings (a rise counts at once, a fall decays with
+    /// [`EngineConfig::demand_half_life_ms`]) and counts the average as that package's load:
+    /// in the fit demand that decides how many packages the packing policies use, against the
+    /// package's room for vCPUs, and in spread mode's package loads; what the package cannot
+    /// hold beside its vCPUs is taken off their capacities ([`Assignment::capacity`]). Without
+    /// a reading, or with an average under [`MIN_HOUSEKEEPING_UTIL`], decisions are those of an
+    /// engine never told of one. False (and the reading
+    /// ignored) when `package` is not in the topology; None clears the package.
+    pub fn set_housekeeping(&mut self, package: Option<u32>, util: u32) -> bool {
+        let pkg = match package {
+            Some(id) => match self.layout.pkg_index(id) {
+                Some(pkg) => pkg,
+                None => return false,
+            },
+            None => index::PkgIndex::NONE,
+        };
+        self.housekeeping.set(pkg, util);
+        true
+    }
+
+    /// The package the last decision counted a housekeeping load on ([`Engine::set_housekeeping`]),
+    /// None when it counted none. That package is in use as much as one holding vCPUs: the
+    /// threads' owner keeps them there rather than move them after vCPUs that left to make
+    /// room for them (and that would follow them back).
+    pub fn housekeeping_package(&self) -> Option<u32> {
+        self.housekeeping
+            .loaded_pkg()
+            .map(|p| self.layout.pkg_id(p))
     }
 
     /// The host topology placements are made on.
@@ -385,13 +436,15 @@ impl Engine {
         self.sync_state(now_ms, loads)?;
         self.update_demand(now_ms, loads);
         self.draft.begin(&self.layout);
+        self.housekeeping.add_load(&mut self.draft);
         self.refill_tokens(now_ms);
         let total_fit: u64 = self
             .draft
             .weight
             .iter()
             .map(|w| layout::fit_demand(*w, self.layout.slots.host_max))
-            .sum();
+            .sum::<u64>()
+            + self.housekeeping.fit(&self.layout);
         let overutilized = total_fit > self.layout.slots.total;
         let (target_packages, preferred) = if !self.policy.packs() || overutilized {
             let num_pkgs = self.layout.num_pkgs();
@@ -424,6 +477,7 @@ impl Engine {
         let dt = self.last_ms.map(|last| now_ms.saturating_sub(last));
         self.last_ms = Some(now_ms);
         let keep = demand::keep_fraction(dt, self.config.demand_half_life_ms);
+        self.housekeeping.update(keep);
         let weight = &mut self.draft.weight;
         weight.clear();
         weight.extend(self.vcpus.iter_mut().zip(loads).map(|(v, l)| {
@@ -452,16 +506,21 @@ impl Engine {
     fn finish(&mut self, loads: &[VcpuLoad], share: bool, out: &mut Decision) {
         self.count_busy_cpus(loads);
         let l = &self.layout;
+        let taken = self.housekeeping.taken_per_cpu(l, &self.draft);
         let d = &mut self.draft;
         d.cpu_offer.clear();
         d.cpu_offer.extend((0..l.num_cpus()).map(|c| {
             let busy_threads = d.core_busy[l.cpu_core[c] as usize] + u32::from(!d.cpu_busy[c]);
-            CpuOffer::new(
+            let offer = CpuOffer::new(
                 l.cpu_capacity[c],
                 l.cpu_threads[c],
                 busy_threads,
                 d.cpu_count[c],
-            )
+            );
+            match taken {
+                Some((p, per_cpu)) if l.cpu_pkg[c] == p => offer.less(per_cpu, d.cpu_count[c]),
+                _ => offer,
+            }
         }));
         let assignments = &mut out.assignments;
         let migrations = &mut out.migrations;

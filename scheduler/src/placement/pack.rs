@@ -146,12 +146,14 @@ impl Engine {
         needed
     }
 
-    /// Empties pack mode's fit demands; the first `in_use` packages are in use.
+    /// Empties pack mode's fit demands but the housekeeping load's; the first `in_use`
+    /// packages are in use.
     fn begin_pack(&mut self, in_use: usize) {
         let l = &self.layout;
         let s = &mut self.pack;
         reset(&mut s.cpu_fit, l.num_cpus(), 0);
         reset(&mut s.pkg_fit, l.num_pkgs(), 0);
+        self.housekeeping.add_fit(l, &mut s.pkg_fit);
         reset(&mut s.active, l.num_pkgs(), false);
         s.active[..in_use].fill(true);
         s.pkg_cursor.clear();

@@ -1,17 +1,27 @@
-//! pvmm's own threads (everything but the vCPUs: main, console, scheduler, API): where they
-//! may run.
+//! pvmm's own threads (everything but the vCPUs: main, console, scheduler, API, the virtio
+//! devices' threads): where they may run, and how much CPU time they use.
 //!
 //! A package reaches its deep idle state only when every CPU in it is idle, so a VMM thread
 //! that wakes every tick on a package the placement keeps empty costs that package its sleep.
-//! pvmm's own threads therefore follow the lowest-numbered package that holds vCPUs. The
+//! pvmm's own threads therefore follow the lowest-numbered package that holds vCPUs (or, while
+//! placement counts their own load on a lower package, stay there: see below). The
 //! threads are listed from `/proc/self/task` at each tick rather than registered, so threads
 //! a library starts (the API's connection threads) are covered too.
+//!
+//! What they run there is load on that package like the vCPUs': a guest doing heavy I/O keeps
+//! its device threads busy. [`OwnThreads::sample_load`] adds up their time on CPU (each
+//! thread's `schedstat`, kept open) for the placement engine to count on their package. vCPUs
+//! may leave that package to make room for them; the threads then stay where their load is
+//! counted rather than follow those vCPUs, which would move back to make room again.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
+use pvmm_scheduler::capacity::CAPACITY_SCALE;
 use pvmm_scheduler::{CpuSet, Executor};
+
+use crate::procfs::{parse_schedstat, ProcFile};
 
 /// Room for `getdents64` records: at most 32 bytes for a thread id's entry, so one call lists
 /// about 500 threads.
@@ -49,6 +59,29 @@ pub struct OwnThreads {
     pinned: Vec<i32>,
     /// Threads whose affinity the host refused, sorted: tried once, not every tick.
     refused: Vec<i32>,
+    /// The CPU time of the threads alive at the last [`OwnThreads::sample_load`], by thread id.
+    clocks: Vec<ThreadClock>,
+    /// When [`OwnThreads::sample_load`] last read them.
+    sampled_ns: Option<u64>,
+}
+
+/// One thread's time on CPU, from its `schedstat` kept open.
+#[derive(Debug)]
+struct ThreadClock {
+    tid: i32,
+    schedstat: ProcFile,
+    /// Its time on CPU at the last reading, in ns.
+    ran_ns: Option<u64>,
+}
+
+impl ThreadClock {
+    /// Reads the thread's time on CPU; returns how much it grew since the last reading (0 at
+    /// the first), or None when the thread has ended.
+    fn read(&mut self) -> Option<u64> {
+        let (_, ran) = parse_schedstat(self.schedstat.read()?)?;
+        let before = self.ran_ns.replace(ran);
+        Some(before.map_or(0, |b| ran.saturating_sub(b)))
+    }
 }
 
 impl OwnThreads {
@@ -69,6 +102,8 @@ impl OwnThreads {
             target: CpuSet::new(),
             pinned: Vec::new(),
             refused: Vec::new(),
+            clocks: Vec::new(),
+            sampled_ns: None,
         }
     }
 
@@ -123,6 +158,59 @@ impl OwnThreads {
             }
         }
         refused
+    }
+
+    /// The CPU time the threads used since the last call, over the time since then (`now_ns`
+    /// on any monotonic clock): 1024 = one CPU, so several busy threads make more than 1024.
+    /// 0 at the first call and when the task directory cannot be read. A thread counts from
+    /// its second reading, so one that starts or ends between two calls counts for only part
+    /// of that interval. Allocates only for threads that started since the last call.
+    pub fn sample_load(&mut self, now_ns: u64) -> u32 {
+        let since = self
+            .sampled_ns
+            .replace(now_ns)
+            .map(|then| now_ns.saturating_sub(then));
+        if !self.read_alive() {
+            self.clocks.clear();
+            return 0;
+        }
+        self.follow_clocks();
+        let mut ran_ns = 0u64;
+        // A thread whose schedstat cannot be read has ended (or its id was reused since: the
+        // next call opens the new thread's file).
+        self.clocks.retain_mut(|c| match c.read() {
+            Some(ran) => {
+                ran_ns = ran_ns.saturating_add(ran);
+                true
+            }
+            None => false,
+        });
+        match since {
+            Some(dt) if dt > 0 => {
+                let util = u128::from(ran_ns) * u128::from(CAPACITY_SCALE) / u128::from(dt);
+                u32::try_from(util).unwrap_or(u32::MAX)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Keeps a clock for every thread in `self.alive`, and none for the others.
+    fn follow_clocks(&mut self) {
+        let alive = &self.alive;
+        self.clocks.retain(|c| alive.binary_search(&c.tid).is_ok());
+        for &tid in alive {
+            if let Err(at) = self.clocks.binary_search_by_key(&tid, |c| c.tid) {
+                let path = self.task_dir.join(tid.to_string()).join("schedstat");
+                self.clocks.insert(
+                    at,
+                    ThreadClock {
+                        tid,
+                        schedstat: ProcFile::new(path),
+                        ran_ns: None,
+                    },
+                );
+            }
+        }
     }
 
     /// Lists the threads alive now, but the vCPUs, into `self.alive`; false when the task
@@ -205,6 +293,74 @@ fn parse_tid(name: &[u8]) -> Option<i32> {
 mod tests {
     use super::*;
     use pvmm_scheduler::RecordingExecutor;
+
+    /// A thread of a fake tree: its schedstat says it ran `ran_ns`.
+    fn set_ran(dir: &std::path::Path, tid: i32, ran_ns: u64) {
+        std::fs::write(
+            dir.join(tid.to_string()).join("schedstat"),
+            format!("{ran_ns} 0 1\n"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn the_load_is_the_own_threads_time_on_cpu_over_the_interval() {
+        let dir = fake_tree(
+            "load",
+            &[
+                (10, "pvmm"),
+                (11, "vcpu0"),
+                (12, "pvmm-blk0"),
+                (13, "pvmm-net0"),
+            ],
+        );
+        for tid in 10..=13 {
+            set_ran(&dir, tid, 1_000_000);
+        }
+        let mut own = OwnThreads::in_dir(dir.clone(), vec![11]);
+        assert_eq!(own.sample_load(0), 0, "the first reading has no interval");
+        set_ran(&dir, 10, 1_000_000 + 10_000_000);
+        set_ran(&dir, 11, 1_000_000 + 100_000_000);
+        set_ran(&dir, 12, 1_000_000 + 90_000_000);
+        set_ran(&dir, 13, 1_000_000 + 50_000_000);
+        // 150 ms of own threads' time (the vCPU's left out) in 100 ms: 1.5 CPUs.
+        assert_eq!(own.sample_load(100_000_000), 1536);
+        assert_eq!(own.sample_load(200_000_000), 0, "no time since");
+        // An ended thread is dropped; a new one counts from its second reading.
+        std::fs::remove_dir_all(dir.join("13")).unwrap();
+        std::fs::create_dir_all(dir.join("14")).unwrap();
+        set_ran(&dir, 14, 7_000_000_000);
+        set_ran(&dir, 12, 1_000_000 + 90_000_000 + 25_000_000);
+        assert_eq!(own.sample_load(300_000_000), 256);
+        assert_eq!(
+            own.clocks.iter().map(|c| c.tid).collect::<Vec<_>>(),
+            [10, 12, 14]
+        );
+        set_ran(&dir, 14, 7_000_000_000 + 100_000_000);
+        assert_eq!(own.sample_load(400_000_000), 1024);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_busy_thread_of_this_process_shows_in_its_load() {
+        let mut own = OwnThreads::new(vec![]);
+        let start = std::time::Instant::now();
+        own.sample_load(0);
+        let (done, finish) = std::sync::mpsc::channel::<()>();
+        let spinner = std::thread::spawn(move || {
+            while let Err(std::sync::mpsc::TryRecvError::Empty) = finish.try_recv() {
+                std::hint::spin_loop();
+            }
+        });
+        // The spinner's first reading, then an interval of spinning.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        own.sample_load(start.elapsed().as_nanos() as u64);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let load = own.sample_load(start.elapsed().as_nanos() as u64);
+        drop(done);
+        spinner.join().unwrap();
+        assert!(load > 0, "{load}");
+    }
 
     fn fake_tree(name: &str, threads: &[(i32, &str)]) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("pvmm-own-{name}-{}", std::process::id()));

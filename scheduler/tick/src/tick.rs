@@ -4,16 +4,21 @@
 //! VM on the host under `pvmm-host`, or `pvmm-sim`'s simulated threads):
 //!
 //! 1. **discover**: members join and leave ([`Members::discover`]);
-//! 2. **read**: each vCPU's load from its idle signal ([`Members::sample`]), and the host's
-//!    online CPUs: when they changed, the topology follows and the engine starts afresh;
+//! 2. **read**: each vCPU's load from its idle signal ([`Members::sample`]), the CPU time the
+//!    housekeeping threads used ([`Members::sample_housekeeping`]), and the host's online
+//!    CPUs: when they changed, the topology follows and the engine starts afresh;
 //! 3. **decide**: control requests ([`Members::control`]: a policy change, an outside
 //!    balancer's lease), then the engine, told first where the vCPUs it has not placed yet run
-//!    ([`Members::assume`]), so that a vCPU already where the policy wants it does not move;
+//!    ([`Members::assume`]), so that a vCPU already where the policy wants it does not move,
+//!    and what the housekeeping threads used on the package they were kept on
+//!    ([`pvmm_scheduler::Engine::set_housekeeping`]), so that their load takes room there;
 //! 4. **apply**: the decision's affinities ([`Members::apply`]), or an outside balancer's
 //!    ([`Members::apply_outside`]), or under the `none` policy where the host ran each thread
 //!    ([`Members::follow_host`]); housekeeping threads onto the lowest-numbered package that
 //!    holds vCPUs ([`Members::pin_housekeeping`]), since a package reaches its deep idle state
-//!    only when every CPU in it is idle; capacities to the guests ([`Members::publish`]);
+//!    only when every CPU in it is idle (a package the engine counted their own load on counts
+//!    as holding vCPUs, [`pvmm_scheduler::Engine::housekeeping_package`]); capacities to the
+//!    guests ([`Members::publish`]);
 //! 5. **report** ([`Members::report`]).
 //!
 //! The engine starts afresh when the policy changes, when an outside balancer's lease ends,
@@ -147,6 +152,13 @@ pub trait Members {
         0
     }
 
+    /// The CPU time the housekeeping threads ([`Members::pin_housekeeping`]) used since the
+    /// last reading, over the time since then: 1024 = one CPU (several threads may use more);
+    /// 0 at the first reading. The engine counts it on the package they were kept on.
+    fn sample_housekeeping(&mut self, _now_ns: u64) -> u32 {
+        0
+    }
+
     /// Tells the guests each vCPU's capacity.
     fn publish(&mut self) {}
 
@@ -172,6 +184,10 @@ pub struct Tick {
     package_capacity: Vec<u32>,
     all_cpus: CpuSet,
     loads: Vec<VcpuLoad>,
+    /// The package housekeeping threads were kept on at the last tick, if any.
+    housekeeping_package: Option<u32>,
+    /// What they used since ([`Members::sample_housekeeping`]).
+    housekeeping_util: u32,
     decision: Decision,
     totals: Totals,
 }
@@ -197,6 +213,8 @@ impl Tick {
             package_capacity: Vec::new(),
             all_cpus: CpuSet::new(),
             loads: Vec::new(),
+            housekeeping_package: None,
+            housekeeping_util: 0,
             decision: Decision::default(),
             totals: Totals::default(),
         };
@@ -354,18 +372,31 @@ impl Tick {
             engine.assume(id, cpu);
         });
         members.limits(fresh, &mut |id, cpus| engine.set_allowed(id, cpus));
+        // A package gone offline is not counted: the engine has just started afresh without it.
+        engine.set_housekeeping(self.housekeeping_package, self.housekeeping_util);
         engine.place_into(now_ns / 1_000_000, &self.loads, &mut self.decision)?;
         Ok(true)
     }
 
     /// Keeps housekeeping threads on the lowest-numbered package holding vCPUs, while the
-    /// loop or an outside balancer places them. Returns refused affinity changes.
-    fn pin_housekeeping<M: Members>(&self, decided: bool, outside: bool, members: &mut M) -> u64 {
+    /// loop or an outside balancer places them, and notes that package for the next decision.
+    /// A package the engine counted their load on counts as holding vCPUs: vCPUs that left it
+    /// to make room for the threads must not draw the threads after them, or each would
+    /// follow the other from package to package every tick. Returns refused affinity changes.
+    fn pin_housekeeping<M: Members>(
+        &mut self,
+        decided: bool,
+        outside: bool,
+        members: &mut M,
+    ) -> u64 {
+        self.housekeeping_package = None;
         if self.policy == PlacementPolicy::None && !outside {
             return 0;
         }
         let home = if decided {
-            self.decision.assignments.iter().map(|a| a.package).min()
+            let counted = self.engine.as_ref().and_then(Engine::housekeeping_package);
+            let vcpus = self.decision.assignments.iter().map(|a| a.package).min();
+            vcpus.into_iter().chain(counted).min()
         } else {
             members.lowest_package()
         };
@@ -377,7 +408,10 @@ impl Tick {
             .zip(&self.package_cpus)
             .find_map(|(p, cpus)| (p.id == home).then_some(cpus))
         {
-            Some(cpus) if !cpus.is_empty() => members.pin_housekeeping(cpus),
+            Some(cpus) if !cpus.is_empty() => {
+                self.housekeeping_package = Some(home);
+                members.pin_housekeeping(cpus)
+            }
             _ => 0,
         }
     }
@@ -395,6 +429,7 @@ impl Tick {
         self.totals.last.discover_ns = timer.lap();
         self.loads.clear();
         members.sample(now_ns, &mut self.loads);
+        self.housekeeping_util = members.sample_housekeeping(now_ns);
         self.follow_online_cpus(members);
         self.totals.last.read_ns = timer.lap();
         let outside = self.take_control(members);

@@ -29,6 +29,11 @@ pub struct VmStats<P = Vec<PackageStats>, V = Vec<VcpuStats>> {
     pub external: bool,
     /// Guest register accesses that were refused (None when nothing counts them).
     pub guest_register_errors: Option<u64>,
+    /// CPU time pvmm's own threads (the virtio devices', console, API and scheduler threads)
+    /// used over the last tick, in CPUs (more than 1 when several are busy); pvmm's engine
+    /// counts its average as load on the package they are kept on. 0 when a line lacks it.
+    #[serde(default)]
+    pub housekeeping: f64,
     /// vCPUs moved this tick.
     pub migrations: u64,
     /// vCPUs moved since start.
@@ -243,7 +248,7 @@ mod tests {
     use super::*;
 
     fn vm_line() -> &'static str {
-        r#"{"capacity_notifications":3,"cppc_enabled":2,"external":false,"guest_register_errors":0,"migrations":1,"migrations_total":7,"packages":[{"active":true,"id":0,"util":0.5}],"policy":"powersaving:2","policy_changes":0,"t_ms":1200,"vcpus":[{"busy":true,"capacity":1024,"cpus":"0-1,3","desired":null,"package":0,"tid":41,"util":0.75,"vcpu":0,"waited":0.0}]}"#
+        r#"{"capacity_notifications":3,"cppc_enabled":2,"external":false,"guest_register_errors":0,"housekeeping":0.25,"migrations":1,"migrations_total":7,"packages":[{"active":true,"id":0,"util":0.5}],"policy":"powersaving:2","policy_changes":0,"t_ms":1200,"vcpus":[{"busy":true,"capacity":1024,"cpus":"0-1,3","desired":null,"package":0,"tid":41,"util":0.75,"vcpu":0,"waited":0.0}]}"#
     }
 
     #[test]
@@ -255,6 +260,18 @@ mod tests {
         // The same order as a parsed Value's (sorted) keys.
         let value: serde_json::Value = serde_json::from_str(vm_line()).unwrap();
         assert_eq!(value.to_string(), vm_line());
+    }
+
+    #[test]
+    fn a_vm_line_without_housekeeping_reads_as_none_used() {
+        let old = vm_line().replace(r#""housekeeping":0.25,"#, "");
+        let stats: VmStats = serde_json::from_str(&old).unwrap();
+        assert_eq!(stats.housekeeping, 0.0);
+        let mut with = stats.clone();
+        with.housekeeping = 1.5;
+        let line = serde_json::to_string(&with).unwrap();
+        assert!(line.contains(r#""guest_register_errors":0,"housekeeping":1.5,"migrations":1"#));
+        assert_eq!(serde_json::from_str::<VmStats>(&line).unwrap(), with);
     }
 
     #[test]

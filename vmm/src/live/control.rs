@@ -198,6 +198,7 @@ mod tests {
             cppc_enabled: None,
             external: false,
             guest_register_errors: None,
+            housekeeping: 0.0,
             migrations: 0,
             migrations_total: 0,
             packages: Vec::new(),

@@ -1,6 +1,7 @@
 //! The live scheduler of one VM: the placement loop ([`pvmm_tick::Tick`], the same loop
 //! `pvmm-host` and `pvmm-sim` run) over this VM's vCPU threads. Each tick reads every vCPU's
-//! idle signal into utilization, lets the engine (or an outside balancer) place, applies the
+//! idle signal into utilization and the CPU time of pvmm's own threads (the virtio devices'
+//! threads among them), lets the engine (or an outside balancer) place, applies the
 //! placement to the threads with `sched_setaffinity`, publishes capacities to the guest
 //! (CPPC), and writes the snapshot (`--stats`, `GET /v1/placement`).
 
@@ -113,6 +114,8 @@ struct VmMembers {
     capacity: Option<Box<dyn CapacityReporter>>,
     guest_errors: Option<Arc<GuestErrorCounter>>,
     capacities: Vec<u32>,
+    /// What pvmm's own threads used over the last tick, 1024 = one CPU.
+    housekeeping_util: u32,
     external_copy: ExternalCopy,
     /// The snapshot's text, written anew each tick.
     line: Vec<u8>,
@@ -144,7 +147,9 @@ impl LiveScheduler {
         self
     }
 
-    /// Keeps pvmm's own threads on the lowest-numbered package that holds vCPUs.
+    /// Keeps pvmm's own threads on the lowest-numbered package that holds vCPUs (or their own
+    /// load, [`pvmm_scheduler::Engine::housekeeping_package`]), and counts their CPU time as
+    /// load there.
     pub fn with_own_threads(mut self, own: OwnThreads) -> Self {
         self.vm.own_threads = Some(own);
         self
@@ -170,6 +175,7 @@ impl LiveScheduler {
                 capacity: None,
                 guest_errors: None,
                 capacities: Vec::new(),
+                housekeeping_util: 0,
                 external_copy: ExternalCopy::default(),
                 line: Vec::new(),
             },
@@ -396,6 +402,16 @@ impl Members for VmMembers {
             Some(own) => own.pin(cpus, self.executor.as_mut()),
             None => 0,
         }
+    }
+
+    /// pvmm's own threads' CPU time since the last tick (the device threads' I/O work among
+    /// it), for the engine to count on their package.
+    fn sample_housekeeping(&mut self, now_ns: u64) -> u32 {
+        self.housekeeping_util = self
+            .own_threads
+            .as_mut()
+            .map_or(0, |own| own.sample_load(now_ns));
+        self.housekeeping_util
     }
 
     /// Tells the guest each vCPU's capacity.

@@ -18,6 +18,8 @@ struct Recorder {
     homes: Vec<(u32, u32)>,
     lowest: Option<u32>,
     housekeeping: Vec<CpuSet>,
+    /// What the housekeeping threads used, handed to the loop at every tick.
+    housekeeping_util: u32,
     applied: Applied,
 }
 
@@ -85,6 +87,10 @@ impl Members for Recorder {
     fn pin_housekeeping(&mut self, cpus: &CpuSet) -> u64 {
         self.housekeeping.push(cpus.clone());
         1
+    }
+
+    fn sample_housekeeping(&mut self, _now_ns: u64) -> u32 {
+        self.housekeeping_util
     }
 
     fn publish(&mut self) {
@@ -156,6 +162,75 @@ fn housekeeping_follows_the_lowest_package_the_decision_uses() {
     assert_eq!(m.housekeeping, [two_packages().package_cpus(package)]);
     // The recorder refuses one housekeeping change per tick: counted as an apply error.
     assert_eq!(t.totals().apply_errors, 1);
+}
+
+/// The housekeeping threads' CPU time takes room on the package they were kept on: two busy
+/// vCPUs fill a two-CPU package, so once the threads use half a CPU there one vCPU moves to
+/// the other package, and the threads stay on the lowest one.
+#[test]
+fn housekeeping_load_takes_room_on_its_package() {
+    let mut t = tick(powersaving());
+    let mut m = Recorder {
+        vcpus: busy(2),
+        ..Recorder::default()
+    };
+    let packages = |t: &Tick| -> Vec<u32> {
+        let mut p: Vec<u32> = t.decision().assignments.iter().map(|a| a.package).collect();
+        p.sort_unstable();
+        p
+    };
+    for i in 0..5 {
+        t.run(i * 100_000_000, &mut m).expect("placed");
+    }
+    assert_eq!(packages(&t), [0, 0]);
+    m.housekeeping_util = 512;
+    for i in 5..15 {
+        t.run(i * 100_000_000, &mut m).expect("placed");
+    }
+    assert_eq!(packages(&t), [0, 1]);
+    assert_eq!(m.housekeeping.last(), Some(&two_packages().package_cpus(0)));
+}
+
+/// Housekeeping threads busy enough to push every vCPU off their package stay there: the
+/// vCPUs settle on the other package instead of drawing the threads after them, tick after
+/// tick. One busy vCPU and a CPU of device work need both single-CPU packages (powersaving);
+/// a fifth of a CPU of device work sends a busy vCPU to the emptier package (performance).
+#[test]
+fn housekeeping_threads_do_not_chase_the_vcpus_that_make_room_for_them() {
+    for (policy, spec, util) in [
+        (powersaving(), "2x1x1", 1024),
+        (PlacementPolicy::Managed(Policy::Performance), "2x2x1", 200),
+    ] {
+        let topology = HostTopology::from_spec(spec).expect("a valid spec");
+        let mut t = Tick::new(
+            policy,
+            topology.clone(),
+            EngineConfig::default(),
+            PhaseClock::Wall,
+        );
+        let mut m = Recorder {
+            vcpus: busy(1),
+            housekeeping_util: util,
+            ..Recorder::default()
+        };
+        let mut moves = 0;
+        for i in 0..40 {
+            let d = t
+                .run(i * 100_000_000, &mut m)
+                .expect("placed")
+                .expect("decided");
+            if i >= 20 {
+                moves += d.migrations.len();
+            }
+        }
+        assert_eq!(t.decision().assignments[0].package, 1, "{policy}");
+        assert_eq!(moves, 0, "{policy}: settled");
+        assert_eq!(
+            m.housekeeping.last(),
+            Some(&topology.package_cpus(0)),
+            "{policy}"
+        );
+    }
 }
 
 #[test]

@@ -76,6 +76,7 @@ impl VmMembers {
             cppc_enabled: capacity.map(|r| r.guest_enabled()),
             external: tick.outside,
             guest_register_errors: self.guest_errors.as_ref().map(|e| e.total()),
+            housekeeping: share(self.housekeeping_util),
             migrations: tick.moved,
             migrations_total: tick.totals.migrations,
             packages: Packages(self, tick),

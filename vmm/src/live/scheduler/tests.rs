@@ -281,6 +281,7 @@ fn reference_snapshot(s: &LiveScheduler, now_ns: u64, moved: u64) -> String {
         "capacity_notifications": s.vm.capacity.as_ref().map(|r| r.notifications()),
         "cppc_enabled": s.vm.capacity.as_ref().map(|r| r.guest_enabled()),
         "guest_register_errors": s.vm.guest_errors.as_ref().map(|e| e.total()),
+        "housekeeping": round3(f64::from(s.vm.housekeeping_util) / f64::from(CAPACITY_SCALE)),
     })
     .to_string()
 }
@@ -431,4 +432,54 @@ fn sharing_vcpus_keep_their_cpus_when_another_goes_offline() {
         "only the vCPU of CPU {gone} moves: {before:?} -> {after:?}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A busy device thread of pvmm's own is load on the package pvmm's threads are kept on: two
+/// always-busy vCPUs fill a two-CPU package, so once `pvmm-blk0` runs there too, powersaving
+/// moves vCPUs to the other package (one or both: how much CPU the spinning thread gets on a
+/// shared test machine decides), and the snapshot reports the threads' CPU time.
+#[test]
+fn a_busy_device_thread_takes_room_from_the_vcpus() {
+    let topo = HostTopology::from_spec("2x2x1").unwrap();
+    let mut s = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
+        topo,
+        EngineConfig::default(),
+        Box::new(RecordingExecutor::new()),
+        scripted_vcpus(2, 900, 1.0),
+        None,
+    )
+    .with_own_threads(OwnThreads::new(Vec::new()));
+    let packages = |d: &Decision| -> Vec<u32> {
+        let mut p: Vec<u32> = d.assignments.iter().map(|a| a.package).collect();
+        p.sort_unstable();
+        p
+    };
+    let d = s.tick().unwrap().expect("decided");
+    assert_eq!(
+        packages(d),
+        [0, 0],
+        "the first tick has no own-thread reading yet"
+    );
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let device = std::thread::Builder::new()
+        .name("pvmm-blk0".into())
+        .spawn(move || {
+            while let Err(std::sync::mpsc::TryRecvError::Empty) = stopped.try_recv() {
+                std::hint::spin_loop();
+            }
+        })
+        .unwrap();
+    let started = Instant::now();
+    let mut spread = false;
+    while !spread && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        let d = s.tick().unwrap().expect("decided");
+        spread = packages(d).contains(&1);
+    }
+    let snap = s.snapshot(s.now_ns(), 0);
+    drop(stop);
+    device.join().unwrap();
+    assert!(spread, "{snap}");
+    assert!(snap["housekeeping"].as_f64().unwrap() > 0.0, "{snap}");
 }
