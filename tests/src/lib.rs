@@ -102,6 +102,28 @@ pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> 
     }
 }
 
+/// Runs `rig` for `test`, booting again while the runs of `vms` (the rig's first ones, whose
+/// ends tell a rig failure) end in one of the nested rig's own failure kinds ([`retry_boots`]);
+/// prints the outcome's summary and dumps it (`PVMM_RIG_DUMP`).
+pub fn boot_rig(
+    test: &str,
+    ws: &Workspace,
+    images: &L1Images,
+    rig: &pvmm_rig::Rig,
+    vms: &[pvmm_rig::VmSpec],
+) -> RigOutcome {
+    let labels = rig.labels();
+    let outcome = retry_boots(
+        test,
+        || rig.run(ws, images),
+        |outcome| classify(outcome, vms, &labels[..vms.len()]),
+    )
+    .expect("the rig runs");
+    eprintln!("{test}: {}", outcome.summary("pvmm"));
+    dump_outcome(test, &outcome);
+    outcome
+}
+
 // Placement and CPPC rig tests: the L1 probe that samples pvmm's vCPU threads from outside, its
 // parser (both in pvmm-rig, shared with the placement benchmark) and the measurements the tests
 // build on.

@@ -47,6 +47,12 @@ pub const PLACEMENT_SPREAD_GUEST: &str = include_str!("../scripts/placement-spre
 /// `rig_prefcore`'s guest command.
 pub const PREFCORE_GUEST: &str = include_str!("../scripts/prefcore-guest.sh");
 
+/// `rig_cgroup`'s guest command (every vCPU busy).
+pub const CGROUP_GUEST: &str = include_str!("../scripts/cgroup-guest.sh");
+/// `rig_cgroup`'s L1 probe.
+pub const CGROUP_PROBE: &str = include_str!("../scripts/cgroup-probe.sh");
+/// `rig_cgroup`'s L1 setup (the cgroup, the daemon).
+pub const CGROUP_SETUP: &str = include_str!("../scripts/cgroup-setup.sh");
 /// `rig_virtio`'s first guest (disks, network, entropy).
 pub const VIRTIO_GUEST: &str = include_str!("../scripts/virtio-guest.sh");
 /// `rig_virtio`'s second guest, killed after a flush.
@@ -62,6 +68,9 @@ pub const ALL: &[(&str, &str)] = &[
     ("api-guest.sh", API_GUEST),
     ("api-probe.sh", API_PROBE),
     ("asym-guest.sh", ASYM_GUEST),
+    ("cgroup-guest.sh", CGROUP_GUEST),
+    ("cgroup-probe.sh", CGROUP_PROBE),
+    ("cgroup-setup.sh", CGROUP_SETUP),
     ("boot-qemu-probe.sh", BOOT_QEMU_PROBE),
     ("boot-lockup-probe.sh", BOOT_LOCKUP_PROBE),
     ("cppc-live-guest.sh", CPPC_LIVE_GUEST),

@@ -9,10 +9,9 @@
 //! consolidates it; then the daemon is killed (SIGKILL), pvmm places itself once its lease
 //! lapses, and a restarted daemon takes the VM over again without moving a vCPU.
 
-use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
 use pvmm_tests::{
-    exit_report, prepare_rig, retry_boots, rig_lock, scripts, PlacementTrace, L1_STATS_PATH,
+    boot_rig, exit_report, prepare_rig, rig_lock, scripts, PlacementTrace, L1_STATS_PATH,
     PROBE_INTERVAL, PROBE_SAMPLE,
 };
 
@@ -127,16 +126,7 @@ fn boot(test: &str, vms: Vec<VmSpec>, l1_job: L1Job) -> Option<RigOutcome> {
         .timeout(RIG_TIMEOUT)
         .l1_probe(probe(l1_job))
         .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
-    let labels = rig.labels();
-    let outcome = retry_boots(
-        test,
-        || rig.run(&ws, &images),
-        |outcome| classify(outcome, &vms, &labels),
-    )
-    .expect("the rig runs");
-    eprintln!("{test}: {}", outcome.summary("pvmm"));
-    pvmm_tests::dump_outcome(test, &outcome);
-    Some(outcome)
+    Some(boot_rig(test, &ws, &images, &rig, &vms))
 }
 
 /// The sample in `trace` nearest to L1 time `t`.

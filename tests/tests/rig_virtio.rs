@@ -14,9 +14,8 @@
 //!   journal replay the file is in the image.
 
 use pvmm_rig::rig::tap_network;
-use pvmm_rig::soak::classify;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, RunLines, VmSpec};
-use pvmm_tests::{exit_report, prepare_rig, retry_boots, rig_lock, scripts, SharedOutcome};
+use pvmm_tests::{boot_rig, exit_report, prepare_rig, rig_lock, scripts, SharedOutcome};
 
 /// Bytes moved each way over TCP: the 64 MiB, many times every buffer on the way (the
 /// virtqueues, the tap's queue, the sockets').
@@ -100,17 +99,8 @@ fn outcome() -> Option<&'static RigOutcome> {
             .l1_probe(probe)
             .timeout(RIG_TIMEOUT)
             .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
-        let labels = rig.labels();
         // VM 1 ends killed by design: only VM 0's end tells a rig failure worth a new boot.
-        let outcome = retry_boots(
-            test,
-            || rig.run(&ws, &images),
-            |outcome| classify(outcome, &vms[..1], &labels[..1]),
-        )
-        .expect("the rig runs");
-        eprintln!("{test}: {}", outcome.summary("pvmm"));
-        pvmm_tests::dump_outcome(test, &outcome);
-        Some(outcome)
+        Some(boot_rig(test, &ws, &images, &rig, &vms[..1]))
     })
 }
 
