@@ -44,7 +44,7 @@ pub struct Package {
 
 /// The packages, in the order `.ci/run` installs them. apt, dpkg and libc-bin (`ldd`), which
 /// the image build also runs, are part of every Debian system.
-pub const PACKAGES: [Package; 3] = [
+pub const PACKAGES: [Package; 4] = [
     Package {
         name: "qemu-system-x86",
         provides: "qemu-system-x86_64: L1, and the inner QEMU of `--vmm qemu`",
@@ -56,6 +56,12 @@ pub const PACKAGES: [Package; 3] = [
         provides: "a static /bin/busybox: the guest's and L1's userland",
         need: Need::Rig,
         present: || is_static_elf(Path::new(BUSYBOX)).unwrap_or(false),
+    },
+    Package {
+        name: "e2fsprogs",
+        provides: "mke2fs, e2fsck, debugfs: the guests' root disk (`--root-disk`) and reading it back in L1",
+        need: Need::Rig,
+        present: || Path::new("/sbin/mke2fs").is_file() && Path::new("/sbin/debugfs").is_file(),
     },
     Package {
         name: "acpica-tools",
