@@ -17,7 +17,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{status, GuestMemory, VirtioDevice, VIRTIO_F_VERSION_1};
+use super::{
+    status, GuestMemory, VirtioDevice, TRANSPORT_FEATURES, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX,
+};
 use crate::bus::BusDevice;
 use crate::events::SharedEvents;
 
@@ -240,7 +243,7 @@ impl MmioTransport {
             return Some(self.interrupt.status());
         }
         let t = self.lock();
-        let features = t.device.features() | VIRTIO_F_VERSION_1;
+        let features = t.device.features() | TRANSPORT_FEATURES;
         Some(match offset {
             reg::MAGIC => MAGIC,
             reg::VERSION => VERSION,
@@ -276,7 +279,7 @@ impl MmioTransport {
         }
         let added = value & !t.status;
         if added & status::FEATURES_OK != 0 {
-            let offered = t.device.features() | VIRTIO_F_VERSION_1;
+            let offered = t.device.features() | TRANSPORT_FEATURES;
             let acceptable =
                 t.driver_features & !offered == 0 && t.driver_features & VIRTIO_F_VERSION_1 != 0;
             if !acceptable {
@@ -289,6 +292,10 @@ impl MmioTransport {
         }
         if added & status::DRIVER_OK != 0 {
             let mem = t.mem.clone();
+            let event_idx = t.driver_features & VIRTIO_RING_F_EVENT_IDX != 0;
+            for q in &mut t.queues {
+                q.set_event_idx(event_idx);
+            }
             let broken = t.queues.iter().any(|q| q.ready() && !q.is_valid(&mem));
             t.status = value;
             if broken {

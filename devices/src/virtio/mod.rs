@@ -39,6 +39,14 @@ pub type GuestMemory = GuestMemoryMmap<()>;
 
 /// VIRTIO_F_VERSION_1: the modern interface, the only one offered.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+/// VIRTIO_F_EVENT_IDX (virtio 1.2, 2.7.10): the driver says at which used index it wants its
+/// next interrupt, and the device at which available index it wants its next notification,
+/// so that neither side signals the other for each buffer of a burst. Offered by the
+/// transport for every device: every notification and interrupt is an exit of the guest, and
+/// a virtio-mmio interrupt costs two more (the driver reads and acknowledges its status).
+pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+/// What the transport offers on top of each device's own features.
+pub const TRANSPORT_FEATURES: u64 = VIRTIO_F_VERSION_1 | VIRTIO_RING_F_EVENT_IDX;
 
 /// Device status bits (virtio 1.2, 2.1).
 pub mod status {

@@ -151,13 +151,29 @@ fn serve_queue(transport: &MmioTransport, index: usize, by_guest: bool) {
         }
         return;
     };
-    match device.process_queue(index, queue, mem, events.as_ref()) {
-        Ok(true) => {
-            if queue.needs_notification(mem).unwrap_or(true) {
+    let mut used = false;
+    let served = loop {
+        let progress = match device.process_queue(index, queue, mem, events.as_ref()) {
+            Ok(progress) => progress,
+            Err(e) => break Err(e),
+        };
+        used |= progress;
+        // With event indexes the driver notifies only once it passes the available index the
+        // device names: name the next one, and serve what the driver added while this pass
+        // ran, for which it may not notify. A pass that used nothing (a receive queue with
+        // buffers but no frames) ends the round: the backend's readiness brings the next.
+        match queue.enable_notification(mem) {
+            Ok(true) if progress => continue,
+            Ok(_) => break Ok(()),
+            Err(e) => break Err(e.into()),
+        }
+    };
+    match served {
+        Ok(()) => {
+            if used && queue.needs_notification(mem).unwrap_or(true) {
                 transport.interrupt().raise(INT_USED_BUFFER);
             }
         }
-        Ok(false) => {}
         Err(_) => {
             events.virtio_error();
             t.needs_reset(transport.interrupt());

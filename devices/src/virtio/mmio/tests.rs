@@ -44,9 +44,16 @@ impl Driver {
 
     /// The whole handshake, up to DRIVER_OK, with the test ring as queue 0.
     fn set_up(&mut self) {
+        self.set_up_with(0);
+    }
+
+    /// The handshake, accepting `low` of the features' low word too.
+    fn set_up_with(&mut self, low: u32) {
         use status::*;
         self.write(reg::STATUS, ACKNOWLEDGE);
         self.write(reg::STATUS, ACKNOWLEDGE | DRIVER);
+        self.write(reg::DRIVER_FEATURES_SEL, 0);
+        self.write(reg::DRIVER_FEATURES, low);
         self.write(reg::DRIVER_FEATURES_SEL, 1);
         self.write(reg::DRIVER_FEATURES, 1);
         self.write(reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
@@ -80,6 +87,45 @@ fn a_driver_finds_the_device_and_gets_entropy() {
     assert_eq!(d.read(reg::INTERRUPT_STATUS), INT_USED_BUFFER);
     d.write(reg::INTERRUPT_ACK, INT_USED_BUFFER);
     assert_eq!(d.read(reg::INTERRUPT_STATUS), 0);
+    assert_eq!(d.errors.total(), 0);
+}
+
+#[test]
+fn with_event_indexes_the_device_names_its_next_notification_and_spares_interrupts() {
+    use vm_memory::{Bytes, GuestAddress};
+    let mut d = Driver::new();
+    d.write(reg::DEVICE_FEATURES_SEL, 0);
+    assert_ne!(
+        d.read(reg::DEVICE_FEATURES) & (1 << 29),
+        0,
+        "EVENT_IDX offered"
+    );
+    d.set_up_with(1 << 29);
+    let size = u64::from(d.ring.size);
+    let (avail_event, used_event) = (USED + 4 + 8 * size, AVAIL + 4 + 2 * size);
+    // The driver wants an interrupt only once the used index passes 1: the first buffer used
+    // raises none, the second does.
+    d.ring
+        .mem
+        .write_obj(1u16, GuestAddress(used_event))
+        .unwrap();
+    d.ring.chain(&[(DATA, 16, true)]);
+    notified(&d.dev, 0);
+    assert_eq!(d.ring.used_idx(), 1);
+    assert_eq!(
+        d.read(reg::INTERRUPT_STATUS),
+        0,
+        "no interrupt before the driver's index"
+    );
+    // The device asks to be notified at the next available index, past what it served.
+    let asked: u16 = d.ring.mem.read_obj(GuestAddress(avail_event)).unwrap();
+    assert_eq!(asked, 1);
+    d.ring.chain(&[(DATA, 16, true)]);
+    notified(&d.dev, 0);
+    assert_eq!(d.ring.used_idx(), 2);
+    assert_eq!(d.read(reg::INTERRUPT_STATUS), INT_USED_BUFFER);
+    let asked: u16 = d.ring.mem.read_obj(GuestAddress(avail_event)).unwrap();
+    assert_eq!(asked, 2);
     assert_eq!(d.errors.total(), 0);
 }
 
