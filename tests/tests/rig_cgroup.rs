@@ -36,9 +36,19 @@ fn outcome() -> Option<&'static RigOutcome> {
         let socket = format!("{RUNTIME_DIR}/vm0.sock");
         let vms = vec![VmSpec {
             vmm: InnerVmm::Pvmm,
-            args: ["--vcpus", "4", "--memory", "256", "--api-socket", &socket]
-                .map(String::from)
-                .to_vec(),
+            // pvmm refuses host CPUs it may not run on: its own are the cpuset's.
+            args: [
+                "--vcpus",
+                "4",
+                "--memory",
+                "256",
+                "--cpus",
+                CPUS,
+                "--api-socket",
+                &socket,
+            ]
+            .map(String::from)
+            .to_vec(),
             guest_command: Some(pvmm_rig::scripts::guest_command(
                 &[("LOAD_SECS", &LOAD_SECS.to_string())],
                 &[scripts::CGROUP_GUEST],
