@@ -8,9 +8,10 @@
 //! threads are listed from `/proc/self/task` at each tick rather than registered, so threads
 //! a library starts (the API's connection threads) are covered too.
 //!
-//! What they run there is load on that package like the vCPUs': a guest doing heavy I/O keeps
-//! its device threads busy. [`OwnThreads::sample_load`] adds up their time on CPU (each
-//! thread's `schedstat`, kept open) for the placement engine to count on their package. vCPUs
+//! What the device threads run there is load on that package like the vCPUs': a guest doing
+//! heavy I/O keeps them busy. [`OwnThreads::sample_load`] adds up their time on CPU (each
+//! thread's `schedstat`, kept open; [`OwnThreads::counting_load_of`] names them) for the
+//! placement engine to count on their package. vCPUs
 //! may leave that package to make room for them; the threads then stay where their load is
 //! counted rather than follow those vCPUs, which would move back to make room again.
 
@@ -63,6 +64,8 @@ pub struct OwnThreads {
     clocks: Vec<ThreadClock>,
     /// When [`OwnThreads::sample_load`] last read them.
     sampled_ns: Option<u64>,
+    /// Name prefixes of the threads whose time counts as load (none: every own thread's).
+    load_of: &'static [&'static str],
 }
 
 /// One thread's time on CPU, from its `schedstat` kept open.
@@ -72,6 +75,8 @@ struct ThreadClock {
     schedstat: ProcFile,
     /// Its time on CPU at the last reading, in ns.
     ran_ns: Option<u64>,
+    /// Whether its time counts as load (its name has one of the prefixes asked for).
+    counts: bool,
 }
 
 impl ThreadClock {
@@ -104,7 +109,17 @@ impl OwnThreads {
             refused: Vec::new(),
             clocks: Vec::new(),
             sampled_ns: None,
+            load_of: &[],
         }
+    }
+
+    /// Counts only the threads whose names start with one of `prefixes` in
+    /// [`OwnThreads::sample_load`]: the threads whose work grows with the guest's (its
+    /// devices'), not the VMM's fixed bookkeeping, which a nested host inflates many times. A
+    /// thread's name is read when it is first seen; a thread is named before it runs.
+    pub fn counting_load_of(mut self, prefixes: &'static [&'static str]) -> Self {
+        self.load_of = prefixes;
+        self
     }
 
     /// The threads alive now, by thread id; a thread that ends while being listed is left out.
@@ -180,7 +195,9 @@ impl OwnThreads {
         // next call opens the new thread's file).
         self.clocks.retain_mut(|c| match c.read() {
             Some(ran) => {
-                ran_ns = ran_ns.saturating_add(ran);
+                if c.counts {
+                    ran_ns = ran_ns.saturating_add(ran);
+                }
                 true
             }
             None => false,
@@ -200,13 +217,18 @@ impl OwnThreads {
         self.clocks.retain(|c| alive.binary_search(&c.tid).is_ok());
         for &tid in alive {
             if let Err(at) = self.clocks.binary_search_by_key(&tid, |c| c.tid) {
-                let path = self.task_dir.join(tid.to_string()).join("schedstat");
+                let thread = self.task_dir.join(tid.to_string());
+                let counts = self.load_of.is_empty() || {
+                    let name = std::fs::read_to_string(thread.join("comm")).unwrap_or_default();
+                    self.load_of.iter().any(|p| name.starts_with(p))
+                };
                 self.clocks.insert(
                     at,
                     ThreadClock {
                         tid,
-                        schedstat: ProcFile::new(path),
+                        schedstat: ProcFile::new(thread.join("schedstat")),
                         ran_ns: None,
+                        counts,
                     },
                 );
             }
@@ -338,6 +360,25 @@ mod tests {
         );
         set_ran(&dir, 14, 7_000_000_000 + 100_000_000);
         assert_eq!(own.sample_load(400_000_000), 1024);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn only_the_threads_asked_for_count_as_load() {
+        let dir = fake_tree(
+            "devices",
+            &[(10, "pvmm-sched"), (12, "pvmm-blk0"), (13, "pvmm-net0")],
+        );
+        for tid in [10, 12, 13] {
+            set_ran(&dir, tid, 0);
+        }
+        let mut own = OwnThreads::in_dir(dir.clone(), vec![]).counting_load_of(&["pvmm-blk"]);
+        own.sample_load(0);
+        for tid in [10, 12, 13] {
+            set_ran(&dir, tid, 50_000_000);
+        }
+        // Only pvmm-blk0's 50 ms in 100 ms.
+        assert_eq!(own.sample_load(100_000_000), 512);
         std::fs::remove_dir_all(&dir).ok();
     }
 

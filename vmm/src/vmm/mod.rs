@@ -300,7 +300,7 @@ fn start_scheduler(
         stats_out,
     )
     .with_control(control.clone())
-    .with_own_threads(OwnThreads::new(vcpu_tids))
+    .with_own_threads(OwnThreads::new(vcpu_tids).counting_load_of(virtio::DEVICE_THREADS))
     .with_guest_errors(devices.guest_errors.clone())
     .with_capacity_reporter(Box::new(CppcReporter::new(
         devices.cppc.clone(),

@@ -17,6 +17,16 @@ use pvmm_devices::virtio::rng::Rng;
 use pvmm_devices::virtio::tap::{stable_mac, Tap};
 use pvmm_devices::virtio::worker::Worker;
 use pvmm_devices::virtio::VirtioDevice;
+
+/// The name prefixes of the device threads (`pvmm-blk0`, `pvmm-net0`, `pvmm-rng0`): their CPU
+/// time is the VM's I/O load, which placement counts on their package.
+pub const DEVICE_THREADS: &[&str] = &[BLOCK_THREAD, NET_THREAD, RNG_THREAD];
+/// A disk's worker thread, by the disk's index.
+const BLOCK_THREAD: &str = "pvmm-blk";
+/// A network card's worker thread, by the card's index.
+const NET_THREAD: &str = "pvmm-net";
+/// The entropy device's worker thread.
+const RNG_THREAD: &str = "pvmm-rng";
 use vmm_sys_util::eventfd::EventFd;
 
 use super::error::{SetupError, VmmError};
@@ -38,7 +48,7 @@ pub(super) fn open_devices(config: &VirtioConfig) -> Result<Vec<OpenDevice>, Vmm
     let mut out = Vec::with_capacity(config.count());
     for (i, disk) in config.disks.iter().enumerate() {
         out.push(OpenDevice {
-            name: format!("pvmm-blk{i}"),
+            name: format!("{BLOCK_THREAD}{i}"),
             device: Box::new(Block::open(&disk.path, disk.readonly)?),
         });
     }
@@ -46,13 +56,13 @@ pub(super) fn open_devices(config: &VirtioConfig) -> Result<Vec<OpenDevice>, Vmm
         let tap = Tap::open(&net.tap, NET_HEADER_LEN)?;
         let mac = net.mac.unwrap_or_else(|| stable_mac(&net.tap));
         out.push(OpenDevice {
-            name: format!("pvmm-net{i}"),
+            name: format!("{NET_THREAD}{i}"),
             device: Box::new(Net::on_tap(tap, mac)),
         });
     }
     if config.rng {
         out.push(OpenDevice {
-            name: "pvmm-rng0".into(),
+            name: format!("{RNG_THREAD}0"),
             device: Box::new(Rng::new()),
         });
     }

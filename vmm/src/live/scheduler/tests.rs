@@ -449,7 +449,7 @@ fn a_busy_device_thread_takes_room_from_the_vcpus() {
         scripted_vcpus(2, 900, 1.0),
         None,
     )
-    .with_own_threads(OwnThreads::new(Vec::new()));
+    .with_own_threads(OwnThreads::new(Vec::new()).counting_load_of(&["pvmm-blk"]));
     let packages = |d: &Decision| -> Vec<u32> {
         let mut p: Vec<u32> = d.assignments.iter().map(|a| a.package).collect();
         p.sort_unstable();
