@@ -240,18 +240,19 @@ fn an_adopted_vm_never_leaves_its_cgroups_cpuset() {
     let pids = [qpid, pvmm.0.id()];
     let (_control, _) = start_pvmm_vm(&dir, "control", &HALT_LOOP, "2", "600");
     let run = dir.join("run");
-    let daemon = Proc(
-        host_command()
-            .args(["--adopt", "auto", "--policy", "performance"])
-            .args(["--host-topology", "2x1x1", "--tick-ms", "100"])
-            .arg("--runtime-dir")
-            .arg(&run)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start pvmm host"),
-    );
+    let daemon = Proc(spawn_host(
+        &run,
+        &[
+            "--adopt",
+            "auto",
+            "--policy",
+            "performance",
+            "--host-topology",
+            "2x1x1",
+            "--tick-ms",
+            "100",
+        ],
+    ));
     // Both VMs placed, every vCPU on CPU 0; the control VM's vCPUs spread onto package 1.
     let placed = |s: &Value| {
         let within = VMS.iter().all(|name| {

@@ -211,25 +211,17 @@ fn pvmm_host_names_libvirt_domains_and_never_fights_an_operators_pin() {
         virsh(&["create", xml.to_str().unwrap()]);
     }
     let run = dir.join("run");
-    cleanup.host = Some(
-        Command::new(env!("CARGO_BIN_EXE_pvmm"))
-            .args([
-                "host",
-                "--adopt",
-                "auto",
-                "--host-topology",
-                "2x1x1",
-                "--tick-ms",
-                "100",
-            ])
-            .arg("--runtime-dir")
-            .arg(&run)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    cleanup.host = Some(spawn_host(
+        &run,
+        &[
+            "--adopt",
+            "auto",
+            "--host-topology",
+            "2x1x1",
+            "--tick-ms",
+            "100",
+        ],
+    ));
     // Named by their domain names, every vCPU placed.
     let s = until(&run, "both domains adopted under their names", |s| {
         DOMAINS

@@ -192,15 +192,19 @@ impl OwnThreads {
         self.follow_clocks();
         let mut ran_ns = 0u64;
         // A thread whose schedstat cannot be read has ended (or its id was reused since: the
-        // next call opens the new thread's file).
-        self.clocks.retain_mut(|c| match c.read() {
-            Some(ran) => {
-                if c.counts {
-                    ran_ns = ran_ns.saturating_add(ran);
-                }
-                true
+        // next call opens the new thread's file). Threads that do not count are not read: the
+        // listing alone keeps their clocks in step.
+        self.clocks.retain_mut(|c| {
+            if !c.counts {
+                return true;
             }
-            None => false,
+            match c.read() {
+                Some(ran) => {
+                    ran_ns = ran_ns.saturating_add(ran);
+                    true
+                }
+                None => false,
+            }
         });
         match since {
             Some(dt) if dt > 0 => {

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 /// Where the tiny kernel's code is loaded (and entered, through PVH).
 pub const TINY_LOAD_ADDR: u64 = 0x10_0000;
@@ -272,6 +272,19 @@ pub fn host_command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pvmm"));
     c.arg("host");
     c
+}
+
+/// Starts `pvmm host ARGS --runtime-dir RUN`, its output discarded.
+pub fn spawn_host(run: &Path, args: &[&str]) -> Child {
+    host_command()
+        .args(args)
+        .arg("--runtime-dir")
+        .arg(run)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start pvmm host")
 }
 
 /// The daemon's status (`pvmm host status --json`) on runtime directory `run`; `Null` while
