@@ -179,6 +179,7 @@ pub fn run_placement_sequence_on(
             vmlinux: false,
             guest_kernel,
             root_disk: false,
+            kernbench: false,
         },
     )?;
     let runs: Vec<pvmm_rig::PvmmRun> = runs

@@ -46,6 +46,12 @@ pub enum ImageError {
     },
     #[error("expected file missing: {0}")]
     Missing(PathBuf),
+    #[error("{file} has SHA-256 {digest}, not the pinned {pinned}: its upstream version changed")]
+    NotPinned {
+        file: PathBuf,
+        digest: String,
+        pinned: &'static str,
+    },
     #[error("cannot unpack the vmlinux of {kernel}: {source}")]
     Vmlinux {
         kernel: PathBuf,

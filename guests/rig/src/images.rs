@@ -320,6 +320,8 @@ pub struct L1Needs {
     pub guest_kernel: GuestKernel,
     /// The guest's root disk image and e2fsprogs to read it back ([`crate::root_disk`]).
     pub root_disk: bool,
+    /// The kernbench disk: a toolchain and a source tree ([`crate::kernbench_disk`]).
+    pub kernbench: bool,
 }
 
 /// The L1 initramfs layers; the rig concatenates them with a per-run job layer (Linux unpacks
@@ -340,6 +342,8 @@ pub struct L1Images {
     pub kernel_612: Option<PathBuf>,
     /// The guest's root disk and e2fsprogs, when built.
     pub root_disk: Option<PathBuf>,
+    /// The kernbench disk, when built.
+    pub kernbench: Option<PathBuf>,
 }
 
 impl L1Images {
@@ -351,6 +355,7 @@ impl L1Images {
         layers.extend(self.vmlinux.iter().cloned());
         layers.extend(self.kernel_612.iter().cloned());
         layers.extend(self.root_disk.iter().cloned());
+        layers.extend(self.kernbench.iter().cloned());
         layers
     }
 
@@ -522,6 +527,17 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         None
     };
 
+    let kernbench = if needs.kernbench {
+        Some(crate::kernbench_disk::build_layer(
+            &ws.dir("kernbench")?,
+            &ws.dir("guest")?,
+            &l1_dir,
+            archive_mtime(),
+        )?)
+    } else {
+        None
+    };
+
     Ok(L1Images {
         guest,
         base,
@@ -530,5 +546,6 @@ pub fn build_l1(ws: &Workspace, needs: L1Needs) -> Result<L1Images, ImageError> 
         vmlinux,
         kernel_612,
         root_disk,
+        kernbench,
     })
 }

@@ -30,3 +30,6 @@ pub const L1_TUN_MODULE: &str = "/lib/modules/rig/tun.ko";
 pub const E2FSCK: &str = "/sbin/e2fsck";
 /// e2fsprogs' debugfs in L1 (with the root disk's layer): reads files out of an image.
 pub const DEBUGFS: &str = "/sbin/debugfs";
+
+/// The kernbench disk in L1 ([`crate::kernbench_disk`]).
+pub const KERNBENCH_DISK: &str = "/guest/kernbench.ext4";

@@ -19,6 +19,8 @@
 //! - [`host_bench`]: several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned
 //!   (`cargo xtask bench-host`).
 //! - [`probe`]: the L1 probes' lines and their parser (the placement tests' probe and trace).
+//! - [`kernbench`], [`kernbench_disk`]: a real compile in the guests under each policy, and
+//!   the disk with its toolchain and source tree (`cargo xtask bench-kernbench`).
 //! - [`placement_bench`]: the kernbench-like placement benchmark (`cargo xtask bench-placement`).
 //! - [`sequence`]: several pvmm runs (policies, loads) in one L1 boot.
 //! - [`tuning`]: L1's QEMU, kernel and KVM-module settings, by preset name.
@@ -42,6 +44,8 @@ pub mod host_bench;
 pub mod images;
 pub mod inside;
 pub mod io_bench;
+pub mod kernbench;
+pub mod kernbench_disk;
 pub mod l1_qemu;
 pub mod packages;
 pub mod placement_bench;

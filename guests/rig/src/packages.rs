@@ -44,7 +44,7 @@ pub struct Package {
 
 /// The packages, in the order `.ci/run` installs them. apt, dpkg and libc-bin (`ldd`), which
 /// the image build also runs, are part of every Debian system.
-pub const PACKAGES: [Package; 4] = [
+pub const PACKAGES: [Package; 5] = [
     Package {
         name: "qemu-system-x86",
         provides: "qemu-system-x86_64: L1, and the inner QEMU of `--vmm qemu`",
@@ -62,6 +62,12 @@ pub const PACKAGES: [Package; 4] = [
         provides: "mke2fs, e2fsck, debugfs: the guests' root disk (`--root-disk`) and reading it back in L1",
         need: Need::Rig,
         present: || Path::new("/sbin/mke2fs").is_file() && Path::new("/sbin/debugfs").is_file(),
+    },
+    Package {
+        name: "mmdebstrap",
+        provides: "mmdebstrap: the kernbench disk's Debian root with a C toolchain (`bench-kernbench`)",
+        need: Need::Rig,
+        present: || which("mmdebstrap").is_some(),
     },
     Package {
         name: "acpica-tools",

@@ -42,7 +42,7 @@ use pvmm_scheduler::power::PowerModel;
 use crate::activity::Activity;
 use crate::images::L1Images;
 use crate::probe::ProbeLine;
-use crate::rig::{RigError, RigOutcome, Topology};
+use crate::rig::{RigError, RigOutcome, RunLines, Topology};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
@@ -288,11 +288,11 @@ pub fn run_placement_bench(
         for policy in &options.policies {
             let label = label(policy, threads);
             match measure_case(&outcome, &label, threads, &model) {
-                Ok(measured) => results.push(CaseResult {
+                Ok((work, measured)) => results.push(CaseResult {
                     policy: policy.clone(),
                     threads,
                     window_s: measured.window_s,
-                    work: measured.work,
+                    work,
                     package_idle: measured.package_idle,
                     energy_j: measured.energy_j,
                     migrations: measured.migrations,
@@ -311,16 +311,30 @@ pub fn run_placement_bench(
     Ok((results, failures, outcome))
 }
 
-/// What one run measured ([`CaseResult`] without the case's name).
-struct Measured {
-    window_s: f64,
-    work: u64,
-    package_idle: Vec<f64>,
-    energy_j: f64,
-    migrations: u64,
-    kernel_migrations: Option<u64>,
-    package1_idle_after_start_s: Option<f64>,
-    package1_idle_after_end_s: Option<f64>,
+/// What one run measured over its load window ([`CaseResult`] without the case's name and
+/// work).
+pub(crate) struct Measured {
+    pub(crate) window_s: f64,
+    pub(crate) package_idle: Vec<f64>,
+    pub(crate) energy_j: f64,
+    pub(crate) migrations: u64,
+    pub(crate) kernel_migrations: Option<u64>,
+    pub(crate) package1_idle_after_start_s: Option<f64>,
+    pub(crate) package1_idle_after_end_s: Option<f64>,
+}
+
+/// pvmm-load's work in `run`'s guest output (0 with no busy thread).
+fn work(run: &RunLines, threads: u32) -> Result<u64, String> {
+    let iterations = run
+        .guest
+        .iter()
+        .find_map(|l| l.strip_prefix("pvmm-load: total iterations "))
+        .and_then(|n| n.trim().parse().ok());
+    match (threads, iterations) {
+        (0, _) => Ok(0),
+        (_, Some(n)) => Ok(n),
+        (_, None) => Err("no 'pvmm-load: total iterations' line from the guest".into()),
+    }
 }
 
 fn measure_case(
@@ -328,23 +342,19 @@ fn measure_case(
     label: &str,
     threads: u32,
     model: &PowerModel,
-) -> Result<Measured, String> {
+) -> Result<(u64, Measured), String> {
     let run = outcome
         .run(label)
         .ok_or_else(|| "the run never started".to_string())?;
     if run.status != Some(0) {
         return Err(format!("pvmm exit status {:?}", run.status));
     }
-    let iterations = run
-        .guest
-        .iter()
-        .find_map(|l| l.strip_prefix("pvmm-load: total iterations "))
-        .and_then(|n| n.trim().parse().ok());
-    let work: u64 = match (threads, iterations) {
-        (0, _) => 0,
-        (_, Some(n)) => n,
-        (_, None) => return Err("no 'pvmm-load: total iterations' line from the guest".into()),
-    };
+    Ok((work(&run, threads)?, measure_window(&run, model)?))
+}
+
+/// Measures a run of [`bench_probe`] between its guest's `load-begin` and `load-end` marks
+/// (and its idle tail up to `idle-end`).
+pub(crate) fn measure_window(run: &RunLines, model: &PowerModel) -> Result<Measured, String> {
     let mut start = None;
     let mut activity = Activity::default();
     let mut marks: BTreeMap<String, f64> = BTreeMap::new();
@@ -393,7 +403,6 @@ fn measure_case(
         .and_then(|&idle_end| activity.idle_for_good_after(1, end, idle_end, IDLE_MAX_BUSY));
     Ok(Measured {
         window_s: window.seconds,
-        work,
         package_idle: window.package_idle,
         energy_j: window.energy_j,
         migrations: at(end).saturating_sub(at(begin)),

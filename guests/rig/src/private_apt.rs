@@ -17,9 +17,11 @@ use crate::error::{io_err, ImageError};
 /// The Debian mirror every suite is fetched from (the host's own apt setup names the same).
 pub const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 
-/// The one-line sources list of `suite`'s `main` component on [`DEBIAN_MIRROR`].
-pub fn sources_list(suite: &str) -> String {
-    format!("deb {DEBIAN_MIRROR} {suite} main\n")
+/// The one-line sources list of `suite`'s `main` component on [`DEBIAN_MIRROR`]: its binary
+/// packages, or with `source` its source packages.
+pub fn sources_list(suite: &str, source: bool) -> String {
+    let kind = if source { "deb-src" } else { "deb" };
+    format!("{kind} {DEBIAN_MIRROR} {suite} main\n")
 }
 
 /// apt on one suite, with its state in one folder.
@@ -29,6 +31,9 @@ pub struct PrivateApt {
     suite: String,
     /// The folder holding the sources list, lists, cache and downloaded packages.
     base: PathBuf,
+    /// Whether the lists are the suite's source packages (`deb-src`) rather than its binary
+    /// ones.
+    source: bool,
 }
 
 impl PrivateApt {
@@ -37,6 +42,15 @@ impl PrivateApt {
         PrivateApt {
             suite: suite.to_string(),
             base,
+            source: false,
+        }
+    }
+
+    /// apt on `suite`'s source packages, its state under `base`.
+    pub fn sources(suite: &str, base: PathBuf) -> PrivateApt {
+        PrivateApt {
+            source: true,
+            ..PrivateApt::new(suite, base)
         }
     }
 
@@ -45,7 +59,7 @@ impl PrivateApt {
         self.base.join("debs")
     }
 
-    fn sources(&self) -> PathBuf {
+    fn sources_path(&self) -> PathBuf {
         self.base.join("sources.list")
     }
 
@@ -76,15 +90,16 @@ impl PrivateApt {
         let lock_path = self.base.join(".lock");
         let lock = File::create(&lock_path).map_err(io_err(&lock_path))?;
         lock.lock().map_err(io_err(&lock_path))?;
-        let sources = self.sources();
-        std::fs::write(&sources, sources_list(&self.suite)).map_err(io_err(&sources))?;
+        let sources = self.sources_path();
+        std::fs::write(&sources, sources_list(&self.suite, self.source))
+            .map_err(io_err(&sources))?;
         Ok(lock)
     }
 
     /// The `-o` options every command of this apt runs with.
     fn options(&self) -> Vec<String> {
         vec![
-            format!("Dir::Etc::sourcelist={}", self.sources().display()),
+            format!("Dir::Etc::sourcelist={}", self.sources_path().display()),
             format!("Dir::Etc::sourceparts={}", self.parts().display()),
             format!("Dir::State::Lists={}", self.lists().display()),
             format!("Dir::Cache={}", self.cache().display()),
@@ -154,6 +169,19 @@ impl PrivateApt {
         )
         .map(drop)
     }
+
+    /// Downloads the source package `package` (`name` or `name=version`: its `.dsc`, upstream
+    /// tarball and Debian changes) into [`Self::debs`], unpacking nothing. apt checks each
+    /// file against the signed lists.
+    pub fn download_source(&self, package: &str) -> Result<(), ImageError> {
+        self.run(
+            "source",
+            self.command("apt-get")
+                .args(["source", "--download-only"])
+                .arg(package),
+        )
+        .map(drop)
+    }
 }
 
 /// What went wrong, on one line, in apt's stderr: its first error (`E: `) or failed fetch
@@ -180,8 +208,12 @@ mod tests {
     #[test]
     fn sources_list_names_one_suite_on_the_mirror() {
         assert_eq!(
-            sources_list("trixie"),
+            sources_list("trixie", false),
             "deb http://deb.debian.org/debian trixie main\n"
+        );
+        assert_eq!(
+            sources_list("bookworm", true),
+            "deb-src http://deb.debian.org/debian bookworm main\n"
         );
     }
 

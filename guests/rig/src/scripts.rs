@@ -66,6 +66,9 @@ pub const IO_BENCH_PROBE: &str = include_str!("../scripts/io-bench-probe.sh");
 /// The I/O benchmark's L1 setup (the scratch disk).
 pub const IO_BENCH_SETUP: &str = include_str!("../scripts/io-bench-setup.sh");
 
+/// The kernbench benchmark's guest command ([`crate::kernbench`]).
+pub const KERNBENCH_GUEST: &str = include_str!("../scripts/kernbench-guest.sh");
+
 /// Every script file of the rig, by file name (checked by shellcheck in CI).
 pub const ALL: &[(&str, &str)] = &[
     ("guest-init.sh", GUEST_INIT),
@@ -82,6 +85,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("io-bench-guest.sh", IO_BENCH_GUEST),
     ("io-bench-probe.sh", IO_BENCH_PROBE),
     ("io-bench-setup.sh", IO_BENCH_SETUP),
+    ("kernbench-guest.sh", KERNBENCH_GUEST),
 ];
 
 /// The source file of the script `name` (one of [`ALL`]): the image builder rewrites an

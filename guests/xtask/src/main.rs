@@ -24,6 +24,9 @@
 //!   count.
 //! - `cargo xtask bench-io [--rounds N] [--disk-mib M] [--net-mib M] [--random-secs S]`: pvmm's
 //!   virtio disk and network against QEMU's in one L1 boot, as ratios.
+//! - `cargo xtask bench-kernbench [--jobs 2,4,8] [--policies LIST] [--rounds K]`: a real
+//!   compile in a pvmm guest under each policy in one L1 boot, one table per N (run time,
+//!   package idle, modelled energy and power), with the simulator's rows beside.
 //!
 //! Exit codes of the xtask itself: 2 bad flags, 1 build failure.
 
@@ -33,6 +36,7 @@ use std::time::{Duration, Instant};
 
 mod guest_soak;
 mod io;
+mod kernbench;
 mod placement;
 mod soak;
 
@@ -99,6 +103,11 @@ enum Task {
     /// disk and tap network), taking turns in one L1 boot: sequential O_DIRECT write and read,
     /// 4 KiB random reads, TCP each way; medians and pvmm/QEMU ratios.
     BenchIo(io::IoBenchArgs),
+    /// Kernbench: a real compile (`make -jN` of a pinned C tree, with a Debian 12 toolchain
+    /// on a read-only disk) in a pvmm guest under each policy, in one L1 boot; one table per
+    /// N with run time, package idle, modelled energy and power (performance = 1.00), and the
+    /// simulator's kernbench rows for the same N.
+    BenchKernbench(kernbench::KernbenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -329,6 +338,7 @@ fn l1_images(
         vmlinux: form == KernelForm::Pvh,
         guest_kernel: guest,
         root_disk,
+        kernbench: false,
     };
     check_guest_forms(guest, &[form])?;
     build_l1(ws, needs)
@@ -487,6 +497,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         vmlinux: args.kernels.contains(&KernelForm::Pvh),
         guest_kernel: args.guest_kernel,
         root_disk: false,
+        kernbench: false,
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,
@@ -543,6 +554,7 @@ fn main() -> ExitCode {
         Task::BenchHost(args) => bench_host(&ws, args),
         Task::BenchPlacement(args) => placement::run(&ws, started, args),
         Task::BenchIo(args) => io::run(&ws, started, args),
+        Task::BenchKernbench(args) => kernbench::run(&ws, started, args),
     }
 }
 

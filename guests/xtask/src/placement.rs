@@ -63,6 +63,7 @@ pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCo
         vmlinux: false,
         guest_kernel: args.guest_kernel,
         root_disk: false,
+        kernbench: false,
     };
     let images = match build_l1(ws, needs) {
         Ok(images) => images,

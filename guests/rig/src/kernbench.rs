@@ -1,0 +1,484 @@
+//! `cargo xtask bench-kernbench`: a real compile in a pvmm guest under each placement policy,
+//! reported as the sched_mc_power_savings kernbench tables were (run time, package idle,
+//! energy and power relative to the performance policy; "Re: [PATCH v7 0/8] Tunable
+//! sched_mc_power_savings=n", Vaidyanathan Srinivasan, LKML, 2008-12-30).
+//!
+//! One L1 boot runs, for each round, job count N and policy, a guest that mounts the
+//! kernbench disk ([`crate::kernbench_disk`]) read-only, warms its page cache with the
+//! toolchain, and builds the pinned tree with `make -jN` between its `load-begin` and
+//! `load-end` marks ([`scripts::KERNBENCH_GUEST`]). The L1 probe and the window measurements
+//! are the placement benchmark's ([`placement_bench::bench_probe`]): package idle from L1's
+//! `/proc/stat`, modelled energy, pvmm's and L1's migration counts. The run time is the
+//! guest's own (its uptime around `make`); the window is L1's view of the same span.
+//!
+//! Each case runs once per round and the rounds come one after another, so a drift in the
+//! machine's load over the boot reaches every case alike; the table gives each figure's
+//! median over the rounds.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use pvmm_scheduler::power::PowerModel;
+
+use crate::images::L1Images;
+use crate::inside;
+use crate::kernbench_disk::TREE;
+use crate::placement_bench::{
+    bench_probe, measure_window, policy_args, IDLE_TAIL_SECS, SETTLE_SECS,
+};
+use crate::rig::{RigError, RigOutcome, RunLines, Topology};
+use crate::scripts;
+use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
+use crate::workspace::Workspace;
+
+/// The policies compared by default: `performance` first (the reference), the two
+/// power-saving levels, and `none` (L1's scheduler places the unpinned vCPU threads).
+pub const DEFAULT_POLICIES: [&str; 4] = ["performance", "powersaving:1", "powersaving:2", "none"];
+
+/// `make -jN` values by default: below, at and above the 4 vCPUs of the guest (and the CPUs
+/// of one package of the 2x2 L1 at N = 2).
+pub const DEFAULT_JOBS: [u32; 3] = [2, 4, 8];
+
+/// Guest memory (MiB): the page cache of the toolchain (about 150 MiB read), eight `cc1`
+/// processes, and the build's tmpfs.
+pub const DEFAULT_MEMORY_MIB: u64 = 768;
+
+/// Where pvmm writes its stats in L1 (read by [`bench_probe`]).
+const STATS_PATH: &str = "/tmp/pvmm-bench-stats.jsonl";
+
+/// L1 seconds allowed per run: the build (a few minutes at -j2 on a quiet machine), the
+/// guest's boot and warm-up, times the slowdown of a machine busy with other work. A run past
+/// it is killed and reported.
+const RUN_LIMIT_SECS: u64 = 1200;
+
+/// Host seconds of the whole boot per run: a run's limit counts on L1's clock from pvmm's
+/// start; this covers the rest of each run (starting pvmm and the probe) with room.
+const RUN_BOOT_SECS: u64 = RUN_LIMIT_SECS + 60;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct KernbenchOptions {
+    /// `make -jN` values.
+    pub jobs: Vec<u32>,
+    /// pvmm policies (`none` included), as bench-placement's `--policies` entries.
+    pub policies: Vec<String>,
+    /// Rounds: every case once per round.
+    pub rounds: u32,
+    /// Guest vCPUs.
+    pub vcpus: u32,
+    /// Guest memory (MiB).
+    pub memory_mib: u64,
+    /// L1 topology.
+    pub topology: Topology,
+    /// Print every rig line.
+    pub echo: bool,
+}
+
+/// One measured build.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Build {
+    /// pvmm's `--policy` entry.
+    pub policy: String,
+    /// N of `make -jN`.
+    pub jobs: u32,
+    /// The build's time on the guest's clock (s).
+    pub build_s: f64,
+    /// The same span on L1's clock (s).
+    pub window_s: f64,
+    /// Per package (by id), share of the window it was idle.
+    pub package_idle: Vec<f64>,
+    /// Modelled energy over the window (J).
+    pub energy_j: f64,
+    /// pvmm's migrations during the window.
+    pub migrations: u64,
+    /// The vCPU threads' migrations during the window as L1's kernel counted them.
+    pub kernel_migrations: Option<u64>,
+}
+
+/// A case of a round that produced no measurement, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    /// The run's label.
+    pub label: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The run label of one case of one round.
+fn label(policy: &str, jobs: u32, round: u32) -> String {
+    format!("{policy}-j{jobs}-r{round}")
+}
+
+/// The guest command of a build with `make -jJOBS`.
+pub fn guest_command(jobs: u32) -> String {
+    scripts::guest_command(
+        &[
+            ("TREE", TREE),
+            ("JOBS", &jobs.to_string()),
+            ("SETTLE_SECS", &SETTLE_SECS.to_string()),
+            ("IDLE_TAIL_SECS", &IDLE_TAIL_SECS.to_string()),
+        ],
+        &[scripts::KERNBENCH_GUEST],
+    )
+}
+
+/// pvmm's arguments for one case.
+fn pvmm_args(options: &KernbenchOptions, policy: &str) -> Vec<String> {
+    let mut args = vec![
+        "--vcpus".to_string(),
+        options.vcpus.to_string(),
+        "--memory".to_string(),
+        options.memory_mib.to_string(),
+        "--disk".to_string(),
+        format!("{},readonly=on", inside::KERNBENCH_DISK),
+    ];
+    args.extend(policy_args(policy));
+    args.extend(["--stats".to_string(), STATS_PATH.to_string()]);
+    args
+}
+
+/// Every run, in order: round by round, each N, each policy.
+fn runs(options: &KernbenchOptions) -> Vec<(String, u32, PvmmRun)> {
+    let mut runs = Vec::new();
+    for round in 0..options.rounds {
+        for &jobs in &options.jobs {
+            for policy in &options.policies {
+                runs.push((
+                    policy.clone(),
+                    jobs,
+                    PvmmRun {
+                        label: label(policy, jobs, round),
+                        pvmm_args: pvmm_args(options, policy),
+                        guest_command: guest_command(jobs),
+                    },
+                ));
+            }
+        }
+    }
+    runs
+}
+
+/// The build's span on the guest's clock from its `KB built BEGIN END` line, or why there is
+/// none.
+fn build_seconds(run: &RunLines) -> Result<f64, String> {
+    if let Some(step) = run.guest.iter().find_map(|l| l.strip_prefix("KB error ")) {
+        return Err(format!("the guest's {} step failed", step.trim()));
+    }
+    let rest = run
+        .guest
+        .iter()
+        .find_map(|l| l.strip_prefix("KB built "))
+        .ok_or("no 'KB built' line from the guest")?;
+    let mut words = rest.split_whitespace().map(str::parse::<f64>);
+    match (words.next(), words.next()) {
+        (Some(Ok(begin)), Some(Ok(end))) if end > begin => Ok(end - begin),
+        _ => Err(format!("unreadable 'KB built {rest}'")),
+    }
+}
+
+/// Measures one case's run.
+fn measure(
+    outcome: &RigOutcome,
+    label: &str,
+    policy: &str,
+    jobs: u32,
+    model: &PowerModel,
+) -> Result<Build, String> {
+    let run = outcome.run(label).ok_or("the run never started")?;
+    if run.status != Some(0) {
+        return Err(format!("pvmm exit status {:?}", run.status));
+    }
+    let build_s = build_seconds(&run)?;
+    let measured = measure_window(&run, model)?;
+    Ok(Build {
+        policy: policy.to_string(),
+        jobs,
+        build_s,
+        window_s: measured.window_s,
+        package_idle: measured.package_idle,
+        energy_j: measured.energy_j,
+        migrations: measured.migrations,
+        kernel_migrations: measured.kernel_migrations,
+    })
+}
+
+/// Runs every case in one L1 boot; returns the measured builds, the failed runs and the rig's
+/// outcome.
+pub fn run_kernbench(
+    ws: &Workspace,
+    images: &L1Images,
+    options: &KernbenchOptions,
+) -> Result<(Vec<Build>, Vec<Failure>, RigOutcome), RigError> {
+    if images.kernbench.is_none() {
+        return Err(RigError::BadArgs(
+            "the L1 images were built without the kernbench disk".into(),
+        ));
+    }
+    let runs = runs(options);
+    let sequence = SequenceOptions {
+        topology: options.topology,
+        timeout: Duration::from_secs(L1_BOOT_SECS + RUN_BOOT_SECS * runs.len() as u64),
+        run_limit_secs: RUN_LIMIT_SECS,
+        echo: options.echo,
+        progress: true,
+        probe: Some(bench_probe()),
+        tuning: crate::tuning::L1Tuning::default(),
+        guest_kernel: crate::GuestKernel::default(),
+    };
+    crate::host::progress(&format!(
+        "{} builds of {TREE} in one L1 boot, a few minutes each (--verbose shows every line)",
+        runs.len()
+    ));
+    let pvmm_runs: Vec<PvmmRun> = runs.iter().map(|(_, _, run)| run.clone()).collect();
+    let outcome = run_pvmm_sequence(ws, images, &sequence, &pvmm_runs)?;
+    let model = PowerModel::default();
+    let mut builds = Vec::new();
+    let mut failures = Vec::new();
+    for (policy, jobs, run) in &runs {
+        match measure(&outcome, &run.label, policy, *jobs, &model) {
+            Ok(build) => builds.push(build),
+            Err(reason) => failures.push(Failure {
+                label: run.label.clone(),
+                reason,
+            }),
+        }
+    }
+    Ok((builds, failures, outcome))
+}
+
+/// The median of `values` (None when empty).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// One policy's medians over its rounds.
+struct Row {
+    policy: String,
+    rounds: usize,
+    build_s: f64,
+    package_idle: Vec<f64>,
+    energy_j: f64,
+    power_w: f64,
+    migrations: f64,
+    kernel_migrations: Option<f64>,
+}
+
+fn row(policy: &str, builds: &[&Build]) -> Option<Row> {
+    let mine: Vec<&&Build> = builds.iter().filter(|b| b.policy == policy).collect();
+    let of = |f: &dyn Fn(&Build) -> f64| median(mine.iter().map(|b| f(b)).collect());
+    let packages = mine.first()?.package_idle.len();
+    let kernel: Vec<f64> = mine
+        .iter()
+        .filter_map(|b| b.kernel_migrations.map(|m| m as f64))
+        .collect();
+    Some(Row {
+        policy: policy.to_string(),
+        rounds: mine.len(),
+        build_s: of(&|b| b.build_s)?,
+        package_idle: (0..packages)
+            .map(|p| of(&|b| b.package_idle.get(p).copied().unwrap_or(0.0)).unwrap_or(0.0))
+            .collect(),
+        energy_j: of(&|b| b.energy_j)?,
+        power_w: of(&|b| b.energy_j / b.window_s.max(f64::MIN_POSITIVE))?,
+        migrations: of(&|b| b.migrations as f64)?,
+        kernel_migrations: median(kernel),
+    })
+}
+
+/// The builds of one N as a table in the kernbench tables' format: run time, energy and power
+/// relative to the first of `policies` (performance) = 1.00, medians over the rounds.
+pub fn format_table(title: &str, policies: &[String], builds: &[&Build]) -> String {
+    let mut out = format!("{title}\n");
+    let rows: Vec<Row> = policies.iter().filter_map(|p| row(p, builds)).collect();
+    let Some(reference) = rows.first() else {
+        out.push_str("(no builds)\n");
+        return out;
+    };
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 && a.is_finite() {
+            format!("{:.2}", a / b)
+        } else {
+            "-".to_string()
+        }
+    };
+    let headers = [
+        "Policy",
+        "Runs",
+        "Time(s)",
+        "Time",
+        "Package Idle(%)",
+        "Energy",
+        "Power",
+        "Energy(J)",
+        "Migrations",
+        "L1 migrations",
+    ]
+    .map(String::from);
+    let cells: Vec<[String; 10]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.policy.clone(),
+                r.rounds.to_string(),
+                format!("{:.1}", r.build_s),
+                ratio(r.build_s, reference.build_s),
+                r.package_idle
+                    .iter()
+                    .map(|f| format!("{:6.2}", f * 100.0))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                ratio(r.energy_j, reference.energy_j),
+                ratio(r.power_w, reference.power_w),
+                format!("{:.0}", r.energy_j),
+                format!("{:.0}", r.migrations),
+                r.kernel_migrations
+                    .map_or("-".to_string(), |m| format!("{m:.0}")),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = headers.iter().map(String::len).collect();
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for line in std::iter::once(&headers).chain(&cells) {
+        let mut text = String::new();
+        for (i, (cell, w)) in line.iter().zip(&widths).enumerate() {
+            match i {
+                0 => {
+                    let _ = write!(text, "{cell:<w$}");
+                }
+                _ => {
+                    let _ = write!(text, "  {cell:>w$}");
+                }
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "(Time, Energy, Power: relative to {} = 1.00, medians over the runs; Energy is modelled \
+         joules per build)",
+        reference.policy
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(policy: &str, build_s: f64, energy_j: f64) -> Build {
+        Build {
+            policy: policy.into(),
+            jobs: 2,
+            build_s,
+            window_s: build_s,
+            package_idle: vec![0.1, 0.8],
+            energy_j,
+            migrations: 4,
+            kernel_migrations: Some(6),
+        }
+    }
+
+    #[test]
+    fn the_table_is_relative_to_the_first_policy_with_medians() {
+        let builds = [
+            build("performance", 100.0, 2000.0),
+            build("performance", 120.0, 2200.0),
+            build("performance", 110.0, 2100.0),
+            build("powersaving:1", 121.0, 1890.0),
+        ];
+        let refs: Vec<&Build> = builds.iter().collect();
+        let policies = ["performance".to_string(), "powersaving:1".to_string()];
+        let table = format_table("N = 2", &policies, &refs);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "N = 2");
+        assert!(lines[1].starts_with("Policy"));
+        let perf: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(perf[..4], ["performance", "3", "110.0", "1.00"]);
+        let ps: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(ps[..4], ["powersaving:1", "1", "121.0", "1.10"]);
+        // Energy 1890 / 2100.
+        assert_eq!(ps[6], "0.90");
+        assert!(lines[4].contains("relative to performance"));
+        assert!(format_table("x", &policies, &[]).contains("(no builds)"));
+    }
+
+    #[test]
+    fn the_build_time_comes_from_the_guest_line() {
+        let guest = |lines: &[&str]| lines.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+        let ok = guest(&["pvmm-mark: load-begin", "KB built 20.50 150.75"]);
+        let run = RunLines {
+            guest: &ok,
+            vmm: &[],
+            probe: &[],
+            status: Some(0),
+        };
+        assert_eq!(build_seconds(&run), Ok(130.25));
+        let failed = guest(&["KB error make", "KB built 1 2"]);
+        let run = RunLines {
+            guest: &failed,
+            ..run
+        };
+        assert!(build_seconds(&run).unwrap_err().contains("make"));
+        let none = guest(&["pvmm-guest: powering off"]);
+        let run = RunLines {
+            guest: &none,
+            ..run
+        };
+        assert!(build_seconds(&run).is_err());
+    }
+
+    #[test]
+    fn every_case_of_every_round_runs_with_the_disk_and_its_policy() {
+        let options = KernbenchOptions {
+            jobs: vec![2, 8],
+            policies: vec!["performance".into(), "none".into()],
+            rounds: 2,
+            vcpus: 4,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            topology: Topology::default(),
+            echo: false,
+        };
+        let runs = runs(&options);
+        assert_eq!(runs.len(), 8);
+        assert_eq!(runs[0].2.label, "performance-j2-r0");
+        assert_eq!(runs[7].2.label, "none-j8-r1");
+        let args = runs[1].2.pvmm_args.join(" ");
+        assert!(args.contains("--disk /guest/kernbench.ext4,readonly=on"));
+        assert!(args.contains("--policy none"));
+        assert!(runs[2].2.guest_command.contains("JOBS=8"));
+    }
+
+    /// The guest command fits the kernel command line and, with stubs for the programs it
+    /// runs, marks the build's span and reports it.
+    #[test]
+    fn the_guest_command_marks_and_reports_the_build() {
+        let command = guest_command(4);
+        assert!(command.len() < 1400, "{} bytes", command.len());
+        let stubs = "mount() { :; }\nfind() { :; }\ncp() { :; }\nsleep() { :; }\n\
+                     chroot() { shift; echo \"ran $*\"; }\nmkdir() { :; }\n";
+        let script = command.replace("[ ! -b /dev/vda ]", "false");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{stubs}{script}"))
+            .output()
+            .expect("sh runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "pvmm-mark: load-begin");
+        assert_eq!(lines[1], "pvmm-mark: load-end");
+        assert!(lines[2].starts_with("ran /tmp/build/src/lua"));
+        assert!(lines[3].starts_with("KB built "));
+        assert_eq!(lines[4], "pvmm-mark: idle-end");
+    }
+}

@@ -1,0 +1,144 @@
+//! `cargo xtask bench-kernbench`: a real `make -jN` in a pvmm guest under each policy, one L1
+//! boot for all cases ([`pvmm_rig::kernbench`]), with the simulator's kernbench rows for the
+//! same N beside each table.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use pvmm_rig::images::L1Needs;
+use pvmm_rig::kernbench::{
+    format_table, run_kernbench, KernbenchOptions, DEFAULT_JOBS, DEFAULT_MEMORY_MIB,
+    DEFAULT_POLICIES,
+};
+use pvmm_rig::kernbench_disk::TREE;
+use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
+use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::workspace::Workspace;
+use pvmm_rig::Topology;
+
+use super::{build_l1, rig_error_exit};
+
+#[derive(Debug, Args)]
+pub struct KernbenchArgs {
+    /// N of `make -jN`, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_JOBS,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    jobs: Vec<u32>,
+    /// Policies, comma-separated (pvmm --policy values; `none` = no pinning; POLICY.share adds
+    /// --share-package). The first is the tables' reference (1.00).
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_POLICIES.map(String::from))]
+    policies: Vec<String>,
+    /// Rounds: every (N, policy) case once per round; the tables give medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
+    /// Guest vCPUs.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    vcpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_MIB,
+          value_parser = clap::value_parser!(u64).range(384..=8192))]
+    memory: u64,
+    /// L1 CPU topology.
+    #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
+    topology: Topology,
+    /// Leave out the simulator's rows.
+    #[arg(long)]
+    no_sim: bool,
+    /// Print every rig line.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// pvmm-sim's kernbench tables for `jobs` busy vCPUs on `topology` (its own policies), or why
+/// they are missing.
+fn simulator_tables(jobs: &[u32], topology: Topology) -> String {
+    let counts = jobs
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let args = [
+        "pvmm-sim".to_string(),
+        "--scenario".into(),
+        "kernbench".into(),
+        "--vcpus".into(),
+        counts,
+        "--topology".into(),
+        topology.to_string(),
+    ];
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = pvmm_sim::cli::main_with_args(args, &mut out, &mut err);
+    if code == 0 {
+        String::from_utf8_lossy(&out).into_owned()
+    } else {
+        format!(
+            "(pvmm-sim failed: {})\n",
+            String::from_utf8_lossy(&err).trim()
+        )
+    }
+}
+
+/// `cargo xtask bench-kernbench`.
+pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
+    if args.policies.is_empty() || args.jobs.is_empty() {
+        eprintln!("xtask: error: --policies and --jobs need at least one value each");
+        return ExitCode::from(2);
+    }
+    let needs = L1Needs {
+        pvmm: true,
+        kernbench: true,
+        ..Default::default()
+    };
+    let images = match build_l1(ws, needs) {
+        Ok(images) => images,
+        Err(code) => return code,
+    };
+    let options = KernbenchOptions {
+        jobs: args.jobs,
+        policies: args.policies,
+        rounds: args.rounds,
+        vcpus: args.vcpus,
+        memory_mib: args.memory,
+        topology: args.topology,
+        echo: args.verbose,
+    };
+    let measured = retry_boots(
+        "bench-kernbench",
+        || run_kernbench(ws, &images, &options),
+        |(_, _, outcome)| l1_failure_kind(outcome),
+    );
+    let (builds, failures, outcome) = match measured {
+        Ok(measured) => measured,
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            return ExitCode::from(rig_error_exit(&error));
+        }
+    };
+    dump_outcome("bench-kernbench", &outcome);
+    println!(
+        "\nKernbench: make -jN of {TREE} in a {}-vCPU pvmm guest ({} MiB), L1 {}, {} round(s), {:.0} s in all\n",
+        options.vcpus,
+        options.memory_mib,
+        options.topology,
+        options.rounds,
+        started.elapsed().as_secs_f64()
+    );
+    for &jobs in &options.jobs {
+        let mine: Vec<_> = builds.iter().filter(|b| b.jobs == jobs).collect();
+        let title = format!("N = {jobs}: make -j{jobs}");
+        println!("{}", format_table(&title, &options.policies, &mine));
+    }
+    if !args.no_sim {
+        println!("The simulator's kernbench-like load for the same N (N busy vCPUs, one VM):\n");
+        println!("{}", simulator_tables(&options.jobs, options.topology));
+    }
+    for failure in &failures {
+        eprintln!("xtask: {} not measured: {}", failure.label, failure.reason);
+    }
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_RIG_FAILURE as u8)
+    }
+}
