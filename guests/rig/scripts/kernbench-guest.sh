@@ -1,9 +1,10 @@
 #!/bin/sh
 # bench-kernbench's guest: mounts the kernbench disk /dev/vda read-only at /kb, a tmpfs on its
 # /tmp for the build, and reads the toolchain once so that every case builds from a warm page
-# cache. Settles SETTLE_SECS, builds the tree TREE with `make -jJOBS` between the load marks
-# (`KB built <seconds>` when the result runs, `KB error <step>` when a step fails), then idles
-# IDLE_TAIL_SECS.
+# cache. Settles SETTLE_SECS, builds the tree TREE with `make -jJOBS` (MYCFLAGS appended to the
+# tree's own CFLAGS) between the marks
+# load-beginMARK and load-endMARK (then `KB built <uptime before> <uptime after>` when the
+# result runs, `KB error <step>` when a step fails), and idles IDLE_TAIL_SECS.
 kb=/kb
 fail() {
     echo "KB error $1"
@@ -23,13 +24,13 @@ find $kb/usr/bin $kb/usr/lib/gcc $kb/usr/include $kb/usr/lib/x86_64-linux-gnu -t
 cp -a "$kb/usr/src/$TREE" $kb/tmp/build || fail copy
 sleep "$SETTLE_SECS"
 read -r a _ < /proc/uptime
-echo pvmm-mark: load-begin
-chroot $kb make -C /tmp/build/src -j"$JOBS" posix > /tmp/kb-make.log 2>&1
+echo "pvmm-mark: load-begin$MARK"
+chroot $kb make -C /tmp/build/src -j"$JOBS" posix MYCFLAGS="$MYCFLAGS" > /tmp/kb-make.log 2>&1
 status=$?
-echo pvmm-mark: load-end
+echo "pvmm-mark: load-end$MARK"
 read -r b _ < /proc/uptime
 [ $status = 0 ] || { tail -5 /tmp/kb-make.log; fail make; }
 chroot $kb /tmp/build/src/lua -e 'print("KB lua " .. _VERSION)' || fail run
 echo "KB built $a $b"
 sleep "$IDLE_TAIL_SECS"
-echo pvmm-mark: idle-end
+echo "pvmm-mark: idle-end$MARK"

@@ -1,5 +1,6 @@
 //! `cargo xtask bench-host`: several VMs side by side in one L1, each guest running one
-//! kernbench-like thread, under three regimes, one L1 boot per (regime, VM count):
+//! kernbench-like thread (or, with `--build`, a real compile: [`crate::kernbench`]), under
+//! three regimes, one L1 boot per (regime, VM count):
 //!
 //! - `pvmm-host`: pvmm VMs joined to the host daemon (`pvmm host --adopt auto`), which places
 //!   every VM's vCPUs with one engine under `powersaving`;
@@ -7,13 +8,14 @@
 //! - `qemu`: QEMU VMs with KVM, unpinned (L1's scheduler decides).
 //!
 //! Measured from L1 over the window in which every VM runs its load (from the last VM's load
-//! start to the first VM's load end):
+//! start to the first VM's load end; with builds, from the first build's start to the last
+//! one's end, so the window holds every build whole):
 //!
 //! - **Package Idle(%)** and **Energy** from L1's `/proc/stat` ([`crate::activity`]; the rig
 //!   has no RAPL, so energy is the simulator's power model applied to measured activity);
 //! - **Work**: the guests' `pvmm-load` iterations in the window (each guest's `pvmm-load`
 //!   reports its iterations so far every second through a `pvmm-mark:` line, which L1
-//!   timestamps);
+//!   timestamps); with builds, the builds, and each VM's build time on its own clock;
 //! - **Migrations**: the vCPU threads' `se.nr_migrations` (L1 kernel, `/proc/<pid>/task/*/
 //!   sched`), every move of any regime counted alike, whether pvmm, the daemon or L1's
 //!   scheduler made it;
@@ -81,6 +83,8 @@ pub struct HostBenchOptions {
     pub duty_percent: u32,
     /// pvmm-load period (ms).
     pub period_ms: u32,
+    /// Each guest builds the kernbench tree with `make -jN` instead of running pvmm-load.
+    pub build_jobs: Option<u32>,
     /// L1 topology.
     pub topology: Topology,
     /// Print every rig line.
@@ -91,6 +95,11 @@ pub struct HostBenchOptions {
 const VCPUS: u32 = 2;
 /// Memory of each VM (MiB): four fit in the rig's L1 with room for the page cache.
 const MEMORY_MIB: u32 = 192;
+/// Memory of each VM that builds (MiB): the toolchain's page cache and two `cc1`s.
+const BUILD_MEMORY_MIB: u32 = 512;
+/// L1 time per VM and case for a build: a build at -j2 takes about 4 minutes of a quiet
+/// machine alone; the VMs share L1's CPUs, and the machine may be busy.
+const BUILD_SECS_PER_VM: u64 = 900;
 /// Seconds each guest idles after init before its load: past pvmm's 5 s ramp-down, so every
 /// regime starts from its idle placement, not from the spread the guests' boots caused.
 const LEAD_SECS: u32 = 8;
@@ -125,6 +134,8 @@ pub struct HostCase {
     pub vmm_other_cpu: f64,
     /// CPU the daemon used in the window, in CPUs (regime `pvmm-host` only).
     pub daemon_cpu: Option<f64>,
+    /// Each VM's build time on its own clock (s), with builds.
+    pub build_s: Vec<f64>,
 }
 
 impl HostCase {
@@ -132,11 +143,20 @@ impl HostCase {
     pub fn energy_per_kwork(&self) -> f64 {
         self.energy_j / (self.work as f64 / 1000.0).max(f64::MIN_POSITIVE)
     }
+
+    /// The VMs' mean build time (s), with builds.
+    pub fn mean_build_s(&self) -> Option<f64> {
+        (!self.build_s.is_empty())
+            .then(|| self.build_s.iter().sum::<f64>() / self.build_s.len() as f64)
+    }
 }
 
 /// The guest command of VM `n`: idle, then the load, its progress (iterations so far) each
 /// second through a `pvmm-mark:` line that L1 timestamps.
 pub fn guest_command(options: &HostBenchOptions, n: usize) -> String {
+    if let Some(jobs) = options.build_jobs {
+        return crate::kernbench::guest_command_with(jobs, "", LEAD_SECS, &format!("-{n}"));
+    }
     scripts::guest_command(
         &[
             ("VM", &n.to_string()),
@@ -172,14 +192,21 @@ fn vm(regime: Regime, options: &HostBenchOptions, n: usize) -> VmSpec {
     } else {
         InnerVmm::Pvmm
     };
+    let memory = match options.build_jobs {
+        Some(_) => BUILD_MEMORY_MIB,
+        None => MEMORY_MIB,
+    };
     let mut args: Vec<String> = [
         "--vcpus",
         &VCPUS.to_string(),
         "--memory",
-        &MEMORY_MIB.to_string(),
+        &memory.to_string(),
     ]
     .map(String::from)
     .to_vec();
+    if options.build_jobs.is_some() {
+        args.extend(["--disk".into(), crate::kernbench::disk_arg()]);
+    }
     if vmm == InnerVmm::Pvmm {
         args.extend(["--policy".into(), "powersaving".into()]);
     }
@@ -202,16 +229,21 @@ pub fn run_case(
     vms: usize,
 ) -> Result<(Result<HostCase, String>, RigOutcome), RigError> {
     let specs: Vec<VmSpec> = (0..vms).map(|n| vm(regime, options, n)).collect();
+    let load_secs = match options.build_jobs {
+        Some(_) => BUILD_SECS_PER_VM * vms as u64,
+        None => u64::from(2 * options.seconds),
+    };
     let rig = Rig::with_vms(specs)
         .topology(options.topology)
         .timeout(Duration::from_secs(
-            CASE_OVERHEAD_SECS + u64::from(LEAD_SECS + 2 * options.seconds),
+            CASE_OVERHEAD_SECS + u64::from(LEAD_SECS) + load_secs,
         ))
         .l1_probe(probe(regime))
         .echo(options.echo);
     let labels = rig.labels();
     let outcome = rig.run(ws, images)?;
-    let measured = measure(&outcome, &labels, regime, &PowerModel::default());
+    let builds = options.build_jobs.is_some();
+    let measured = measure(&outcome, &labels, regime, builds, &PowerModel::default());
     Ok((measured, outcome))
 }
 
@@ -229,6 +261,8 @@ struct Lines {
     other_cpu: Vec<Vec<(f64, u64)>>,
     /// (L1 time, CPU ticks of the daemon).
     daemon: Vec<(f64, u64)>,
+    /// Per VM: its build's time on its clock, or why there is none (with builds).
+    build_s: Vec<Result<f64, String>>,
 }
 
 fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
@@ -240,6 +274,7 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
         if run.status != Some(0) {
             return Err(format!("VM {label} exited with status {:?}", run.status));
         }
+        lines.build_s.push(crate::kernbench::build_seconds(&run));
         let mut counts = Vec::new();
         let mut others = Vec::new();
         for line in run.probe {
@@ -281,11 +316,13 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
     Ok(lines)
 }
 
-/// Measures a case over the window every VM ran its load in.
+/// Measures a case over the window every VM ran its load in (with `builds`, the window that
+/// holds every build).
 fn measure(
     outcome: &RigOutcome,
     labels: &[String],
     regime: Regime,
+    builds: bool,
     model: &PowerModel,
 ) -> Result<HostCase, String> {
     let lines = parse(outcome, labels)?;
@@ -296,25 +333,42 @@ fn measure(
             .copied()
             .ok_or_else(|| format!("no mark {text} (marks: {:?})", lines.marks.keys()))
     };
-    let mut begin = f64::MIN;
-    let mut end = f64::MAX;
+    let (mut begin, mut end) = (Vec::new(), Vec::new());
     for n in 0..labels.len() {
-        begin = begin.max(mark(format!("load-begin-{n}"))?);
-        end = end.min(mark(format!("load-end-{n}"))?);
+        begin.push(mark(format!("load-begin-{n}"))?);
+        end.push(mark(format!("load-end-{n}"))?);
     }
+    let first = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
+    let last = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
+    let (begin, end) = if builds {
+        (first(&begin), last(&end))
+    } else {
+        (last(&begin), first(&end))
+    };
     if end <= begin {
         return Err(format!(
             "the VMs' loads did not overlap (the last began at {begin:.1} s, the first ended at {end:.1} s); raise --seconds"
         ));
     }
     let activity = lines.activity.window(begin, end, model)?;
+    let build_s = match builds {
+        true => lines
+            .build_s
+            .iter()
+            .cloned()
+            .collect::<Result<Vec<f64>, String>>()?,
+        false => Vec::new(),
+    };
     // Each VM's iterations between its last progress reports before the window's ends: off
     // by at most a second of work per VM at each end, alike for every regime.
-    let work = lines
-        .progress
-        .values()
-        .map(|reports| last_before(reports, end).saturating_sub(last_before(reports, begin)))
-        .sum();
+    let work = match builds {
+        true => build_s.len() as u64,
+        false => lines
+            .progress
+            .values()
+            .map(|reports| last_before(reports, end).saturating_sub(last_before(reports, begin)))
+            .sum(),
+    };
     let migrations = lines
         .migrations
         .iter()
@@ -337,6 +391,7 @@ fn measure(
         package_idle: activity.package_idle,
         energy_j: activity.energy_j,
         migrations,
+        build_s,
     })
 }
 
@@ -351,20 +406,43 @@ fn last_before(series: &[(f64, u64)], t: f64) -> u64 {
         .unwrap_or(0)
 }
 
+/// The build columns of `case`: each VM's mean and longest build time, and the mean relative
+/// to `reference`'s.
+fn build_cells(case: &HostCase, reference: &HostCase) -> String {
+    let mean = case.mean_build_s().unwrap_or(0.0);
+    let max = case.build_s.iter().copied().fold(0.0, f64::max);
+    let ratio = reference
+        .mean_build_s()
+        .filter(|r| *r > 0.0)
+        .map_or("-".to_string(), |r| format!("{:.2}", mean / r));
+    format!(" {mean:>9.1} {max:>7.1} {ratio:>5}")
+}
+
 /// The cases of one VM count as a table; Energy/work relative to the first case (`qemu` when
-/// it ran).
+/// it ran). With builds, work is builds, and each VM's build time (mean, longest, and the
+/// mean relative to the first case's) comes after the window.
 pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
-    let mut out = format!("{vms} VM(s) of {VCPUS} vCPUs, one busy thread each:\n");
+    let builds = cases.first().is_some_and(|c| !c.build_s.is_empty());
+    let load = if builds {
+        "one build"
+    } else {
+        "one busy thread"
+    };
+    let mut out = format!("{vms} VM(s) of {VCPUS} vCPUs, {load} each:\n");
     let Some(reference) = cases.first() else {
         out.push_str("(no case measured)\n");
         return out;
     };
+    let build_header = match builds {
+        true => format!(" {:>9} {:>7} {:>5}", "Build(s)", "Max(s)", "Time"),
+        false => String::new(),
+    };
     let _ = writeln!(
         out,
-        "{:<10} {:>8} {:>12} {:>16} {:>10} {:>10} {:>12} {:>9} {:>9}",
+        "{:<10} {:>8}{build_header} {:>12} {:>16} {:>10} {:>10} {:>12} {:>9} {:>9}",
         "Regime",
         "Window",
-        "Work(iter)",
+        if builds { "Builds" } else { "Work(iter)" },
         "Package Idle(%)",
         "Migrations",
         "Energy(J)",
@@ -378,9 +456,13 @@ pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
             .iter()
             .map(|f| format!("{:5.1}", f * 100.0))
             .collect();
+        let build = match builds {
+            true => build_cells(c, reference),
+            false => String::new(),
+        };
         let _ = writeln!(
             out,
-            "{:<10} {:>7.1}s {:>12} {:>16} {:>10} {:>10.1} {:>12.2} {:>9.1} {:>9}",
+            "{:<10} {:>7.1}s{build} {:>12} {:>16} {:>10} {:>10.1} {:>12.2} {:>9.1} {:>9}",
             c.regime.name(),
             c.window_s,
             c.work,
@@ -393,9 +475,10 @@ pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
                 .map_or("-".to_string(), |d| format!("{:.1}", d * 100.0))
         );
     }
+    let unit = if builds { "build" } else { "iteration" };
     let _ = writeln!(
         out,
-        "(Energy/work: modelled joules per iteration, relative to {} = 1.00; VMM(%): the VMMs' \
+        "(Energy/work: modelled joules per {unit}, relative to {} = 1.00; VMM(%): the VMMs' \
          threads other than vCPUs, Daemon(%): pvmm-host, in % of one L1 CPU)",
         reference.regime.name()
     );
@@ -422,6 +505,7 @@ mod tests {
             seconds: 20,
             duty_percent: 29,
             period_ms: 70,
+            build_jobs: None,
             topology: Topology::default(),
             echo: false,
         };
@@ -458,6 +542,7 @@ mod tests {
             migrations: 4,
             vmm_other_cpu: 0.01,
             daemon_cpu: None,
+            build_s: Vec::new(),
         };
         let q = case(Regime::Qemu, 1000, 100.0);
         let d = case(Regime::Daemon, 1000, 80.0);
@@ -472,5 +557,55 @@ mod tests {
             "{table}"
         );
         assert_eq!((d[8].as_str(), d[9].as_str()), ("1.0", "-"), "{table}");
+    }
+
+    #[test]
+    fn builds_get_their_times_and_the_disk() {
+        let options = HostBenchOptions {
+            vms: vec![2],
+            regimes: Regime::ALL.to_vec(),
+            seconds: 20,
+            duty_percent: 29,
+            period_ms: 70,
+            build_jobs: Some(2),
+            topology: Topology::default(),
+            echo: false,
+        };
+        let guest = guest_command(&options, 1);
+        assert!(
+            guest.contains("\nJOBS=2\n") && guest.contains("\nMARK=-1\n"),
+            "{guest}"
+        );
+        for regime in Regime::ALL {
+            let spec = vm(regime, &options, 1);
+            assert!(
+                spec.args.contains(&crate::kernbench::disk_arg()),
+                "{spec:?}"
+            );
+        }
+        let case = |regime, build_s: Vec<f64>, energy_j| HostCase {
+            regime,
+            vms: 2,
+            window_s: 300.0,
+            work: 2,
+            package_idle: vec![0.2, 0.6],
+            energy_j,
+            migrations: 40,
+            vmm_other_cpu: 0.02,
+            daemon_cpu: None,
+            build_s,
+        };
+        let q = case(Regime::Qemu, vec![200.0, 240.0], 1000.0);
+        let p = case(Regime::PerVm, vec![230.0, 230.0], 900.0);
+        let table = format_table(2, &[&q, &p]);
+        let rows: Vec<&str> = table.lines().collect();
+        assert!(rows[0].contains("one build each"), "{table}");
+        let cells: Vec<&str> = rows[3].split_whitespace().collect();
+        assert_eq!(
+            cells[..5],
+            ["pvmm", "300.0s", "230.0", "230.0", "1.05"],
+            "{table}"
+        );
+        assert_eq!(cells[10], "0.90", "{table}");
     }
 }

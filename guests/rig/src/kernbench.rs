@@ -64,6 +64,9 @@ pub struct KernbenchOptions {
     pub policies: Vec<String>,
     /// Rounds: every case once per round.
     pub rounds: u32,
+    /// Compiler flags after the tree's own (`-O2 -Wall -Wextra ...`), as its Makefile's
+    /// `MYCFLAGS`: empty for the tree's own build, `-O0` for a quicker one.
+    pub mycflags: String,
     /// Guest vCPUs.
     pub vcpus: u32,
     /// Guest memory (MiB).
@@ -109,17 +112,31 @@ fn label(policy: &str, jobs: u32, round: u32) -> String {
     format!("{policy}-j{jobs}-r{round}")
 }
 
-/// The guest command of a build with `make -jJOBS`.
-pub fn guest_command(jobs: u32) -> String {
+/// The guest command of a build with `make -jJOBS` and `mycflags` after the tree's own
+/// CFLAGS, that settles `settle_secs` before it and suffixes its marks with `mark` (several
+/// VMs' marks in one L1).
+pub fn guest_command_with(jobs: u32, mycflags: &str, settle_secs: u32, mark: &str) -> String {
     scripts::guest_command(
         &[
             ("TREE", TREE),
             ("JOBS", &jobs.to_string()),
-            ("SETTLE_SECS", &SETTLE_SECS.to_string()),
+            ("MYCFLAGS", mycflags),
+            ("SETTLE_SECS", &settle_secs.to_string()),
             ("IDLE_TAIL_SECS", &IDLE_TAIL_SECS.to_string()),
+            ("MARK", mark),
         ],
         &[scripts::KERNBENCH_GUEST],
     )
+}
+
+/// The guest command of a build with `make -jJOBS` and `mycflags`, alone in its L1.
+pub fn guest_command(jobs: u32, mycflags: &str) -> String {
+    guest_command_with(jobs, mycflags, SETTLE_SECS, "")
+}
+
+/// The kernbench disk as a `--disk` argument, shared read-only by every VM.
+pub fn disk_arg() -> String {
+    format!("{},readonly=on", inside::KERNBENCH_DISK)
 }
 
 /// pvmm's arguments for one case.
@@ -130,7 +147,7 @@ fn pvmm_args(options: &KernbenchOptions, policy: &str) -> Vec<String> {
         "--memory".to_string(),
         options.memory_mib.to_string(),
         "--disk".to_string(),
-        format!("{},readonly=on", inside::KERNBENCH_DISK),
+        disk_arg(),
     ];
     args.extend(policy_args(policy));
     args.extend(["--stats".to_string(), STATS_PATH.to_string()]);
@@ -149,7 +166,7 @@ fn runs(options: &KernbenchOptions) -> Vec<(String, u32, PvmmRun)> {
                     PvmmRun {
                         label: label(policy, jobs, round),
                         pvmm_args: pvmm_args(options, policy),
-                        guest_command: guest_command(jobs),
+                        guest_command: guest_command(jobs, &options.mycflags),
                     },
                 ));
             }
@@ -160,7 +177,7 @@ fn runs(options: &KernbenchOptions) -> Vec<(String, u32, PvmmRun)> {
 
 /// The build's span on the guest's clock from its `KB built BEGIN END` line, or why there is
 /// none.
-fn build_seconds(run: &RunLines) -> Result<f64, String> {
+pub fn build_seconds(run: &RunLines) -> Result<f64, String> {
     if let Some(step) = run.guest.iter().find_map(|l| l.strip_prefix("KB error ")) {
         return Err(format!("the guest's {} step failed", step.trim()));
     }
@@ -444,6 +461,7 @@ mod tests {
             jobs: vec![2, 8],
             policies: vec!["performance".into(), "none".into()],
             rounds: 2,
+            mycflags: String::new(),
             vcpus: 4,
             memory_mib: DEFAULT_MEMORY_MIB,
             topology: Topology::default(),
@@ -463,7 +481,8 @@ mod tests {
     /// runs, marks the build's span and reports it.
     #[test]
     fn the_guest_command_marks_and_reports_the_build() {
-        let command = guest_command(4);
+        let command = guest_command(4, "-O0");
+        assert!(command.contains("\nMYCFLAGS=-O0\n"), "{command}");
         assert!(command.len() < 1400, "{} bytes", command.len());
         let stubs = "mount() { :; }\nfind() { :; }\ncp() { :; }\nsleep() { :; }\n\
                      chroot() { shift; echo \"ran $*\"; }\nmkdir() { :; }\n";
