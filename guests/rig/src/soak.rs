@@ -55,6 +55,10 @@ pub enum BootKind {
     /// guest reported a stall (`GUEST_STALL_MARKS`): the guest stopped making progress, the
     /// way the stalled guest of a timed-out boot does.
     GuestStall,
+    /// L1 killed the inner VMM at the run's own time limit before its guest reached init,
+    /// with no stall report: a guest that hung silently in early boot, which QEMU's guests do
+    /// in the rig as pvmm's do.
+    GuestBootHang,
     /// Every VM reported, but L1 did not power off ([`RigEnd::HungAtPowerOff`]).
     PowerOffHang,
     /// Something outside the rig ended QEMU with a signal ([`RigEnd::KilledOutside`]): not a
@@ -67,7 +71,7 @@ pub enum BootKind {
 
 impl BootKind {
     /// Every kind, in table order.
-    pub const ALL: [BootKind; 13] = [
+    pub const ALL: [BootKind; 14] = [
         BootKind::Clean,
         BootKind::L1Lockup,
         BootKind::L1Panic,
@@ -78,6 +82,7 @@ impl BootKind {
         BootKind::GuestPanic,
         BootKind::Timeout,
         BootKind::GuestStall,
+        BootKind::GuestBootHang,
         BootKind::PowerOffHang,
         BootKind::KilledOutside,
         BootKind::Other,
@@ -96,6 +101,7 @@ impl BootKind {
             BootKind::GuestPanic => "guest panic",
             BootKind::Timeout => "timeout",
             BootKind::GuestStall => "guest stall",
+            BootKind::GuestBootHang => "guest boot hang",
             BootKind::PowerOffHang => "poweroff hang",
             BootKind::KilledOutside => "killed outside",
             BootKind::Other => "other",
@@ -103,7 +109,7 @@ impl BootKind {
     }
 
     /// A failure the rig's soaks see under pvmm and QEMU alike (L1's own, or a guest's triple
-    /// fault, reset, panic or stall), or QEMU killed from outside: a rig test may run it
+    /// fault, reset, panic, stall or early-boot hang), or QEMU killed from outside: a rig test may run it
     /// again, and a failure that repeats reaches the test's checks at its last try.
     /// [`BootKind::Clean`] and [`BootKind::Other`] are not.
     pub fn is_known_rig_failure(self) -> bool {
@@ -162,6 +168,9 @@ pub fn vm_kind(outcome: &RigOutcome, vmm: InnerVmm, label: &str) -> BootKind {
         return BootKind::Other;
     };
     let panicked = run.guest.iter().any(|l| l.contains(GUEST_PANIC_MARK));
+    let reached_init = outcome
+        .events_of("guest-init")
+        .any(|event| event.label == label);
     match (vmm, run.status, run.command_status()) {
         (_, Some(0), Some(0)) => BootKind::Clean,
         (InnerVmm::Pvmm, Some(EXIT_TRIPLE_FAULT), _) => BootKind::TripleFault,
@@ -171,6 +180,7 @@ pub fn vm_kind(outcome: &RigOutcome, vmm: InnerVmm, label: &str) -> BootKind {
         (_, Some(RUN_LIMIT_STATUS), None) if last_stall_report(run.guest).is_some() => {
             BootKind::GuestStall
         }
+        (_, Some(RUN_LIMIT_STATUS), None) if !reached_init => BootKind::GuestBootHang,
         _ => BootKind::Other,
     }
 }
@@ -495,6 +505,7 @@ mod tests {
         let mut runs = Vec::new();
         for ((label, status), &reported) in labels.iter().zip(statuses).zip(reported) {
             events.push(event("vmm-start", label, "3.0"));
+            events.push(event("guest-init", label, "9.0"));
             events.push(event("vmm-exit", label, &status.to_string()));
             let mut guest = vec!["pvmm-guest: command begin".to_string()];
             if reported {
@@ -603,9 +614,18 @@ mod tests {
             what.ends_with("(at [  205.7] RIP: 0010:alg_test+0x4f/0x540)"),
             "{what}"
         );
-        // Killed at the limit with no stall reported: a slow or hung VMM, not the rig's.
+        // Killed at the limit after init with no stall reported: a slow or hung VMM, not the
+        // rig's.
         let killed = with_guest_line(&[RUN_LIMIT_STATUS, 0], 0, "[   12.0] Run /init");
         assert_eq!(classify(&killed, &vms, &labels).0, BootKind::Other);
+        // Killed at the limit before init, silent: the guest hung in early boot.
+        let mut early = with_guest_line(&[RUN_LIMIT_STATUS, 0], 0, "[    3.1] LSM: Security");
+        early.runs[0].guest.retain(|l| l.starts_with('['));
+        early
+            .events
+            .retain(|e| !(e.kind == "guest-init" && e.label == "0"));
+        assert_eq!(classify(&early, &vms, &labels).0, BootKind::GuestBootHang);
+        assert!(BootKind::GuestBootHang.is_known_rig_failure());
     }
 
     #[test]
