@@ -7,7 +7,7 @@
 //! kernbench disk ([`crate::kernbench_disk`]) read-only, warms its page cache with the
 //! toolchain, and builds the pinned tree with `make -jN` between its `load-begin` and
 //! `load-end` marks ([`scripts::KERNBENCH_GUEST`]). The L1 probe and the window measurements
-//! are the placement benchmark's ([`placement_bench::bench_probe`]): package idle from L1's
+//! are the placement benchmark's ([`crate::placement_bench::bench_probe`]): package idle from L1's
 //! `/proc/stat`, modelled energy, pvmm's and L1's migration counts. The run time is the
 //! guest's own (its uptime around `make`); the window is L1's view of the same span.
 //!
