@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use crate::figures::median;
 use crate::guest_kernel::GuestKernel;
 use crate::images::L1Images;
 use crate::rig::{
@@ -86,28 +87,13 @@ pub struct VmmTimes {
 impl VmmTimes {
     /// Median boot-to-init of the runs that reached init, if any did.
     pub fn median(&self) -> Option<f64> {
-        median(&self.boot_seconds)
+        median(self.boot_seconds.iter().copied())
     }
 
     /// Median of the guest kernel's uptime at init.
     pub fn median_guest_uptime(&self) -> Option<f64> {
-        median(&self.guest_uptime)
+        median(self.guest_uptime.iter().copied())
     }
-}
-
-/// Median of the present values, if any.
-fn median(values: &[Option<f64>]) -> Option<f64> {
-    let mut ok: Vec<f64> = values.iter().flatten().copied().collect();
-    if ok.is_empty() {
-        return None;
-    }
-    ok.sort_by(f64::total_cmp);
-    let mid = ok.len() / 2;
-    Some(if ok.len() % 2 == 1 {
-        ok[mid]
-    } else {
-        (ok[mid - 1] + ok[mid]) / 2.0
-    })
 }
 
 /// The contender `vmm` on `kernel` among `times`.

@@ -489,6 +489,19 @@ pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
 mod tests {
     use super::*;
 
+    fn options(build_jobs: Option<u32>) -> HostBenchOptions {
+        HostBenchOptions {
+            vms: vec![2],
+            regimes: Regime::ALL.to_vec(),
+            seconds: 20,
+            duty_percent: 29,
+            period_ms: 70,
+            build_jobs,
+            topology: Topology::default(),
+            echo: false,
+        }
+    }
+
     #[test]
     fn regimes_parse_and_the_probe_and_guest_say_what_the_parser_reads() {
         assert_eq!("pvmm-host".parse::<Regime>(), Ok(Regime::Daemon));
@@ -499,16 +512,7 @@ mod tests {
         );
         assert!(probe(Regime::PerVm).contains("\nSTART_DAEMON=0\n"));
         assert!(probe(Regime::Qemu).contains("nr_migrations"));
-        let options = HostBenchOptions {
-            vms: vec![2],
-            regimes: Regime::ALL.to_vec(),
-            seconds: 20,
-            duty_percent: 29,
-            period_ms: 70,
-            build_jobs: None,
-            topology: Topology::default(),
-            echo: false,
-        };
+        let options = options(None);
         let guest = guest_command(&options, 1);
         assert!(guest.starts_with("VM=1\n"));
         assert!(guest.contains("pvmm-mark: load-begin-$VM"));
@@ -561,16 +565,7 @@ mod tests {
 
     #[test]
     fn builds_get_their_times_and_the_disk() {
-        let options = HostBenchOptions {
-            vms: vec![2],
-            regimes: Regime::ALL.to_vec(),
-            seconds: 20,
-            duty_percent: 29,
-            period_ms: 70,
-            build_jobs: Some(2),
-            topology: Topology::default(),
-            echo: false,
-        };
+        let options = options(Some(2));
         let guest = guest_command(&options, 1);
         assert!(
             guest.contains("\nJOBS=2\n") && guest.contains("\nMARK=-1\n"),

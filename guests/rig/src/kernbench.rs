@@ -11,15 +11,18 @@
 //! `/proc/stat`, modelled energy, pvmm's and L1's migration counts. The run time is the
 //! guest's own (its uptime around `make`); the window is L1's view of the same span.
 //!
-//! Each case runs once per round and the rounds come one after another, so a drift in the
-//! machine's load over the boot reaches every case alike; the table gives each figure's
-//! median over the rounds.
+//! Each case runs once per round, the rounds one after another, and each round turns the
+//! policies' order by one place, so that over as many rounds as policies each policy runs in
+//! each place of an N's builds once (a place can matter: the first build after another N's
+//! starts from that N's placement and page cache). The table gives each figure's median over
+//! the rounds.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
 
+use crate::figures::{aligned_columns, median};
 use crate::images::L1Images;
 use crate::inside;
 use crate::kernbench_disk::TREE;
@@ -39,7 +42,7 @@ pub const DEFAULT_POLICIES: [&str; 4] = ["performance", "powersaving:1", "powers
 /// of one package of the 2x2 L1 at N = 2).
 pub const DEFAULT_JOBS: [u32; 3] = [2, 4, 8];
 
-/// Guest memory (MiB): the page cache of the toolchain (about 150 MiB read), eight `cc1`
+/// Guest memory (MiB): the page cache of the toolchain (171 MiB read), eight `cc1`
 /// processes, and the build's tmpfs.
 pub const DEFAULT_MEMORY_MIB: u64 = 768;
 
@@ -154,12 +157,15 @@ fn pvmm_args(options: &KernbenchOptions, policy: &str) -> Vec<String> {
     args
 }
 
-/// Every run, in order: round by round, each N, each policy.
+/// Every run, in order: round by round, each N, each policy, the policies' order turned by
+/// one place each round.
 fn runs(options: &KernbenchOptions) -> Vec<(String, u32, PvmmRun)> {
     let mut runs = Vec::new();
+    let count = options.policies.len();
     for round in 0..options.rounds {
         for &jobs in &options.jobs {
-            for policy in &options.policies {
+            let turned = options.policies.iter().cycle().skip(round as usize % count);
+            for policy in turned.take(count) {
                 runs.push((
                     policy.clone(),
                     jobs,
@@ -263,17 +269,6 @@ pub fn run_kernbench(
     Ok((builds, failures, outcome))
 }
 
-/// The median of `values` (None when empty).
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
-}
-
 /// One policy's medians over its rounds.
 struct Row {
     policy: String,
@@ -288,12 +283,8 @@ struct Row {
 
 fn row(policy: &str, builds: &[&Build]) -> Option<Row> {
     let mine: Vec<&&Build> = builds.iter().filter(|b| b.policy == policy).collect();
-    let of = |f: &dyn Fn(&Build) -> f64| median(mine.iter().map(|b| f(b)).collect());
+    let of = |f: &dyn Fn(&Build) -> f64| median(mine.iter().map(|b| Some(f(b))));
     let packages = mine.first()?.package_idle.len();
-    let kernel: Vec<f64> = mine
-        .iter()
-        .filter_map(|b| b.kernel_migrations.map(|m| m as f64))
-        .collect();
     Some(Row {
         policy: policy.to_string(),
         rounds: mine.len(),
@@ -304,7 +295,7 @@ fn row(policy: &str, builds: &[&Build]) -> Option<Row> {
         energy_j: of(&|b| b.energy_j)?,
         power_w: of(&|b| b.energy_j / b.window_s.max(f64::MIN_POSITIVE))?,
         migrations: of(&|b| b.migrations as f64)?,
-        kernel_migrations: median(kernel),
+        kernel_migrations: median(mine.iter().map(|b| b.kernel_migrations.map(|m| m as f64))),
     })
 }
 
@@ -359,27 +350,7 @@ pub fn format_table(title: &str, policies: &[String], builds: &[&Build]) -> Stri
             ]
         })
         .collect();
-    let mut widths: Vec<usize> = headers.iter().map(String::len).collect();
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    for line in std::iter::once(&headers).chain(&cells) {
-        let mut text = String::new();
-        for (i, (cell, w)) in line.iter().zip(&widths).enumerate() {
-            match i {
-                0 => {
-                    let _ = write!(text, "{cell:<w$}");
-                }
-                _ => {
-                    let _ = write!(text, "  {cell:>w$}");
-                }
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    }
+    out.push_str(&aligned_columns(&headers, &cells));
     let _ = writeln!(
         out,
         "(Time, Energy, Power: relative to {} = 1.00, medians over the runs; Energy is modelled \
@@ -470,8 +441,9 @@ mod tests {
         let runs = runs(&options);
         assert_eq!(runs.len(), 8);
         assert_eq!(runs[0].2.label, "performance-j2-r0");
-        assert_eq!(runs[7].2.label, "none-j8-r1");
-        let args = runs[1].2.pvmm_args.join(" ");
+        assert_eq!(runs[4].2.label, "none-j2-r1");
+        assert_eq!(runs[7].2.label, "performance-j8-r1");
+        let args = runs[4].2.pvmm_args.join(" ");
         assert!(args.contains("--disk /guest/kernbench.ext4,readonly=on"));
         assert!(args.contains("--policy none"));
         assert!(runs[2].2.guest_command.contains("JOBS=8"));

@@ -29,6 +29,7 @@
 //!   it (`cargo xtask rig-guest-soak`).
 //! - [`retry`]: booting the rig again when it fails by itself, and a boot's whole log.
 //! - [`vmlinux`]: the uncompressed kernel inside a bzImage, for PVH boots.
+//! - [`figures`]: medians and aligned tables for the benchmarks' reports.
 //! - [`cpio`], [`scripts`]: the initramfs writer and the init scripts.
 
 pub mod activity;
@@ -37,6 +38,7 @@ pub mod cache;
 pub mod cpio;
 pub mod debian;
 pub mod error;
+pub mod figures;
 pub mod guest_kernel;
 pub mod guest_soak;
 pub mod host;

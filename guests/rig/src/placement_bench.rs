@@ -40,6 +40,7 @@ use std::time::Duration;
 use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::Activity;
+use crate::figures::aligned_columns;
 use crate::images::L1Images;
 use crate::probe::ProbeLine;
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
@@ -471,27 +472,7 @@ pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
     ]
     .map(String::from);
     let rows: Vec<[String; 12]> = results.iter().map(|r| bench_row(r, reference)).collect();
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    for cells in std::iter::once(&headers).chain(&rows) {
-        let mut line = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i > 0 {
-                line.push_str("  ");
-            }
-            if i == 0 {
-                let _ = write!(line, "{cell:<w$}");
-            } else {
-                let _ = write!(line, "{cell:>w$}");
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
+    out.push_str(&aligned_columns(&headers, &rows));
     let _ = writeln!(
         out,
         "(Energy, Power: relative to {} = 1.00; Energy is modelled joules per iteration)",

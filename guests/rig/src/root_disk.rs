@@ -28,10 +28,38 @@ pub const ROOT_DISK_MIB: u64 = 32;
 const FIXED_UUID: &str = "5076d6d0-0000-4000-8000-000000000001";
 
 /// mke2fs on this machine (Debian's e2fsprogs; `/sbin` is on root's `PATH` only).
-const MKE2FS: &str = "/sbin/mke2fs";
+pub(crate) const MKE2FS: &str = "/sbin/mke2fs";
 
 /// The e2fsprogs programs L1 gets, at the same paths as on this machine.
 const L1_TOOLS: [&str; 2] = [inside::E2FSCK, inside::DEBUGFS];
+
+/// Writes the tree `tree` as a fresh ext4 image of `mib` MiB at `image` (through a temporary
+/// file next to it) with `mke2fs -d`: labelled `label`, root-owned, its UUID and directory
+/// hash seed `uuid` and its timestamps `mtime`, so the same tree gives the same image.
+pub(crate) fn write_ext4(
+    tree: &Path,
+    image: &Path,
+    mib: u64,
+    label: &str,
+    uuid: &str,
+    mtime: u32,
+) -> Result<(), ImageError> {
+    let tmp = image.with_extension("tmp");
+    std::fs::remove_file(&tmp).ok();
+    run_tool(
+        Command::new(MKE2FS)
+            .args(["-q", "-F", "-t", "ext4", "-L", label, "-U", uuid])
+            .arg("-E")
+            .arg(format!("root_owner=0:0,hash_seed={uuid}"))
+            .arg("-d")
+            .arg(tree)
+            .arg(&tmp)
+            .arg(format!("{mib}M"))
+            .env("E2FSPROGS_FAKE_TIME", mtime.to_string()),
+        "e2fsprogs",
+    )?;
+    std::fs::rename(&tmp, image).map_err(io_err(image))
+}
 
 /// Writes `userland` as an ext4 image at `image` (through a staging tree next to it).
 fn make_image(userland: &CpioArchive, image: &Path, mtime: u32) -> Result<(), ImageError> {
@@ -40,32 +68,16 @@ fn make_image(userland: &CpioArchive, image: &Path, mtime: u32) -> Result<(), Im
         std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;
     }
     userland.extract_to(&staging)?;
-    let tmp = image.with_extension("tmp");
-    std::fs::remove_file(&tmp).ok();
-    let made = run_tool(
-        Command::new(MKE2FS)
-            .args([
-                "-q",
-                "-F",
-                "-t",
-                "ext4",
-                "-L",
-                "pvmm-root",
-                "-U",
-                FIXED_UUID,
-            ])
-            .arg("-E")
-            .arg(format!("root_owner=0:0,hash_seed={FIXED_UUID}"))
-            .arg("-d")
-            .arg(&staging)
-            .arg(&tmp)
-            .arg(format!("{ROOT_DISK_MIB}M"))
-            .env("E2FSPROGS_FAKE_TIME", mtime.to_string()),
-        "e2fsprogs",
+    let made = write_ext4(
+        &staging,
+        image,
+        ROOT_DISK_MIB,
+        "pvmm-root",
+        FIXED_UUID,
+        mtime,
     );
     std::fs::remove_dir_all(&staging).ok();
-    made?;
-    std::fs::rename(&tmp, image).map_err(io_err(image))
+    made
 }
 
 /// Builds the root disk from `userland` in `guest_dir` and the L1 layer that holds it with
