@@ -85,6 +85,8 @@ pub struct HostBenchOptions {
     pub period_ms: u32,
     /// Each guest builds the kernbench tree with `make -jN` instead of running pvmm-load.
     pub build_jobs: Option<u32>,
+    /// Compiler flags after the tree's own, with builds (its Makefile's MYCFLAGS).
+    pub mycflags: String,
     /// L1 topology.
     pub topology: Topology,
     /// Print every rig line.
@@ -155,7 +157,12 @@ impl HostCase {
 /// second through a `pvmm-mark:` line that L1 timestamps.
 pub fn guest_command(options: &HostBenchOptions, n: usize) -> String {
     if let Some(jobs) = options.build_jobs {
-        return crate::kernbench::guest_command_with(jobs, "", LEAD_SECS, &format!("-{n}"));
+        return crate::kernbench::guest_command_with(
+            jobs,
+            &options.mycflags,
+            LEAD_SECS,
+            &format!("-{n}"),
+        );
     }
     scripts::guest_command(
         &[
@@ -497,6 +504,7 @@ mod tests {
             duty_percent: 29,
             period_ms: 70,
             build_jobs,
+            mycflags: "-O0".into(),
             topology: Topology::default(),
             echo: false,
         }
@@ -568,7 +576,9 @@ mod tests {
         let options = options(Some(2));
         let guest = guest_command(&options, 1);
         assert!(
-            guest.contains("\nJOBS=2\n") && guest.contains("\nMARK=-1\n"),
+            guest.contains("\nJOBS=2\n")
+                && guest.contains("\nMARK=-1\n")
+                && guest.contains("\nMYCFLAGS=-O0\n"),
             "{guest}"
         );
         for regime in Regime::ALL {

@@ -173,6 +173,10 @@ struct HostBenchArgs {
     /// then gives each VM's build time.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     build: Option<u32>,
+    /// With `--build`: compiler flags after the tree's own `-O2 -Wall -Wextra` (its
+    /// Makefile's MYCFLAGS); `-O0` builds in about half the time.
+    #[arg(long, default_value = "", value_name = "FLAGS", requires = "build")]
+    mycflags: String,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
@@ -211,11 +215,19 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         duty_percent: args.duty,
         period_ms: args.period_ms,
         build_jobs: args.build,
+        mycflags: args.mycflags,
         topology: args.topology,
         echo: args.verbose,
     };
     let load = match options.build_jobs {
-        Some(jobs) => format!("make -j{jobs} of {}", pvmm_rig::kernbench_disk::TREE),
+        Some(jobs) => format!(
+            "make -j{jobs}{} of {}",
+            match options.mycflags.as_str() {
+                "" => String::new(),
+                flags => format!(" MYCFLAGS='{flags}'"),
+            },
+            pvmm_rig::kernbench_disk::TREE
+        ),
         None => format!(
             "pvmm-load --duty {} --period-ms {}",
             options.duty_percent, options.period_ms
