@@ -9,6 +9,7 @@ mod builder;
 mod console;
 mod l1;
 mod outcome;
+mod priority;
 mod spec;
 mod stall;
 

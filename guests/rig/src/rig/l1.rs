@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::console::{spawn_reader, Collector, Stream};
+use super::priority;
 use super::stall::sample_threads;
 use super::{RigEnd, RigError, RigOutcome, Topology, QEMU_SIGNAL_MARK};
 use crate::cpio::CpioArchive;
@@ -215,6 +216,9 @@ fn spawn_l1(
     command: &mut Command,
 ) -> Result<(KillOnDrop, mpsc::Receiver<(Stream, String)>), RigError> {
     let mut child = KillOnDrop(command.spawn().map_err(RigError::Spawn)?);
+    if let Some(line) = priority::report(child.0.id()) {
+        progress(&line);
+    }
     let (sender, receiver) = mpsc::channel();
     if let Some(stdout) = child.0.stdout.take() {
         spawn_reader(stdout, Stream::Stdout, sender.clone());
@@ -269,6 +273,7 @@ fn l1_command(
         cmdline.push_str(word);
     }
     let mut command = qemu.command();
+    priority::raise(&mut command);
     command
         .args(["-accel", &tuning.accel(), "-cpu", &tuning.cpu])
         // Thread names ("CPU 0/TCG") for the stall report.
