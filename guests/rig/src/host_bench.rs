@@ -246,7 +246,8 @@ pub fn run_case(
             CASE_OVERHEAD_SECS + u64::from(LEAD_SECS) + load_secs,
         ))
         .l1_probe(probe(regime))
-        .echo(options.echo);
+        .echo(options.echo)
+        .progress(true);
     let labels = rig.labels();
     let outcome = rig.run(ws, images)?;
     let builds = options.build_jobs.is_some();

@@ -44,6 +44,7 @@ pub struct Rig {
     timeout: Duration,
     probe: Option<String>,
     echo: bool,
+    progress: bool,
     tuning: L1Tuning,
     kernel: KernelForm,
     guest_kernel: GuestKernel,
@@ -72,6 +73,7 @@ impl Rig {
             timeout: DEFAULT_TIMEOUT,
             probe: None,
             echo: false,
+            progress: false,
             tuning: L1Tuning::default(),
             kernel: KernelForm::default(),
             guest_kernel: GuestKernel::default(),
@@ -191,6 +193,13 @@ impl Rig {
     /// Print lines with `[L1] `, `[guest] `, ... prefixes on stdout as they arrive.
     pub fn echo(mut self, echo: bool) -> Rig {
         self.echo = echo;
+        self
+    }
+
+    /// Print the rig's events (a VMM's start and exit, a guest reaching init) on stderr as they
+    /// arrive, without the rest: progress for long runs.
+    pub fn progress(mut self, progress: bool) -> Rig {
+        self.progress = progress;
         self
     }
 
@@ -314,7 +323,7 @@ impl Rig {
             topology: self.topology,
             timeout: self.timeout,
             echo: self.echo,
-            progress: false,
+            progress: self.progress,
             tuning: self.tuning.clone(),
             vmm_name: self.vms[0].vmm.name(),
             vm_names: if several {
