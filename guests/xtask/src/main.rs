@@ -194,8 +194,8 @@ fn parse_kernel_form(text: &str) -> Result<KernelForm, String> {
     }
 }
 
-/// `cargo xtask bench-host`: every (VM count, regime) case, one L1 boot each, the tables as
-/// the cases finish.
+/// `cargo xtask bench-host`: every (VM count, regime) case, one L1 boot each (booted again,
+/// up to three times, when L1 fails by itself), the tables as the cases finish.
 fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
     let needs = L1Needs {
         pvmm: true,
@@ -238,7 +238,11 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         let mut cases = Vec::new();
         for &regime in &options.regimes {
             progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
-            let result = host_bench::run_case(ws, &images, &options, regime, vms);
+            let result = retry_boots(
+                &format!("bench-host {} x{vms}", regime.name()),
+                || host_bench::run_case(ws, &images, &options, regime, vms),
+                |(_, outcome)| l1_failure_kind(outcome),
+            );
             if let Ok((_, outcome)) = &result {
                 dump_outcome(&format!("bench-host-{}-{vms}", regime.name()), outcome);
             }
