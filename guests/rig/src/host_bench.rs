@@ -283,8 +283,7 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
             return Err(format!("VM {label} exited with status {:?}", run.status));
         }
         lines.build_s.push(crate::kernbench::build_seconds(&run));
-        let mut counts = Vec::new();
-        let mut others = Vec::new();
+        let mut samples = Vec::new();
         for line in run.probe {
             if lines.activity.parse_line(line) {
                 continue;
@@ -293,10 +292,14 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
             match w.as_slice() {
                 ["N", up, moved, all, vcpus] => {
                     if let (Ok(t), Ok(m), Ok(a), Ok(v)) =
-                        (up.parse(), moved.parse(), all.parse::<u64>(), vcpus.parse())
+                        (up.parse(), moved.parse(), all.parse(), vcpus.parse())
                     {
-                        counts.push((t, m));
-                        others.push((t, a.saturating_sub(v)));
+                        samples.push(VmSample {
+                            t,
+                            migrations: m,
+                            process_ticks: a,
+                            vcpu_ticks: v,
+                        });
                     }
                 }
                 ["D", up, ticks] => {
@@ -318,10 +321,45 @@ fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
                 _ => {}
             }
         }
-        lines.migrations.push(counts);
-        lines.other_cpu.push(others);
+        let samples = while_all_vcpus_live(&samples);
+        lines
+            .migrations
+            .push(samples.iter().map(|s| (s.t, s.migrations)).collect());
+        lines.other_cpu.push(
+            samples
+                .iter()
+                .map(|s| (s.t, s.process_ticks.saturating_sub(s.vcpu_ticks)))
+                .collect(),
+        );
     }
     Ok(lines)
+}
+
+/// One `N` line of a VM's probe: counters summed over its vCPU threads, and its process's
+/// CPU time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct VmSample {
+    /// L1 uptime (s).
+    t: f64,
+    /// The vCPU threads' migrations so far.
+    migrations: u64,
+    /// The process's CPU ticks so far, every thread's.
+    process_ticks: u64,
+    /// The vCPU threads' CPU ticks so far.
+    vcpu_ticks: u64,
+}
+
+/// A VM's samples up to the first in which a vCPU-thread counter fell. The counters only grow
+/// while every vCPU thread lives; once one has exited (its VM shutting down), the sums lose its
+/// share, which would count its CPU time as the VMM's own and take its migrations back.
+fn while_all_vcpus_live(samples: &[VmSample]) -> Vec<VmSample> {
+    let fell = samples.windows(2).position(|pair| {
+        pair[1].vcpu_ticks < pair[0].vcpu_ticks || pair[1].migrations < pair[0].migrations
+    });
+    match fell {
+        Some(i) => samples[..=i].to_vec(),
+        None => samples.to_vec(),
+    }
 }
 
 /// Measures a case over the window every VM ran its load in (with `builds`, the window that
@@ -509,6 +547,27 @@ mod tests {
             topology: Topology::default(),
             echo: false,
         }
+    }
+
+    #[test]
+    fn a_vms_samples_end_where_a_vcpu_thread_exited() {
+        let sample = |t, migrations, process_ticks, vcpu_ticks| VmSample {
+            t,
+            migrations,
+            process_ticks,
+            vcpu_ticks,
+        };
+        let live = [sample(1.0, 2, 100, 90), sample(2.0, 3, 200, 180)];
+        assert_eq!(while_all_vcpus_live(&live), live.to_vec());
+        // One of two vCPU threads gone: the sums fall, and the sample is left out with the rest.
+        let ending = [
+            live[0],
+            live[1],
+            sample(3.0, 2, 210, 95),
+            sample(4.0, 3, 400, 200),
+        ];
+        assert_eq!(while_all_vcpus_live(&ending), live.to_vec());
+        assert_eq!(while_all_vcpus_live(&[]), Vec::new());
     }
 
     #[test]
