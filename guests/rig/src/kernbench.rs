@@ -115,6 +115,15 @@ fn label(policy: &str, jobs: u32, round: u32) -> String {
     format!("{policy}-j{jobs}-r{round}")
 }
 
+/// How a table's title names a build's extra compiler flags: nothing for the tree's own build,
+/// else ` MYCFLAGS='FLAGS'`.
+pub fn mycflags_note(mycflags: &str) -> String {
+    match mycflags {
+        "" => String::new(),
+        flags => format!(" MYCFLAGS='{flags}'"),
+    }
+}
+
 /// The guest command of a build with `make -jJOBS` and `mycflags` after the tree's own
 /// CFLAGS, that settles `settle_secs` before it and suffixes its marks with `mark` (several
 /// VMs' marks in one L1).

@@ -123,10 +123,7 @@ pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
     dump_outcome("bench-kernbench", &outcome);
     println!(
         "\nKernbench: make -jN{} of {TREE} in a {}-vCPU pvmm guest ({} MiB), L1 {}, {} round(s), {:.0} s in all\n",
-        match options.mycflags.as_str() {
-            "" => String::new(),
-            flags => format!(" MYCFLAGS='{flags}'"),
-        },
+        pvmm_rig::kernbench::mycflags_note(&options.mycflags),
         options.vcpus,
         options.memory_mib,
         options.topology,

@@ -222,10 +222,7 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
     let load = match options.build_jobs {
         Some(jobs) => format!(
             "make -j{jobs}{} of {}",
-            match options.mycflags.as_str() {
-                "" => String::new(),
-                flags => format!(" MYCFLAGS='{flags}'"),
-            },
+            pvmm_rig::kernbench::mycflags_note(&options.mycflags),
             pvmm_rig::kernbench_disk::TREE
         ),
         None => format!(
