@@ -12,8 +12,8 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-/// The nice value L1's QEMU starts at. A CFS weight of about 9.3 times a nice-0 task's: four
-/// TCG threads beside two busy nice-0 loops get about 95 % of two CPUs, and the rig's own
+/// The nice value L1's QEMU starts at: a CFS weight 9.3 times a nice-0 task's, so four busy
+/// TCG threads beside two busy nice-0 loops are owed about 95 % of two CPUs, and the rig's own
 /// threads (console readers, the test) still run, since they sleep almost always.
 pub const L1_NICE: i32 = -10;
 
