@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
 
-use crate::figures::{aligned_columns, median};
+use crate::figures::median;
 use crate::images::L1Images;
 use crate::inside;
 use crate::kernbench_disk::TREE;
@@ -33,6 +33,7 @@ use crate::rig::{RigError, RigOutcome, RunLines, Topology};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
+use pvmm_sim::report::aligned_columns;
 
 /// The policies compared by default: `performance` first (the reference), the two
 /// power-saving levels, and `none` (L1's scheduler places the unpinned vCPU threads).

@@ -40,13 +40,13 @@ use std::time::Duration;
 use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::Activity;
-use crate::figures::aligned_columns;
 use crate::images::L1Images;
 use crate::probe::ProbeLine;
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
+use pvmm_sim::report::aligned_columns;
 
 /// The kernbench thread busy fraction of the simulator's scenario, 1 - sqrt(0.5086) = 0.287,
 /// as a pvmm-load duty in percent (pvmm-sim's `kernbench_busy_fraction`: 50.86 % is the packed

@@ -103,11 +103,7 @@ pub fn format_table(title: &str, results: &[RunResult], bound: Option<&Bound>) -
     if let Some(b) = bound {
         rows.push(bound_row(b, results, reference, jobs));
     }
-    let widths = column_widths(&headers, &rows);
-    push_table_line(&headers, &widths, &mut out);
-    for row in &rows {
-        push_table_line(row, &widths, &mut out);
-    }
+    out.push_str(&aligned_columns(&headers, &rows));
     let _ = writeln!(
         out,
         "(Energy, Power: relative to {} = 1.00; Energy is for the same work)",
@@ -210,38 +206,48 @@ fn bound_row(
     ]
 }
 
-/// Each column's width: its widest cell, header included.
-fn column_widths(headers: &[String], rows: &[[String; COLUMNS]]) -> Vec<usize> {
+/// `headers` and `rows` as lines of columns two spaces apart, each as wide as its widest cell
+/// (in characters): the first column (the policy) left-aligned, the numbers right-aligned, no
+/// trailing spaces. The rig's benchmarks print their tables, in the same format, through it.
+pub fn aligned_columns<const N: usize>(headers: &[String; N], rows: &[[String; N]]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row.iter()) {
+        for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    widths
-}
-
-/// Appends one line of cells padded to `widths`.
-fn push_table_line(cells: &[String], widths: &[usize], out: &mut String) {
-    let mut text = String::new();
-    for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-        if i > 0 {
-            text.push_str("  ");
+    let mut out = String::new();
+    for cells in std::iter::once(headers).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(line, "{cell:<w$}");
+            } else {
+                let _ = write!(line, "  {cell:>w$}");
+            }
         }
-        // Policy left-aligned, numbers right-aligned.
-        if i == 0 {
-            let _ = write!(text, "{cell:<w$}");
-        } else {
-            let _ = write!(text, "{cell:>w$}");
-        }
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
-    out.push_str(text.trim_end());
-    out.push('\n');
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn columns_align_to_their_widest_cell_in_characters() {
+        let headers = ["Policy".to_string(), "Idle(%)".to_string()];
+        let rows = [
+            ["performance".to_string(), "1.00".to_string()],
+            ["bound".to_string(), "≤0.5".to_string()],
+        ];
+        assert_eq!(
+            aligned_columns(&headers, &rows),
+            "Policy       Idle(%)\nperformance     1.00\nbound           ≤0.5\n"
+        );
+    }
 
     fn result(placement: Placement, time: f64, energy: f64, idle: [f64; 2]) -> RunResult {
         RunResult {
