@@ -3,10 +3,9 @@
 # to start is the leader: it starts the daemon when $START_DAEMON is 1, prints the topology and
 # samples /proc/stat every $SAMPLE_INTERVAL seconds. Every $MIGRATION_EVERY samples each probe
 # prints `N <uptime> <migrations> <VMM CPU ticks> <vCPU CPU ticks>` for its own VM $PVMM_PID,
-# and the leader `D <uptime> <daemon CPU ticks>`. A sample that finds no vCPU thread (the VM
-# starting, or ending: its vCPU threads gone before its process) is not printed, since it would
-# count the whole process's CPU time as the VMM's own and its migrations as none. After every
-# VM has ended the leader prints the guests' marks and stops the daemon.
+# and the leader `D <uptime> <daemon CPU ticks>` (a VM's vCPU threads exit before its process:
+# the parser ends its samples there). After every VM has ended the leader prints the guests'
+# marks and stops the daemon.
 taskset -p 1 $$ >/dev/null 2>&1
 mkdir -p /tmp/bench-live && : > "/tmp/bench-live/$PVMM_PID"
 leader=
@@ -41,9 +40,7 @@ while kill -0 "$PVMM_PID" 2>/dev/null; do
         # shellcheck disable=SC2086
         cpu=$(cat /proc/"$PVMM_PID"/stat $stats 2>/dev/null \
             | awk '{sub(/^.*\) /, ""); t = $12 + $13; if (NR == 1) all = t; else v += t} END {print all + 0, v + 0}')
-        if [ -n "$stats" ]; then
-            echo "N $up $mig $cpu" >> "$out"
-        fi
+        echo "N $up $mig $cpu" >> "$out"
         if [ -n "$leader" ] && [ -f /tmp/pvmm-host.pid ]; then
             echo "D $up $(awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$(cat /tmp/pvmm-host.pid)/stat" 2>/dev/null)" >> "$out"
         fi
