@@ -12,7 +12,8 @@ while kill -0 "$PVMM_PID" 2> /dev/null; do
         name=$(cat "$task/comm" 2> /dev/null)
         allowed=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "$task/status" 2> /dev/null)
         last=$(cut -d' ' -f39 "$task/stat" 2> /dev/null)
-        [ -n "$name" ] && [ -n "$allowed" ] && echo "T $name $allowed $last"
+        # A thread that ends between these reads leaves a field empty: that sample is dropped.
+        [ -n "$name" ] && [ -n "$allowed" ] && [ -n "$last" ] && echo "T $name $allowed $last"
     done >> /tmp/cgroup-samples
     read -r up _ < /proc/uptime
     if [ -z "$status_at" ] && grep -qs busy /tmp/rig-marks; then
