@@ -27,8 +27,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
+use pvmm_sim::report::aligned_columns;
 
 use crate::activity::Activity;
+use crate::figures::median;
 use crate::images::L1Images;
 use crate::probe::L1_USER_HZ;
 use crate::rig::{InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
@@ -87,6 +89,8 @@ pub struct HostBenchOptions {
     pub build_jobs: Option<u32>,
     /// Compiler flags after the tree's own, with builds (its Makefile's MYCFLAGS).
     pub mycflags: String,
+    /// Runs of each (VM count, regime) case; the tables give medians.
+    pub rounds: u32,
     /// L1 topology.
     pub topology: Topology,
     /// Print every rig line.
@@ -452,22 +456,84 @@ fn last_before(series: &[(f64, u64)], t: f64) -> u64 {
         .unwrap_or(0)
 }
 
-/// The build columns of `case`: each VM's mean and longest build time, and the mean relative
-/// to `reference`'s.
-fn build_cells(case: &HostCase, reference: &HostCase) -> String {
-    let mean = case.mean_build_s().unwrap_or(0.0);
-    let max = case.build_s.iter().copied().fold(0.0, f64::max);
-    let ratio = reference
-        .mean_build_s()
-        .filter(|r| *r > 0.0)
-        .map_or("-".to_string(), |r| format!("{:.2}", mean / r));
-    format!(" {mean:>9.1} {max:>7.1} {ratio:>5}")
+/// Every run of one VM count, in order: round by round, the regimes' order turned by one
+/// place each round, so that over as many rounds as regimes each regime runs in each position
+/// (the machine's load drifts over a long benchmark).
+pub fn run_order(regimes: &[Regime], rounds: u32) -> Vec<Regime> {
+    let count = regimes.len().max(1);
+    (0..rounds as usize)
+        .flat_map(|round| {
+            regimes
+                .iter()
+                .cycle()
+                .skip(round % count)
+                .take(regimes.len())
+        })
+        .copied()
+        .collect()
 }
 
-/// The cases of one VM count as a table; Energy/work relative to the first case (`qemu` when
-/// it ran). With builds, work is builds, and each VM's build time (mean, longest, and the
-/// mean relative to the first case's) comes after the window.
-pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
+/// One run as a progress line: its window, work or build times, energy and placement costs.
+pub fn run_summary(case: &HostCase) -> String {
+    let work = match case.mean_build_s() {
+        Some(mean) => format!("mean build {mean:.1} s"),
+        None => format!("{} iterations", case.work),
+    };
+    format!(
+        "{} x{}: window {:.1} s, {work}, {:.0} J, {} migrations, daemon {}",
+        case.regime.name(),
+        case.vms,
+        case.window_s,
+        case.energy_j,
+        case.migrations,
+        case.daemon_cpu
+            .map_or("-".to_string(), |d| format!("{:.1} %", d * 100.0))
+    )
+}
+
+/// One regime's medians over its runs.
+struct Row {
+    regime: Regime,
+    runs: usize,
+    window_s: f64,
+    build_s: Option<f64>,
+    longest_build_s: Option<f64>,
+    work: f64,
+    package_idle: Vec<f64>,
+    migrations: f64,
+    energy_j: f64,
+    energy_per_kwork: f64,
+    vmm_other_cpu: f64,
+    daemon_cpu: Option<f64>,
+}
+
+fn row(regime: Regime, cases: &[&HostCase]) -> Option<Row> {
+    let mine: Vec<&&HostCase> = cases.iter().filter(|c| c.regime == regime).collect();
+    let of = |f: &dyn Fn(&HostCase) -> Option<f64>| median(mine.iter().map(|c| f(c)));
+    let packages = mine.first()?.package_idle.len();
+    Some(Row {
+        regime,
+        runs: mine.len(),
+        window_s: of(&|c| Some(c.window_s))?,
+        build_s: of(&|c| c.mean_build_s()),
+        longest_build_s: of(&|c| c.build_s.iter().copied().reduce(f64::max)),
+        work: of(&|c| Some(c.work as f64))?,
+        package_idle: (0..packages)
+            .map(|p| of(&|c| c.package_idle.get(p).copied()).unwrap_or(0.0))
+            .collect(),
+        migrations: of(&|c| Some(c.migrations as f64))?,
+        energy_j: of(&|c| Some(c.energy_j))?,
+        energy_per_kwork: of(&|c| Some(c.energy_per_kwork()))?,
+        vmm_other_cpu: of(&|c| Some(c.vmm_other_cpu))?,
+        daemon_cpu: of(&|c| c.daemon_cpu),
+    })
+}
+
+/// The runs of one VM count as a table, one row per regime (in `regimes`' order) with the
+/// medians over its runs; Energy/work relative to the first regime's (`qemu` when it ran).
+/// With builds, work is builds, and each VM's build time (mean, longest, and the mean
+/// relative to the first regime's) comes after the window.
+pub fn format_table(vms: usize, regimes: &[Regime], cases: &[&HostCase]) -> String {
     let builds = cases.first().is_some_and(|c| !c.build_s.is_empty());
     let load = if builds {
         "one build"
@@ -475,57 +541,64 @@ pub fn format_table(vms: usize, cases: &[&HostCase]) -> String {
         "one busy thread"
     };
     let mut out = format!("{vms} VM(s) of {VCPUS} vCPUs, {load} each:\n");
-    let Some(reference) = cases.first() else {
+    let rows: Vec<Row> = regimes.iter().filter_map(|&r| row(r, cases)).collect();
+    let Some(reference) = rows.first() else {
         out.push_str("(no case measured)\n");
         return out;
     };
-    let build_header = match builds {
-        true => format!(" {:>9} {:>7} {:>5}", "Build(s)", "Max(s)", "Time"),
-        false => String::new(),
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".to_string(),
     };
-    let _ = writeln!(
-        out,
-        "{:<10} {:>8}{build_header} {:>12} {:>16} {:>10} {:>10} {:>12} {:>9} {:>9}",
+    let seconds = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{s:.1}"));
+    let headers = [
         "Regime",
-        "Window",
+        "Runs",
+        "Window(s)",
+        "Build(s)",
+        "Max(s)",
+        "Time",
         if builds { "Builds" } else { "Work(iter)" },
         "Package Idle(%)",
         "Migrations",
         "Energy(J)",
         "Energy/work",
         "VMM(%)",
-        "Daemon(%)"
-    );
-    for c in cases {
-        let idle: Vec<String> = c
-            .package_idle
-            .iter()
-            .map(|f| format!("{:5.1}", f * 100.0))
-            .collect();
-        let build = match builds {
-            true => build_cells(c, reference),
-            false => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "{:<10} {:>7.1}s{build} {:>12} {:>16} {:>10} {:>10.1} {:>12.2} {:>9.1} {:>9}",
-            c.regime.name(),
-            c.window_s,
-            c.work,
-            idle.join(" "),
-            c.migrations,
-            c.energy_j,
-            c.energy_per_kwork() / reference.energy_per_kwork(),
-            c.vmm_other_cpu * 100.0,
-            c.daemon_cpu
-                .map_or("-".to_string(), |d| format!("{:.1}", d * 100.0))
-        );
-    }
+        "Daemon(%)",
+    ]
+    .map(String::from);
+    let cells: Vec<[String; 13]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.regime.name().to_string(),
+                r.runs.to_string(),
+                format!("{:.1}", r.window_s),
+                seconds(r.build_s),
+                seconds(r.longest_build_s),
+                ratio(r.build_s, reference.build_s),
+                format!("{:.0}", r.work),
+                r.package_idle
+                    .iter()
+                    .map(|f| format!("{:5.1}", f * 100.0))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                format!("{:.0}", r.migrations),
+                format!("{:.1}", r.energy_j),
+                ratio(Some(r.energy_per_kwork), Some(reference.energy_per_kwork)),
+                format!("{:.1}", r.vmm_other_cpu * 100.0),
+                r.daemon_cpu
+                    .map_or("-".to_string(), |d| format!("{:.1}", d * 100.0)),
+            ]
+        })
+        .collect();
+    out.push_str(&aligned_columns(&headers, &cells));
     let unit = if builds { "build" } else { "iteration" };
     let _ = writeln!(
         out,
-        "(Energy/work: modelled joules per {unit}, relative to {} = 1.00; VMM(%): the VMMs' \
-         threads other than vCPUs, Daemon(%): pvmm-host, in % of one L1 CPU)",
+        "(medians over each regime's runs; Energy/work: modelled joules per {unit}, relative to \
+         {} = 1.00; VMM(%): the VMMs' threads other than vCPUs, Daemon(%): pvmm-host, in % of \
+         one L1 CPU)",
         reference.regime.name()
     );
     out
@@ -544,6 +617,7 @@ mod tests {
             period_ms: 70,
             build_jobs,
             mycflags: "-O0".into(),
+            rounds: 1,
             topology: Topology::default(),
             echo: false,
         }
@@ -602,9 +676,8 @@ mod tests {
         assert_eq!(vm(Regime::Qemu, &options, 0).vmm, InnerVmm::Qemu);
     }
 
-    #[test]
-    fn the_table_is_relative_to_its_first_case() {
-        let case = |regime, work, energy_j| HostCase {
+    fn case(regime: Regime, work: u64, energy_j: f64, build_s: Vec<f64>) -> HostCase {
+        HostCase {
             regime,
             vms: 2,
             window_s: 20.0,
@@ -613,22 +686,75 @@ mod tests {
             energy_j,
             migrations: 4,
             vmm_other_cpu: 0.01,
-            daemon_cpu: None,
-            build_s: Vec::new(),
-        };
-        let q = case(Regime::Qemu, 1000, 100.0);
-        let d = case(Regime::Daemon, 1000, 80.0);
-        let table = format_table(2, &[&q, &d]);
-        let rows: Vec<&str> = table.lines().collect();
-        let cells = |row: &str| row.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let (q, d) = (cells(rows[2]), cells(rows[3]));
-        assert_eq!((q[0].as_str(), q[7].as_str()), ("qemu", "1.00"), "{table}");
+            daemon_cpu: (regime == Regime::Daemon).then_some(0.2),
+            build_s,
+        }
+    }
+
+    fn cells(table: &str, row: usize) -> Vec<String> {
+        let line = table.lines().nth(row).unwrap_or_default();
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_table_is_relative_to_its_first_regime() {
+        let q = case(Regime::Qemu, 1000, 100.0, Vec::new());
+        let d = case(Regime::Daemon, 1000, 80.0, Vec::new());
+        let table = format_table(2, &Regime::ALL, &[&d, &q]);
+        let (q, d) = (cells(&table, 2), cells(&table, 3));
+        assert_eq!((q[0].as_str(), q[11].as_str()), ("qemu", "1.00"), "{table}");
         assert_eq!(
-            (d[0].as_str(), d[7].as_str()),
+            (d[0].as_str(), d[11].as_str()),
             ("pvmm-host", "0.80"),
             "{table}"
         );
-        assert_eq!((d[8].as_str(), d[9].as_str()), ("1.0", "-"), "{table}");
+        assert_eq!((d[12].as_str(), d[13].as_str()), ("1.0", "20.0"), "{table}");
+        assert_eq!(
+            table.lines().count(),
+            5,
+            "no row for a regime not run: {table}"
+        );
+    }
+
+    #[test]
+    fn several_runs_give_each_regime_its_medians() {
+        let runs = [
+            case(Regime::Qemu, 1, 100.0, vec![100.0, 110.0]),
+            case(Regime::Qemu, 1, 300.0, vec![300.0, 310.0]),
+            case(Regime::Qemu, 1, 200.0, vec![200.0, 210.0]),
+            case(Regime::PerVm, 1, 150.0, vec![150.0, 150.0]),
+            case(Regime::PerVm, 1, 170.0, vec![170.0, 190.0]),
+        ];
+        let refs: Vec<&HostCase> = runs.iter().collect();
+        let table = format_table(2, &[Regime::Qemu, Regime::PerVm], &refs);
+        let (q, p) = (cells(&table, 2), cells(&table, 3));
+        assert_eq!(
+            q[..6],
+            ["qemu", "3", "20.0", "205.0", "210.0", "1.00"],
+            "{table}"
+        );
+        assert_eq!(
+            p[..6],
+            ["pvmm", "2", "20.0", "165.0", "170.0", "0.80"],
+            "{table}"
+        );
+        assert_eq!(p[11], "0.80", "{table}");
+    }
+
+    #[test]
+    fn each_round_turns_the_regimes_order() {
+        let regimes = Regime::ALL;
+        assert_eq!(run_order(&regimes, 1), regimes.to_vec());
+        let order = run_order(&regimes, 3);
+        assert_eq!(order.len(), 9);
+        assert_eq!(order[3..6], [Regime::PerVm, Regime::Daemon, Regime::Qemu]);
+        for (position, _) in regimes.iter().enumerate() {
+            let mut seen: Vec<Regime> = (0..3).map(|r| order[r * 3 + position]).collect();
+            seen.sort_by_key(|r| r.name());
+            seen.dedup();
+            assert_eq!(seen.len(), 3, "each regime once in position {position}");
+        }
+        assert!(run_order(&[], 2).is_empty());
     }
 
     #[test]
@@ -648,29 +774,19 @@ mod tests {
                 "{spec:?}"
             );
         }
-        let case = |regime, build_s: Vec<f64>, energy_j| HostCase {
-            regime,
-            vms: 2,
-            window_s: 300.0,
-            work: 2,
-            package_idle: vec![0.2, 0.6],
-            energy_j,
-            migrations: 40,
-            vmm_other_cpu: 0.02,
-            daemon_cpu: None,
-            build_s,
-        };
-        let q = case(Regime::Qemu, vec![200.0, 240.0], 1000.0);
-        let p = case(Regime::PerVm, vec![230.0, 230.0], 900.0);
-        let table = format_table(2, &[&q, &p]);
-        let rows: Vec<&str> = table.lines().collect();
-        assert!(rows[0].contains("one build each"), "{table}");
-        let cells: Vec<&str> = rows[3].split_whitespace().collect();
-        assert_eq!(
-            cells[..5],
-            ["pvmm", "300.0s", "230.0", "230.0", "1.05"],
+        let q = case(Regime::Qemu, 2, 1000.0, vec![200.0, 240.0]);
+        let p = case(Regime::PerVm, 2, 900.0, vec![230.0, 230.0]);
+        let table = format_table(2, &Regime::ALL, &[&q, &p]);
+        assert!(
+            table.starts_with("2 VM(s) of 2 vCPUs, one build each:"),
             "{table}"
         );
-        assert_eq!(cells[10], "0.90", "{table}");
+        let cells = cells(&table, 3);
+        assert_eq!(
+            cells[..7],
+            ["pvmm", "1", "20.0", "230.0", "230.0", "1.05", "2"],
+            "{table}"
+        );
+        assert_eq!(cells[11], "0.90", "{table}");
     }
 }

@@ -177,6 +177,10 @@ struct HostBenchArgs {
     /// Makefile's MYCFLAGS); `-O0` builds in about half the time.
     #[arg(long, default_value = "", value_name = "FLAGS", requires = "build")]
     mycflags: String,
+    /// Runs of each case, one L1 boot each, the regimes' order turned by one place each
+    /// round; the tables give each regime's medians, and each run is printed as it ends.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
@@ -216,6 +220,7 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         period_ms: args.period_ms,
         build_jobs: args.build,
         mycflags: args.mycflags,
+        rounds: args.rounds,
         topology: args.topology,
         echo: args.verbose,
     };
@@ -233,18 +238,38 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
     let mut failed = false;
     for &vms in &options.vms {
         let mut cases = Vec::new();
-        for &regime in &options.regimes {
-            progress(&format!("bench-host: {vms} VM(s) under {}", regime.name()));
+        let order = host_bench::run_order(&options.regimes, options.rounds);
+        for (run, &regime) in order.iter().enumerate() {
+            progress(&format!(
+                "bench-host: {vms} VM(s) under {} (run {} of {})",
+                regime.name(),
+                run + 1,
+                order.len()
+            ));
+            // Every boot's log is kept (with PVMM_RIG_DUMP): a failed L1 is what to look at.
+            let mut boot = 0;
             let result = retry_boots(
                 &format!("bench-host {} x{vms}", regime.name()),
-                || host_bench::run_case(ws, &images, &options, regime, vms),
+                || {
+                    boot += 1;
+                    let result = host_bench::run_case(ws, &images, &options, regime, vms);
+                    if let Ok((_, outcome)) = &result {
+                        let name = format!(
+                            "bench-host-{}-{vms}-run{}-boot{boot}",
+                            regime.name(),
+                            run + 1
+                        );
+                        dump_outcome(&name, outcome);
+                    }
+                    result
+                },
                 |(_, outcome)| l1_failure_kind(outcome),
             );
-            if let Ok((_, outcome)) = &result {
-                dump_outcome(&format!("bench-host-{}-{vms}", regime.name()), outcome);
-            }
             match result {
-                Ok((Ok(case), _)) => cases.push(case),
+                Ok((Ok(case), _)) => {
+                    progress(&format!("bench-host: {}", host_bench::run_summary(&case)));
+                    cases.push(case);
+                }
                 Ok((Err(why), outcome)) => {
                     failed = true;
                     eprintln!(
@@ -262,7 +287,7 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         let rows: Vec<&HostCase> = cases.iter().collect();
         println!(
             "{}",
-            host_bench::format_table(vms, &rows)
+            host_bench::format_table(vms, &options.regimes, &rows)
                 .replace(":\n", &format!(" ({load}, L1 {}):\n", options.topology))
         );
     }
