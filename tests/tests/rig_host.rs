@@ -9,6 +9,7 @@
 //! consolidates it; then the daemon is killed (SIGKILL), pvmm places itself once its lease
 //! lapses, and a restarted daemon takes the VM over again without moving a vCPU.
 
+use pvmm_host::members::RENEWALS_PER_LEASE;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
 use pvmm_tests::{
     boot_rig, exit_report, prepare_rig, rig_lock, scripts, PlacementTrace, L1_STATS_PATH,
@@ -502,8 +503,9 @@ fn each_on_own_cpu(s: &pvmm_tests::ProbeSample, n: usize) -> bool {
 }
 
 /// The daemon killed with SIGKILL (the `host-killed` mark): pvmm, whose placement the daemon
-/// held until then, places its vCPUs itself within two ticks (plus slack) of its lease's end
-/// (its `--stats` lines' `external` turns false). Restarted (`host-restarted`), the daemon
+/// held until then, places its vCPUs itself within two ticks (plus slack) of its lease's end,
+/// and not before the lease from the daemon's last possible renewal could end (its `--stats`
+/// lines' `external` turns false). Restarted (`host-restarted`), the daemon
 /// takes the VM over again (`external` true again) and no vCPU thread's `Cpus_allowed_list`
 /// in L1 changes from the sample before the restart to a second after the takeover.
 fn check_kill_and_restart(trace: &PlacementTrace, done: f64) {
@@ -525,7 +527,17 @@ fn check_kill_and_restart(trace: &PlacementTrace, done: f64) {
         .is_some_and(|k| k.external);
     assert!(held, "the daemon did not hold placement when it was killed");
     let own = when(killed, false).expect("pvmm never placed itself after the daemon was killed");
-    let lease_end = killed + LEASE_MS as f64 / 1000.0;
+    // The daemon renews an unchanged placement once a part of the lease has passed, so the
+    // lease ends between that part's remainder and the whole lease after the kill.
+    let lease_s = LEASE_MS as f64 / 1000.0;
+    let renewal_s = lease_s / f64::from(RENEWALS_PER_LEASE);
+    let lease_end = killed + lease_s;
+    let early = trace.ticks_between(own, lease_end - renewal_s);
+    assert!(
+        early <= TICK_SLACK,
+        "pvmm placed itself {:.2} s after the kill, {early} ticks before its lease could end",
+        own - killed
+    );
     let late = trace.ticks_between(lease_end, own);
     eprintln!(
         "rig_host_rise_fall: pvmm placed itself {:.2} s after the kill (lease {LEASE_MS} ms); the restarted daemon took over {} s after its start",

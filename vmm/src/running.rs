@@ -104,6 +104,7 @@ impl VmControl for VmCore {
         let d = &self.description;
         VmInfo {
             external_placement: self.control.external_active(),
+            external_lease_ms: self.control.lease().as_millis() as u64,
             kernel: d.kernel.clone(),
             memory_mib: d.memory_mib,
             name: d.name.clone(),

@@ -165,6 +165,10 @@ fn query_change_policy_pause_resume_and_shut_down() {
     assert_eq!(vm["state"], "running");
     assert_eq!(vm["policy"], "powersaving:1");
     assert_eq!(vm["pid"], vmm.child.id());
+    assert_eq!(
+        vm["external_lease_ms"], 3000,
+        "the default --external-lease-ms"
+    );
 
     let vcpus = vmm.ok("GET", "/v1/vcpus", None);
     let tids: Vec<i64> = vcpus["vcpus"]

@@ -70,6 +70,9 @@ pub struct ShutdownBody {
 pub struct VmInfo {
     /// Whether an outside balancer places the vCPUs.
     pub external_placement: bool,
+    /// How long an outside balancer's placement holds without a renewing `PUT`
+    /// (`--external-lease-ms`).
+    pub external_lease_ms: u64,
     /// The kernel image booted.
     pub kernel: String,
     /// Guest memory.

@@ -44,7 +44,7 @@ use pvmm_tick::{Applied, Members, PhaseClock, PhaseTimes, Tick, TickReport};
 use self::cgroup::thread_cpuset;
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::energy::{EnergyLedger, POWERCAP_ROOT};
-use self::members::{ForeignMember, MemberVcpu, PvmmMember};
+use self::members::{ForeignMember, MemberVcpu, PvmmMember, VcpuPlacement};
 use self::operator::OperatorPins;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
@@ -609,7 +609,7 @@ impl HostMembers {
                 .collect();
             match &mut m.member {
                 Member::Pvmm(p) => {
-                    let list: Vec<(u32, CpuSet, u32)> = mine
+                    let list: Vec<VcpuPlacement> = mine
                         .iter()
                         .map(|a| (a.id.vcpu, a.cpus.clone(), a.capacity))
                         .collect();

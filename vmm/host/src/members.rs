@@ -3,7 +3,8 @@
 //! - A pvmm VM is read through its control socket (`GET /v1/placement`: each vCPU's utilization
 //!   from pvmm's own idle signal, which includes KVM's halt statistics) and placed through it
 //!   (`PUT /v1/placement/external`, which also publishes the capacities to the guest through
-//!   CPPC and renews the lease). pvmm keeps its own threads with its vCPUs.
+//!   CPPC and renews the lease), sent when the assignments change and, unchanged, once a
+//!   third of the lease has passed. pvmm keeps its own threads with its vCPUs.
 //! - A foreign VM is read from `/proc` (each vCPU thread's schedstat: time wanted on a CPU;
 //!   the rest is time blocked in the guest's halts) and placed by thread affinity; its other
 //!   threads are housekeeping, pinned to the active packages. Affinity is all such a VM gets:
@@ -11,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::names::pvmm_name;
 use pvmm_api::messages::{AssignmentBody, ExternalBody, VmInfo};
@@ -64,10 +66,23 @@ pub struct PvmmMember {
     pub pid: i32,
     /// Its stable name ([`crate::names`]).
     pub name: String,
-    /// The connection kept open to it: two requests a tick cost no connection, and pvmm
-    /// no thread, each.
+    /// The connection kept open to it: its requests cost no connection, and pvmm no thread,
+    /// each.
     conn: Connection,
+    /// How long its placement holds without a renewal (`--external-lease-ms`).
+    lease: Duration,
+    /// The assignments last sent and when, while pvmm reports them held.
+    sent: Option<(Vec<VcpuPlacement>, Instant)>,
 }
+
+/// One vCPU's placement as sent: (vCPU, CPUs, capacity).
+pub type VcpuPlacement = (u32, CpuSet, u32);
+
+/// Unchanged assignments are sent again once this fraction of the lease has passed: the
+/// request costs both the daemon and pvmm a turn each, so it is not sent every tick, and at a
+/// third two more renewals fit in the lease, so one slow tick or one failed request does not
+/// hand the VM back to its own policy.
+pub const RENEWALS_PER_LEASE: u32 = 3;
 
 fn call(
     conn: &mut Connection,
@@ -106,6 +121,8 @@ impl PvmmMember {
             pid: info.pid,
             name: pvmm_name(info.name.as_deref(), socket),
             conn,
+            lease: Duration::from_millis(info.external_lease_ms),
+            sent: None,
         })
     }
 
@@ -135,6 +152,11 @@ impl PvmmMember {
             socket: self.socket.clone(),
             why: format!("GET /v1/placement: {e}"),
         })?;
+        if !stats.external {
+            // Its placement is its own again (the lease lapsed, or someone released it): the
+            // next assignments are sent whatever they are.
+            self.sent = None;
+        }
         Ok(stats
             .vcpus
             .into_iter()
@@ -149,8 +171,16 @@ impl PvmmMember {
             .collect())
     }
 
-    /// Places its vCPUs (and renews the lease): (vCPU, CPUs, capacity) each.
-    pub fn place(&mut self, assignments: &[(u32, CpuSet, u32)]) -> Result<(), MemberError> {
+    /// Places its vCPUs (and renews the lease): sends `assignments` when they differ from the
+    /// last sent or a [`RENEWALS_PER_LEASE`]th of the lease has passed since.
+    pub fn place(&mut self, assignments: &[VcpuPlacement]) -> Result<(), MemberError> {
+        let now = Instant::now();
+        if let Some((sent, at)) = &self.sent {
+            let fresh = now.saturating_duration_since(*at) < self.lease / RENEWALS_PER_LEASE;
+            if fresh && sent.as_slice() == assignments {
+                return Ok(());
+            }
+        }
         let body = ExternalBody {
             assignments: assignments
                 .iter()
@@ -165,18 +195,21 @@ impl PvmmMember {
             socket: self.socket.clone(),
             why: format!("PUT /v1/placement/external: {e}"),
         })?;
+        self.sent = None;
         call(
             &mut self.conn,
             &self.socket,
             "PUT",
             "/v1/placement/external",
             Some(&body),
-        )
-        .map(|_| ())
+        )?;
+        self.sent = Some((assignments.to_vec(), now));
+        Ok(())
     }
 
     /// Hands placement back to the pvmm's own policy.
     pub fn release(&mut self) -> Result<(), MemberError> {
+        self.sent = None;
         call(
             &mut self.conn,
             &self.socket,
@@ -435,6 +468,99 @@ fn sorted_thread_ids(proc: &Path, pid: i32) -> Vec<i32> {
 mod tests {
     use super::super::discover::fake::FakeHost;
     use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::mpsc;
+
+    /// A pvmm's control socket that answers `GET /v1/vm` with `lease_ms` and any other request
+    /// with `{}`, sending each request's method and path to the test.
+    fn fake_pvmm(name: &str, lease_ms: u64) -> (PathBuf, mpsc::Receiver<String>) {
+        let dir = std::env::temp_dir().join(format!("pvmm-host-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("vm.sock");
+        let _ = std::fs::remove_file(&socket);
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let info = VmInfo {
+            external_placement: false,
+            external_lease_ms: lease_ms,
+            kernel: "k".into(),
+            memory_mib: 64,
+            name: None,
+            pid: 1,
+            policy: Default::default(),
+            power_button_listening: false,
+            state: "running".into(),
+            uptime_ms: 0,
+            vcpus: 2,
+        };
+        let info = serde_json::to_string(&info).unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut reader = BufReader::new(stream.unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                    let request = line.trim().rsplit_once(' ').unwrap().0.to_string();
+                    let mut length = 0;
+                    loop {
+                        let mut header = String::new();
+                        reader.read_line(&mut header).unwrap();
+                        if header.trim().is_empty() {
+                            break;
+                        }
+                        if let Some(v) = header.to_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    reader.read_exact(&mut vec![0; length]).unwrap();
+                    // Sent before the answer, so the client has it once answered.
+                    let _ = tx.send(request.clone());
+                    let body = if request == "GET /v1/vm" {
+                        info.as_str()
+                    } else {
+                        "{}"
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n{body}",
+                        body.len()
+                    );
+                    reader.get_mut().write_all(answer.as_bytes()).unwrap();
+                    line.clear();
+                }
+            }
+        });
+        (socket, rx)
+    }
+
+    #[test]
+    fn unchanged_assignments_are_sent_again_only_once_a_part_of_the_lease_has_passed() {
+        let lease = Duration::from_millis(600);
+        let (socket, requests) = fake_pvmm("renewals", lease.as_millis() as u64);
+        let mut member = PvmmMember::join(&socket).unwrap();
+        assert_eq!(requests.recv().unwrap(), "GET /v1/vm");
+        assert_eq!(member.lease, lease);
+        let placed = |cpus: &str| vec![(0, cpus.parse::<CpuSet>().unwrap(), 1024)];
+        let sent = |member: &mut PvmmMember, list: &[VcpuPlacement]| {
+            member.place(list).unwrap();
+            requests.try_iter().count()
+        };
+        assert_eq!(sent(&mut member, &placed("0")), 1, "the first placement");
+        assert_eq!(
+            sent(&mut member, &placed("0")),
+            0,
+            "unchanged, within the lease's part"
+        );
+        assert_eq!(sent(&mut member, &placed("1")), 1, "changed");
+        std::thread::sleep(lease / RENEWALS_PER_LEASE);
+        assert_eq!(sent(&mut member, &placed("1")), 1, "renewed");
+        assert_eq!(sent(&mut member, &placed("1")), 0);
+        member.release().unwrap();
+        assert_eq!(requests.recv().unwrap(), "DELETE /v1/placement/external");
+        assert_eq!(
+            sent(&mut member, &placed("1")),
+            1,
+            "placed again after a release"
+        );
+    }
 
     #[test]
     fn a_foreign_vm_follows_its_threads_and_reads_their_demand() {
