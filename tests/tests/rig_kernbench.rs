@@ -6,7 +6,7 @@
 
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::kernbench::{format_table, run_kernbench, KernbenchOptions, DEFAULT_MEMORY_MIB};
-use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
+use pvmm_rig::retry::dump_outcome;
 use pvmm_rig::Topology;
 use pvmm_tests::{prepare_rig, rig_lock};
 
@@ -39,13 +39,12 @@ fn a_real_build_runs_in_the_guest_and_its_time_is_reported() {
         topology: Topology::default(),
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
     };
-    let (builds, failures, outcome) = retry_boots(
-        test,
-        || run_kernbench(&ws, &images, &options),
-        |(_, _, outcome)| l1_failure_kind(outcome),
-    )
-    .expect("the rig runs");
-    dump_outcome(test, &outcome);
+    let measured = run_kernbench(&ws, &images, &options).expect("the rig runs");
+    for (boot, outcome) in measured.outcomes.iter().enumerate() {
+        dump_outcome(&format!("{test}-boot{}", boot + 1), outcome);
+    }
+    let (builds, failures) = (measured.builds, measured.failures);
+    let outcome = measured.outcomes.last().expect("one boot at least");
     eprintln!("{test}: {}", outcome.summary("pvmm"));
     let label = format!("{POLICY}-j2-r0");
     let run = outcome.run(&label).expect("the build's run started");

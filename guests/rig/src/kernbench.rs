@@ -9,7 +9,9 @@
 //! `load-end` marks ([`scripts::KERNBENCH_GUEST`]). The L1 probe and the window measurements
 //! are the placement benchmark's ([`crate::placement_bench::bench_probe`]): package idle from L1's
 //! `/proc/stat`, modelled energy, pvmm's and L1's migration counts. The run time is the
-//! guest's own (its uptime around `make`); the window is L1's view of the same span.
+//! guest's own (its uptime around `make`); the window is L1's view of the same span. Where L1
+//! fails by itself mid-way, the cases left run in a fresh boot and the finished ones keep
+//! their results ([`resume_boots`]).
 //!
 //! Each case runs once per round, the rounds one after another, and each round turns the
 //! policies' order by one place, so that over as many rounds as policies each policy runs in
@@ -29,6 +31,7 @@ use crate::kernbench_disk::TREE;
 use crate::placement_bench::{
     bench_probe, measure_window, policy_args, IDLE_TAIL_SECS, SETTLE_SECS,
 };
+use crate::retry::{resume_boots, ResumedBoot};
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
@@ -235,48 +238,74 @@ fn measure(
     })
 }
 
-/// Runs every case in one L1 boot; returns the measured builds, the failed runs and the rig's
-/// outcome.
+/// What a kernbench run measured.
+#[derive(Debug)]
+pub struct KernbenchResults {
+    /// The builds measured.
+    pub builds: Vec<Build>,
+    /// The cases that gave no measurement.
+    pub failures: Vec<Failure>,
+    /// Every L1 boot it took, in order: one, or more where L1 failed by itself
+    /// ([`resume_boots`]).
+    pub outcomes: Vec<RigOutcome>,
+}
+
+/// Runs every case in one L1 boot, booting again for the cases left where L1 fails by itself
+/// mid-way ([`resume_boots`]), and measures each case in the boot where it ran.
 pub fn run_kernbench(
     ws: &Workspace,
     images: &L1Images,
     options: &KernbenchOptions,
-) -> Result<(Vec<Build>, Vec<Failure>, RigOutcome), RigError> {
+) -> Result<KernbenchResults, RigError> {
     if images.kernbench.is_none() {
         return Err(RigError::BadArgs(
             "the L1 images were built without the kernbench disk".into(),
         ));
     }
     let runs = runs(options);
-    let sequence = SequenceOptions {
-        topology: options.topology,
-        timeout: Duration::from_secs(L1_BOOT_SECS + RUN_BOOT_SECS * runs.len() as u64),
-        run_limit_secs: RUN_LIMIT_SECS,
-        echo: options.echo,
-        progress: true,
-        probe: Some(bench_probe()),
-        tuning: crate::tuning::L1Tuning::default(),
-        guest_kernel: crate::GuestKernel::default(),
-    };
     crate::host::progress(&format!(
         "{} builds of {TREE} in one L1 boot, a few minutes each (--verbose shows every line)",
         runs.len()
     ));
-    let pvmm_runs: Vec<PvmmRun> = runs.iter().map(|(_, _, run)| run.clone()).collect();
-    let outcome = run_pvmm_sequence(ws, images, &sequence, &pvmm_runs)?;
+    let boot = |pending: &[(String, u32, PvmmRun)]| {
+        let sequence = SequenceOptions {
+            topology: options.topology,
+            timeout: Duration::from_secs(L1_BOOT_SECS + RUN_BOOT_SECS * pending.len() as u64),
+            run_limit_secs: RUN_LIMIT_SECS,
+            echo: options.echo,
+            progress: true,
+            probe: Some(bench_probe()),
+            tuning: crate::tuning::L1Tuning::default(),
+            guest_kernel: crate::GuestKernel::default(),
+        };
+        let pvmm_runs: Vec<PvmmRun> = pending.iter().map(|(_, _, run)| run.clone()).collect();
+        run_pvmm_sequence(ws, images, &sequence, &pvmm_runs)
+    };
+    let ended = |outcome: &RigOutcome, (_, _, run): &(String, u32, PvmmRun)| {
+        outcome
+            .run(&run.label)
+            .is_some_and(|lines| lines.status.is_some())
+    };
+    let boots = resume_boots("bench-kernbench", runs, boot, ended)?;
     let model = PowerModel::default();
-    let mut builds = Vec::new();
-    let mut failures = Vec::new();
-    for (policy, jobs, run) in &runs {
-        match measure(&outcome, &run.label, policy, *jobs, &model) {
-            Ok(build) => builds.push(build),
-            Err(reason) => failures.push(Failure {
-                label: run.label.clone(),
-                reason,
-            }),
+    let mut measured = KernbenchResults {
+        builds: Vec::new(),
+        failures: Vec::new(),
+        outcomes: Vec::new(),
+    };
+    for ResumedBoot { runs, outcome } in boots {
+        for (policy, jobs, run) in &runs {
+            match measure(&outcome, &run.label, policy, *jobs, &model) {
+                Ok(build) => measured.builds.push(build),
+                Err(reason) => measured.failures.push(Failure {
+                    label: run.label.clone(),
+                    reason,
+                }),
+            }
         }
+        measured.outcomes.push(outcome);
     }
-    Ok((builds, failures, outcome))
+    Ok(measured)
 }
 
 /// One policy's medians over its rounds.

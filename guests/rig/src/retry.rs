@@ -58,6 +58,69 @@ pub fn retry_boots<T, E>(
     }
 }
 
+/// One L1 boot of a sequence run over several boots ([`resume_boots`]): the runs it answers
+/// for, and how it ended.
+#[derive(Debug)]
+pub struct ResumedBoot<T> {
+    /// The runs whose results this boot holds.
+    pub runs: Vec<T>,
+    /// How the boot ended, with every run's lines.
+    pub outcome: RigOutcome,
+}
+
+/// Runs a sequence of `runs` in as few L1 boots as the rig allows: boots L1 for all of them
+/// and, when L1 fails by itself ([`l1_failure_kind`]) before the last has ended, again for
+/// those that had not ended (`ended`), up to [`RIG_ATTEMPTS`] boots. A run that ended before
+/// the failure keeps its results: each run is its own VM, measured over its own span, so what
+/// L1 did after it cannot change them, and a long benchmark does not lose its finished runs to
+/// a late failure. Each boot answers for the runs that ended in it, the last for all it was
+/// given; every reboot is logged on one `!!! rig retry` line, as [`retry_boots`]'s are.
+pub fn resume_boots<T, E>(
+    name: &str,
+    runs: Vec<T>,
+    mut boot: impl FnMut(&[T]) -> Result<RigOutcome, E>,
+    ended: impl Fn(&RigOutcome, &T) -> bool,
+) -> Result<Vec<ResumedBoot<T>>, E> {
+    let mut boots = Vec::new();
+    let mut pending = runs;
+    let mut attempt = 1;
+    loop {
+        let outcome = boot(&pending)?;
+        let (found, what) = l1_failure_kind(&outcome);
+        if !found.is_known_rig_failure() || attempt == RIG_ATTEMPTS {
+            if found.is_known_rig_failure() {
+                eprintln!(
+                    "!!! rig retry: {name}: {} in boot {attempt} of {RIG_ATTEMPTS}, the last: {what}",
+                    found.name()
+                );
+            }
+            boots.push(ResumedBoot {
+                runs: pending,
+                outcome,
+            });
+            return Ok(boots);
+        }
+        let (done, left): (Vec<T>, Vec<T>) =
+            pending.into_iter().partition(|run| ended(&outcome, run));
+        let kept = done.len();
+        boots.push(ResumedBoot {
+            runs: done,
+            outcome,
+        });
+        if left.is_empty() {
+            return Ok(boots);
+        }
+        attempt += 1;
+        eprintln!(
+            "!!! rig retry: {name}: {} ({RELIABILITY_DOC}): {what}; {kept} run(s) ended before \
+             it and are kept, booting again for the {} left (attempt {attempt} of {RIG_ATTEMPTS})",
+            found.name(),
+            left.len()
+        );
+        pending = left;
+    }
+}
+
 /// A benchmark's boot for [`retry_boots`]: L1 failing by itself is its kind (the whole
 /// benchmark is run again on a fresh L1); any other end counts as clean, for the benchmark to
 /// report.
@@ -136,6 +199,48 @@ mod tests {
             }
         };
         assert_eq!(retried(then_new), (2, 2));
+    }
+
+    /// The runs each boot answers for when boot `b` (from 1) ends as `ends[b - 1]` and only
+    /// run 1 ever ends before a failure.
+    fn resumed(ends: Vec<RigEnd>) -> Vec<Vec<u32>> {
+        let mut ends = ends.into_iter();
+        let boots = resume_boots::<_, ()>(
+            "test",
+            vec![1, 2, 3],
+            |_| Ok(RigOutcome::empty(ends.next().expect("one end per boot"))),
+            |_, &run| run == 1,
+        )
+        .expect("no rig error");
+        boots.into_iter().map(|b| b.runs).collect()
+    }
+
+    #[test]
+    fn a_resumed_sequence_keeps_the_runs_that_ended_and_boots_again_for_the_rest() {
+        assert_eq!(resumed(vec![RigEnd::Completed]), vec![vec![1, 2, 3]]);
+        assert_eq!(
+            resumed(vec![RigEnd::L1Frozen, RigEnd::Completed]),
+            vec![vec![1], vec![2, 3]]
+        );
+        assert_eq!(
+            resumed(vec![RigEnd::L1Panic, RigEnd::L1Lockup, RigEnd::L1Reset]),
+            vec![vec![1], vec![], vec![2, 3]]
+        );
+        // A failure that is not L1's own is the benchmark's to report, not to boot again for.
+        assert_eq!(resumed(vec![RigEnd::TimedOut]), vec![vec![1, 2, 3]]);
+    }
+
+    #[test]
+    fn a_resumed_sequence_whose_runs_all_ended_is_not_booted_again() {
+        let boots = resume_boots::<_, ()>(
+            "test",
+            vec![1, 2],
+            |_| Ok(RigOutcome::empty(RigEnd::L1Panic)),
+            |_, _| true,
+        )
+        .expect("no rig error");
+        assert_eq!(boots.len(), 1);
+        assert_eq!(boots[0].runs, vec![1, 2]);
     }
 
     #[test]

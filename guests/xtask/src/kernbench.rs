@@ -1,6 +1,6 @@
 //! `cargo xtask bench-kernbench`: a real `make -jN` in a pvmm guest under each policy, one L1
-//! boot for all cases ([`pvmm_rig::kernbench`]), with the simulator's kernbench rows for the
-//! same N beside each table.
+//! boot for all cases, more where L1 fails by itself ([`pvmm_rig::kernbench`]), with the
+//! simulator's kernbench rows for the same N beside each table.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -8,11 +8,11 @@ use std::time::Instant;
 use clap::Args;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::kernbench::{
-    format_table, run_kernbench, KernbenchOptions, DEFAULT_JOBS, DEFAULT_MEMORY_MIB,
-    DEFAULT_POLICIES,
+    format_table, run_kernbench, KernbenchOptions, KernbenchResults, DEFAULT_JOBS,
+    DEFAULT_MEMORY_MIB, DEFAULT_POLICIES,
 };
 use pvmm_rig::kernbench_disk::TREE;
-use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
+use pvmm_rig::retry::dump_outcome;
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::workspace::Workspace;
 use pvmm_rig::Topology;
@@ -108,28 +108,29 @@ pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
         topology: args.topology,
         echo: args.verbose,
     };
-    let measured = retry_boots(
-        "bench-kernbench",
-        || run_kernbench(ws, &images, &options),
-        |(_, _, outcome)| l1_failure_kind(outcome),
-    );
-    let (builds, failures, outcome) = match measured {
+    let measured = match run_kernbench(ws, &images, &options) {
         Ok(measured) => measured,
         Err(error) => {
             eprintln!("xtask: error: {error}");
             return ExitCode::from(rig_error_exit(&error));
         }
     };
-    dump_outcome("bench-kernbench", &outcome);
+    for (boot, outcome) in measured.outcomes.iter().enumerate() {
+        dump_outcome(&format!("bench-kernbench-boot{}", boot + 1), outcome);
+    }
     println!(
-        "\nKernbench: make -jN{} of {TREE} in a {}-vCPU pvmm guest ({} MiB), L1 {}, {} round(s), {:.0} s in all\n",
+        "\nKernbench: make -jN{} of {TREE} in a {}-vCPU pvmm guest ({} MiB), L1 {}, {} round(s) in {} L1 boot(s), {:.0} s in all\n",
         pvmm_rig::kernbench::mycflags_note(&options.mycflags),
         options.vcpus,
         options.memory_mib,
         options.topology,
         options.rounds,
+        measured.outcomes.len(),
         started.elapsed().as_secs_f64()
     );
+    let KernbenchResults {
+        builds, failures, ..
+    } = measured;
     for &jobs in &options.jobs {
         let mine: Vec<_> = builds.iter().filter(|b| b.jobs == jobs).collect();
         let title = format!("N = {jobs}: make -j{jobs}");
