@@ -121,9 +121,9 @@ pub fn resume_boots<T, E>(
     }
 }
 
-/// A benchmark's boot for [`retry_boots`]: L1 failing by itself is its kind (the whole
-/// benchmark is run again on a fresh L1); any other end counts as clean, for the benchmark to
-/// report.
+/// A benchmark's boot for [`retry_boots`] and [`resume_boots`]: L1 failing by itself is its
+/// kind (the benchmark, whole or what is left of it, runs again on a fresh L1); any other end
+/// counts as clean, for the benchmark to report.
 pub fn l1_failure_kind(outcome: &RigOutcome) -> (BootKind, String) {
     match l1_kind(outcome.end).filter(|_| outcome.end.is_l1_failure()) {
         Some(kind) => (kind, outcome.summary("last VMM")),
