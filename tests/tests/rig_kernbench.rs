@@ -6,7 +6,6 @@
 
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::kernbench::{format_table, run_kernbench, KernbenchOptions, DEFAULT_MEMORY_MIB};
-use pvmm_rig::retry::dump_outcome;
 use pvmm_rig::Topology;
 use pvmm_tests::{prepare_rig, rig_lock};
 
@@ -40,9 +39,6 @@ fn a_real_build_runs_in_the_guest_and_its_time_is_reported() {
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
     };
     let measured = run_kernbench(&ws, &images, &options).expect("the rig runs");
-    for (boot, outcome) in measured.outcomes.iter().enumerate() {
-        dump_outcome(&format!("{test}-boot{}", boot + 1), outcome);
-    }
     let (builds, failures) = (measured.builds, measured.failures);
     let outcome = measured.outcomes.last().expect("one boot at least");
     eprintln!("{test}: {}", outcome.summary("pvmm"));

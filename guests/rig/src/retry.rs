@@ -74,7 +74,8 @@ pub struct ResumedBoot<T> {
 /// the failure keeps its results: each run is its own VM, measured over its own span, so what
 /// L1 did after it cannot change them, and a long benchmark does not lose its finished runs to
 /// a late failure. Each boot answers for the runs that ended in it, the last for all it was
-/// given; every reboot is logged on one `!!! rig retry` line, as [`retry_boots`]'s are.
+/// given; every reboot is logged on one `!!! rig retry` line, as [`retry_boots`]'s are, and
+/// every boot's log is kept as `NAME-bootB` ([`dump_outcome`]) as soon as it ends.
 pub fn resume_boots<T, E>(
     name: &str,
     runs: Vec<T>,
@@ -86,6 +87,7 @@ pub fn resume_boots<T, E>(
     let mut attempt = 1;
     loop {
         let outcome = boot(&pending)?;
+        dump_outcome(&format!("{name}-boot{attempt}"), &outcome);
         let (found, what) = l1_failure_kind(&outcome);
         if !found.is_known_rig_failure() || attempt == RIG_ATTEMPTS {
             if found.is_known_rig_failure() {

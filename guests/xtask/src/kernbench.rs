@@ -12,7 +12,6 @@ use pvmm_rig::kernbench::{
     DEFAULT_MEMORY_MIB, DEFAULT_POLICIES,
 };
 use pvmm_rig::kernbench_disk::TREE;
-use pvmm_rig::retry::dump_outcome;
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::workspace::Workspace;
 use pvmm_rig::Topology;
@@ -115,9 +114,6 @@ pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
             return ExitCode::from(rig_error_exit(&error));
         }
     };
-    for (boot, outcome) in measured.outcomes.iter().enumerate() {
-        dump_outcome(&format!("bench-kernbench-boot{}", boot + 1), outcome);
-    }
     println!(
         "\nKernbench: make -jN{} of {TREE} in a {}-vCPU pvmm guest ({} MiB), L1 {}, {} round(s) in {} L1 boot(s), {:.0} s in all\n",
         pvmm_rig::kernbench::mycflags_note(&options.mycflags),
