@@ -12,10 +12,17 @@ start_daemon() {
     echo $! > /tmp/pvmm-host.pid
 }
 
+# tick_before: pvmm's --stats line of a tick that ended before now (the last whole line: the
+# line after it may be half written), so that an L1 event is placed on pvmm's own clock.
+tick_before() {
+    tail -n 2 "$STATS_PATH" | head -n 1
+}
+
 # kill_and_restart: once the guest's fall mark is in (the mark keeps the console's carriage
 # return, so it is matched without an end anchor), waits $KILL_AFTER_FALL_SECS, kills the
 # daemon with SIGKILL, waits $RESTART_AFTER_KILL_SECS (past pvmm's lease) and starts it again;
-# each step leaves a mark. Gives up after 10 minutes without the mark.
+# each step leaves a mark with pvmm's last tick before it. Gives up after 10 minutes without
+# the mark.
 kill_and_restart() {
     n=0
     until grep -q ' fall' /tmp/rig-marks 2>/dev/null; do
@@ -24,13 +31,15 @@ kill_and_restart() {
         sleep 0.2
     done
     sleep "$KILL_AFTER_FALL_SECS"
+    tick=$(tick_before)
     kill -9 "$(cat /tmp/pvmm-host.pid)"
     read -r up _ < /proc/uptime
-    echo "$up host-killed" >> /tmp/rig-marks
+    echo "$up host-killed $tick" >> /tmp/rig-marks
     sleep "$RESTART_AFTER_KILL_SECS"
+    tick=$(tick_before)
     start_daemon
     read -r up _ < /proc/uptime
-    echo "$up host-restarted" >> /tmp/rig-marks
+    echo "$up host-restarted $tick" >> /tmp/rig-marks
 }
 
 taskset -p 1 $$ >/dev/null 2>&1

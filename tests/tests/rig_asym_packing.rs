@@ -226,14 +226,10 @@ fn scenario(kernel: GuestKernel) -> Option<Scenario> {
 /// Prints where pvmm's own powersaving placement put the vCPUs while the thread ran on
 /// [`CONFINED_VCPU`] before the outside balancer took over (L1 uptimes `from`..`to`).
 fn report_own_placement(trace: &PlacementTrace, from: f64, to: f64) {
-    let (a, b) = (trace.to_pvmm_ms(from), trace.to_pvmm_ms(to));
-    let busy_tick = trace.ticks.iter().rev().find(|k| {
-        let t = k.t_ms as f64;
-        t > a
-            && t <= b
-            && !k.external
-            && k.vcpus.get(CONFINED_VCPU as usize).is_some_and(|v| v.busy)
-    });
+    let busy_tick = trace
+        .ticks_in(from, to)
+        .rev()
+        .find(|k| !k.external && k.vcpus.get(CONFINED_VCPU as usize).is_some_and(|v| v.busy));
     match busy_tick {
         Some(k) => {
             let cpus: Vec<String> = k

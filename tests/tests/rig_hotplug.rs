@@ -232,21 +232,17 @@ fn pvmm_host_moves_vcpus_off_an_offline_package_and_back() {
     // The daemon placed the vCPUs throughout (pvmm's own placement would pass the checks
     // above too, had the daemon's lease lapsed).
     let window = |samples: &[usize]| {
-        let t = |i: usize| trace.to_pvmm_ms(trace.samples[i].t) as u64;
+        let t = |i: usize| trace.samples[i].t;
         samples
             .first()
             .zip(samples.last())
             .map(|(&a, &b)| (t(a), t(b)))
     };
     for (a, b) in [window(&offline), window(&online)].into_iter().flatten() {
-        let ticks: Vec<_> = trace
-            .ticks
-            .iter()
-            .filter(|k| k.t_ms >= a && k.t_ms <= b)
-            .collect();
+        let ticks: Vec<_> = trace.ticks_in(a, b).collect();
         assert!(
             !ticks.is_empty() && ticks.iter().all(|k| k.external),
-            "pvmm host should place the VM from {a} to {b} ms (pvmm's stats say external = {:?});\npvmm's stderr:\n{}\nthe daemon's log:\n{}",
+            "pvmm host should place the VM from L1 {a:.2} s to {b:.2} s (pvmm's stats say external = {:?});\npvmm's stderr:\n{}\nthe daemon's log:\n{}",
             ticks.iter().map(|k| k.external).collect::<Vec<_>>(),
             run.vmm.join("\n"),
             daemon_log.join("\n")

@@ -3,7 +3,7 @@
 //!
 //! Lines, by their first word:
 //!
-//! - `START <L1 uptime>`: the probe started, with pvmm (the origin of pvmm's stats `t_ms`);
+//! - `START <L1 uptime>`: the probe started, with pvmm;
 //! - `PKG <cpu> <package> [<core>]`: an L1 CPU's place in L1's topology;
 //! - `T <L1 uptime>`: a sample begins; its `C` and `V` lines follow;
 //! - `C cpuN <the /proc/stat counters>`: an L1 CPU's times at the sample;
@@ -66,12 +66,11 @@ pub const PROBE_SAMPLE: &str = crate::scripts::PROBE_SAMPLE_LIB;
 /// work never shows up as activity on the package the tests want idle, then every
 /// `interval_s` seconds appends a sample ([`PROBE_SAMPLE`]) to a tmpfs file.
 ///
-/// It starts with `START <L1 uptime>` (pvmm's start, the origin of its stats `t_ms` within
-/// a few milliseconds) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
+/// It starts with `START <L1 uptime>` (when the probe started, with pvmm) and `PKG <cpu> <physical_package_id>` per L1 CPU, and when pvmm has
 /// exited prints the samples, each distinct `F` line of the samples (every pvmm thread's seccomp
 /// mode as it was seen; a mode never goes back down), the guest's marks (`M <L1 uptime> TEXT` for each guest line
 /// `pvmm-mark: TEXT`, see [`crate::scripts`]), then pvmm's `--stats` file
-/// ([`L1_STATS_PATH`]) with the fields the tests do not read removed (less console traffic).
+/// ([`L1_STATS_PATH`]) whole, read as the stats schema's type.
 pub fn placement_probe(interval_s: &str) -> String {
     crate::scripts::assemble(
         &[
@@ -141,6 +140,11 @@ pub struct StatsVcpu {
 pub struct StatsTick {
     /// Milliseconds since pvmm's scheduler started.
     pub t_ms: u64,
+    /// The tick's L1 uptime (s): its `boot_ms`, on the clock of the probe's samples and marks
+    /// (`/proc/uptime` is L1's boot clock), so that ticks and samples are timed by one clock.
+    pub up: f64,
+    /// When the outside balancer last renewed its lease, on the `t_ms` clock.
+    pub external_renewed_ms: Option<u64>,
     /// The vCPUs, by index.
     pub vcpus: Vec<StatsVcpu>,
     /// GED notifications sent so far.
@@ -152,7 +156,8 @@ pub struct StatsTick {
 /// Everything a placement probe reported.
 #[derive(Debug, Clone, Default)]
 pub struct PlacementTrace {
-    /// L1 uptime when the probe started (pvmm's start).
+    /// L1 uptime when the probe started, with pvmm (pvmm's ticks carry their own L1 uptime,
+    /// [`StatsTick::up`]).
     pub start: f64,
     /// L1 CPU -> package id.
     pub package_of: BTreeMap<u32, u32>,
@@ -311,10 +316,20 @@ fn parse_stats_line(line: &str) -> Option<StatsTick> {
         .collect();
     Some(StatsTick {
         t_ms: stats.t_ms,
+        up: ms_as_secs(stats.boot_ms),
+        external_renewed_ms: stats.external_renewed_ms,
         vcpus,
         capacity_notifications: stats.capacity_notifications.unwrap_or(0),
         external: stats.external,
     })
+}
+
+/// Milliseconds as seconds.
+fn ms_as_secs(ms: u64) -> f64 {
+    // Exact below 2^53 ms (285,000 years of uptime).
+    #[allow(clippy::cast_precision_loss)]
+    let ms = ms as f64;
+    ms / 1000.0
 }
 
 /// The sample a `V` or `C` line belongs to; panics when none has begun.
@@ -404,6 +419,16 @@ impl PlacementTrace {
         self.marks.iter().find(|(_, m)| m == text).map(|&(t, _)| t)
     }
 
+    /// The first mark `TEXT {...}` whose words after `text` are a pvmm `--stats` line: its L1
+    /// uptime and that tick (an L1 job's mark that carries pvmm's last tick before it, so that
+    /// the event is ordered on pvmm's own clock).
+    pub fn mark_with_tick(&self, text: &str) -> Option<(f64, StatsTick)> {
+        self.marks.iter().find_map(|(t, m)| {
+            let line = m.strip_prefix(text)?.strip_prefix(' ')?;
+            Some((*t, parse_stats_line(line)?))
+        })
+    }
+
     /// The CPUs of package `package`.
     pub fn package_cpus(&self, package: u32) -> Vec<u32> {
         self.package_of
@@ -476,24 +501,19 @@ impl PlacementTrace {
         (first, last)
     }
 
-    /// L1 uptime `t` as pvmm's stats clock (ms since pvmm's start).
-    pub fn to_pvmm_ms(&self, t: f64) -> f64 {
-        (t - self.start) * 1000.0
-    }
-
     /// The capacities pvmm published (stats lines) from `before_ticks` ticks before L1 uptime
-    /// `t` to `after_ticks` ticks after it, as vectors by vCPU.
+    /// `t` to `after_ticks` ticks after it, as vectors by vCPU (the ticks' own L1 uptimes,
+    /// [`StatsTick::up`]).
     pub fn capacities_around(
         &self,
         t: f64,
         before_ticks: usize,
         after_ticks: usize,
     ) -> Vec<Vec<u64>> {
-        let ms = self.to_pvmm_ms(t);
         let at = self
             .ticks
             .iter()
-            .position(|k| k.t_ms as f64 > ms)
+            .position(|k| k.up > t)
             .unwrap_or(self.ticks.len());
         let from = at.saturating_sub(before_ticks + 1);
         let to = (at + after_ticks).min(self.ticks.len());
@@ -527,18 +547,15 @@ impl PlacementTrace {
             .collect()
     }
 
-    /// pvmm's stats clock `t_ms` as L1 uptime.
-    pub fn to_l1_time(&self, t_ms: u64) -> f64 {
-        self.start + t_ms as f64 / 1000.0
+    /// pvmm's ticks at L1 uptimes in `(from, to]`: one clock, L1's, times both the ticks
+    /// ([`StatsTick::up`]) and the probe's samples.
+    pub fn ticks_in(&self, from: f64, to: f64) -> impl DoubleEndedIterator<Item = &StatsTick> {
+        self.ticks.iter().filter(move |k| k.up > from && k.up <= to)
     }
 
-    /// pvmm ticks with `t_ms` in `(from, to]` (L1 uptimes).
+    /// How many of pvmm's ticks came at L1 uptimes in `(from, to]` ([`Self::ticks_in`]).
     pub fn ticks_between(&self, from: f64, to: f64) -> usize {
-        let (a, b) = (self.to_pvmm_ms(from), self.to_pvmm_ms(to));
-        self.ticks
-            .iter()
-            .filter(|k| (k.t_ms as f64) > a && (k.t_ms as f64) <= b)
-            .count()
+        self.ticks_in(from, to).count()
     }
 
     /// Median interval between pvmm's ticks (s); 0.1 when there are too few.
@@ -601,11 +618,7 @@ impl PlacementTrace {
         let mut out = String::new();
         for i in a.max(1)..=b.min(self.samples.len().saturating_sub(1)) {
             let s = &self.samples[i];
-            out.push_str(&format!(
-                "  t={:.2} (pvmm {:.0} ms):",
-                s.t,
-                self.to_pvmm_ms(s.t)
-            ));
+            out.push_str(&format!("  t={:.2}:", s.t));
             for t in &s.threads {
                 out.push_str(&format!(
                     " v{}[{:.2} cpus {:?}]",

@@ -18,5 +18,5 @@ pub mod procfs;
 pub mod settings;
 pub mod tick;
 
-pub use phase::{PhaseClock, PhaseTimer, PhaseTimes, Totals};
+pub use phase::{boot_clock_ns, PhaseClock, PhaseTimer, PhaseTimes, Totals};
 pub use tick::{Applied, Control, Members, Outside, Tick, TickReport};

@@ -83,17 +83,31 @@ impl PhaseTimer {
 
 /// CPU time of the calling thread, in ns (0 if the clock cannot be read).
 fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// The host's boot clock (`CLOCK_BOOTTIME`, the clock of `/proc/uptime`), in ns (0 if it
+/// cannot be read): the one clock that a VM's stats and what other tools sample on the host
+/// share.
+pub fn boot_clock_ns() -> u64 {
+    clock_ns(libc::CLOCK_BOOTTIME)
+}
+
+/// `clock` read now, in ns (0 if it cannot be read).
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec; the call writes only to it.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
         return 0;
     }
-    (ts.tv_sec as u64)
+    // A clock that was read is never negative: both fields are at least 0.
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
         .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 /// The loop's running totals.

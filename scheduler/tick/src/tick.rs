@@ -108,8 +108,9 @@ pub trait Members {
     /// Reads each vCPU's load into `loads` (empty on entry).
     fn sample(&mut self, now_ns: u64, loads: &mut Vec<VcpuLoad>);
 
-    /// Requests that came in since the last tick.
-    fn control(&mut self) -> Control {
+    /// Requests that came in up to this tick (at `now_ns`, the tick's own instant, so that a
+    /// lease ends on the clock the tick reports).
+    fn control(&mut self, _now_ns: u64) -> Control {
         Control::default()
     }
 
@@ -341,8 +342,8 @@ impl Tick {
     }
 
     /// Takes the members' control requests; whether an outside balancer places at this tick.
-    fn take_control<M: Members>(&mut self, members: &mut M) -> bool {
-        let control = members.control();
+    fn take_control<M: Members>(&mut self, now_ns: u64, members: &mut M) -> bool {
+        let control = members.control(now_ns);
         if let Some(policy) = control.policy {
             self.set_policy(policy, members);
         }
@@ -432,7 +433,7 @@ impl Tick {
         self.housekeeping_util = members.sample_housekeeping(now_ns);
         self.follow_online_cpus(members);
         self.totals.last.read_ns = timer.lap();
-        let outside = self.take_control(members);
+        let outside = self.take_control(now_ns, members);
         let decided = !outside && self.decide(now_ns, members)?;
         self.totals.last.decide_ns = timer.lap();
         let applied = if outside {

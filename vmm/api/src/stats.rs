@@ -21,12 +21,21 @@ use serde::{Deserialize, Serialize};
 /// One pvmm VM's tick.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VmStats<P = Vec<PackageStats>, V = Vec<VcpuStats>> {
+    /// The tick's instant on the host's boot clock (`CLOCK_BOOTTIME`, the clock of
+    /// `/proc/uptime`), in milliseconds: lines of several VMs, and what host tools sampled,
+    /// line up on it. 0 when a line lacks it.
+    #[serde(default)]
+    pub boot_ms: u64,
     /// Capacity changes the guest was notified of (None without CPPC).
     pub capacity_notifications: Option<u64>,
     /// The guest's CPPC enable register summed over vCPUs (None without CPPC).
     pub cppc_enabled: Option<u32>,
     /// Whether an outside balancer (the host daemon) places the vCPUs.
     pub external: bool,
+    /// When an outside balancer last sent assignments, on this line's `t_ms` clock: its lease
+    /// runs from there (None before the first; kept after the lease ends).
+    #[serde(default)]
+    pub external_renewed_ms: Option<u64>,
     /// Guest register accesses that were refused (None when nothing counts them).
     pub guest_register_errors: Option<u64>,
     /// CPU time pvmm's own threads (the virtio devices', console, API and scheduler threads)
@@ -45,7 +54,7 @@ pub struct VmStats<P = Vec<PackageStats>, V = Vec<VcpuStats>> {
     pub policy: PlacementPolicy,
     /// Policy switches since start.
     pub policy_changes: u64,
-    /// Milliseconds since pvmm started.
+    /// Milliseconds since pvmm's scheduler started, at the tick.
     pub t_ms: u64,
     /// Every vCPU.
     pub vcpus: V,
@@ -248,7 +257,7 @@ mod tests {
     use super::*;
 
     fn vm_line() -> &'static str {
-        r#"{"capacity_notifications":3,"cppc_enabled":2,"external":false,"guest_register_errors":0,"housekeeping":0.25,"migrations":1,"migrations_total":7,"packages":[{"active":true,"id":0,"util":0.5}],"policy":"powersaving:2","policy_changes":0,"t_ms":1200,"vcpus":[{"busy":true,"capacity":1024,"cpus":"0-1,3","desired":null,"package":0,"tid":41,"util":0.75,"vcpu":0,"waited":0.0}]}"#
+        r#"{"boot_ms":5200,"capacity_notifications":3,"cppc_enabled":2,"external":false,"external_renewed_ms":null,"guest_register_errors":0,"housekeeping":0.25,"migrations":1,"migrations_total":7,"packages":[{"active":true,"id":0,"util":0.5}],"policy":"powersaving:2","policy_changes":0,"t_ms":1200,"vcpus":[{"busy":true,"capacity":1024,"cpus":"0-1,3","desired":null,"package":0,"tid":41,"util":0.75,"vcpu":0,"waited":0.0}]}"#
     }
 
     #[test]

@@ -34,12 +34,17 @@ pub struct ExternalCopy {
     version: u64,
     /// The assignments.
     pub assignments: Vec<ExternalAssignment>,
+    /// When the balancer last sent assignments (its lease runs from there), kept after the
+    /// lease ends: the stats report it, so that a lease's end can be checked on pvmm's clock.
+    pub renewed: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     policy_request: Option<PlacementPolicy>,
     external: Option<(Vec<ExternalAssignment>, Instant)>,
+    /// The latest `set_external` call's instant, kept when the lease ends or is given back.
+    renewed: Option<Instant>,
     /// Counts `set_external` calls.
     external_version: u64,
     /// The latest tick's snapshot (`--stats` text); empty before the first tick.
@@ -75,7 +80,9 @@ impl PlacementControl {
     /// they do not name keep their CPUs and capacity.
     pub fn set_external(&self, assignments: Vec<ExternalAssignment>) {
         let mut state = self.state();
-        state.external = Some((assignments, Instant::now()));
+        let now = Instant::now();
+        state.external = Some((assignments, now));
+        state.renewed = Some(now);
         state.external_version += 1;
     }
 
@@ -112,10 +119,12 @@ impl PlacementControl {
     }
 
     /// Scheduler side: who places at this tick, with an outside balancer's assignments in
-    /// `copy` (copied when they changed, into the room it has). An expired lease is dropped
-    /// here and reported as [`ExternalState::Expired`] exactly once.
+    /// `copy` (copied when they changed, into the room it has), and the latest renewal's
+    /// instant. An expired lease is dropped here and reported as [`ExternalState::Expired`]
+    /// exactly once.
     pub fn external(&self, now: Instant, copy: &mut ExternalCopy) -> ExternalState {
         let mut state = self.state();
+        copy.renewed = state.renewed;
         match &state.external {
             None => ExternalState::Own,
             Some((_, at)) if now.saturating_duration_since(*at) >= self.lease => {
@@ -170,10 +179,13 @@ mod tests {
         assert_eq!(c.external(Instant::now(), &mut got), ExternalState::Active);
         assert_eq!(got.assignments, one());
         assert!(c.external_active());
-        let later = Instant::now() + Duration::from_millis(150);
+        let renewed = got.renewed.expect("a renewal's instant");
+        let later = renewed + Duration::from_millis(100);
         assert_eq!(c.external(later, &mut got), ExternalState::Expired);
         assert_eq!(c.external(later, &mut got), ExternalState::Own);
         assert!(!c.external_active());
+        // The latest renewal stays reported after the lease ended: the lease ran from it.
+        assert_eq!(got.renewed, Some(renewed));
         c.set_external(one());
         assert!(c.clear_external());
         assert!(!c.clear_external());
@@ -194,9 +206,11 @@ mod tests {
         let c = PlacementControl::new(Duration::from_secs(3));
         assert_eq!(c.snapshot(), None);
         let stats = |t_ms: u64| VmStats {
+            boot_ms: 1000 + t_ms,
             capacity_notifications: None,
             cppc_enabled: None,
             external: false,
+            external_renewed_ms: None,
             guest_register_errors: None,
             housekeeping: 0.0,
             migrations: 0,

@@ -19,7 +19,9 @@ use pvmm_tick::cpustat::{idle_share, read_proc_stat, CpuTimes};
 use pvmm_tick::hotplug::OnlineCpus;
 use pvmm_tick::own_threads::OwnThreads;
 use pvmm_tick::procfs::{parse_last_cpu, stat_path, ProcFile};
-use pvmm_tick::{Applied, Control, Members, Outside, PhaseClock, Tick, TickReport, Totals};
+use pvmm_tick::{
+    boot_clock_ns, Applied, Control, Members, Outside, PhaseClock, Tick, TickReport, Totals,
+};
 
 use super::capacity::CapacityReporter;
 use super::control::{ExternalCopy, ExternalState, PlacementControl};
@@ -96,7 +98,6 @@ pub type PlacementTotals = Totals;
 pub struct LiveScheduler {
     tick: Tick,
     vm: VmMembers,
-    start: Instant,
     totals: Arc<Mutex<PlacementTotals>>,
     host_stat_at_start: Vec<(u32, CpuTimes)>,
 }
@@ -119,6 +120,10 @@ struct VmMembers {
     external_copy: ExternalCopy,
     /// The snapshot's text, written anew each tick.
     line: Vec<u8>,
+    /// The origin of the loop's clock (`t_ms`).
+    start: Instant,
+    /// The host's boot clock at `start`, in ns: a tick's `boot_ms` is this plus its `now_ns`.
+    boot_at_start_ns: u64,
 }
 
 impl LiveScheduler {
@@ -178,8 +183,9 @@ impl LiveScheduler {
                 housekeeping_util: 0,
                 external_copy: ExternalCopy::default(),
                 line: Vec::new(),
+                boot_at_start_ns: boot_clock_ns(),
+                start: Instant::now(),
             },
-            start: Instant::now(),
             totals: Arc::new(Mutex::new(PlacementTotals::default())),
             host_stat_at_start: read_proc_stat(),
         }
@@ -191,7 +197,7 @@ impl LiveScheduler {
     }
 
     fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        self.vm.since_start_ns(Instant::now())
     }
 
     /// One tick of the placement loop ([`Tick::run`]) over this VM. Returns the engine's
@@ -301,11 +307,12 @@ impl Members for VmMembers {
         }
     }
 
-    fn control(&mut self) -> Control {
+    fn control(&mut self, now_ns: u64) -> Control {
+        let now = self.start + Duration::from_nanos(now_ns);
         match &self.control {
             Some(c) => Control {
                 policy: c.take_policy_request(),
-                outside: match c.external(Instant::now(), &mut self.external_copy) {
+                outside: match c.external(now, &mut self.external_copy) {
                     ExternalState::Active => Outside::Active,
                     ExternalState::Expired => Outside::Lapsed,
                     ExternalState::Own => Outside::No,

@@ -3,7 +3,8 @@
 use super::*;
 
 /// A whole `--stats` line (every schema field) with these ticks' values: `(vcpu, cpus,
-/// capacity, busy)` per vCPU.
+/// capacity, busy)` per vCPU. Its boot clock reads 10 s more than `t_ms` (pvmm started at L1
+/// uptime 10.0, as the traces' `START 10.0` lines say).
 fn stats_line(t_ms: u64, vcpus: &[(u32, &str, u32, bool)], notes: u64, external: bool) -> String {
     let vcpus: Vec<String> = vcpus
         .iter()
@@ -14,8 +15,10 @@ fn stats_line(t_ms: u64, vcpus: &[(u32, &str, u32, bool)], notes: u64, external:
         })
         .collect();
     format!(
-        r#"{{"capacity_notifications":{notes},"cppc_enabled":0,"external":{external},"guest_register_errors":0,"migrations":0,"migrations_total":0,"packages":[],"policy":"powersaving:1","policy_changes":0,"t_ms":{t_ms},"vcpus":[{}]}}"#,
-        vcpus.join(",")
+        r#"{{"boot_ms":{boot_ms},"capacity_notifications":{notes},"cppc_enabled":0,"external":{external},"external_renewed_ms":{renewed},"guest_register_errors":0,"migrations":0,"migrations_total":0,"packages":[],"policy":"powersaving:1","policy_changes":0,"t_ms":{t_ms},"vcpus":[{}]}}"#,
+        vcpus.join(","),
+        boot_ms = 10_000 + t_ms,
+        renewed = if external { "150" } else { "null" },
     )
 }
 
@@ -90,9 +93,11 @@ fn every_kind_parses() {
             tick.t_ms,
             tick.vcpus.len(),
             tick.capacity_notifications,
-            tick.external
+            tick.external,
+            tick.external_renewed_ms,
+            tick.up
         ),
-        (200, 1, 2, true)
+        (200, 1, 2, true, Some(150), 10.2)
     );
 }
 
@@ -211,4 +216,38 @@ fn seccomp_lines_name_the_threads_never_filtered() {
         trace.threads_without_filter(),
         ["pvmm-sched/102", "pvmm-signals/103"]
     );
+}
+
+#[test]
+fn a_mark_with_pvmms_last_tick_reads_that_tick() {
+    let tick = stats_line(400, &[(0, "1", 1024, false)], 0, true);
+    let lines = vec![
+        "START 10.0".to_string(),
+        format!("M 11.0 host-killed {tick}"),
+        "M 12.0 host-restarted".to_string(),
+    ];
+    let trace = PlacementTrace::parse(&lines);
+    let (up, at) = trace
+        .mark_with_tick("host-killed")
+        .expect("the kill's tick");
+    assert_eq!((up, at.t_ms, at.external, at.up), (11.0, 400, true, 10.4));
+    // A mark without a whole stats line after its text has no tick.
+    assert_eq!(trace.mark_with_tick("host-restarted"), None);
+    assert_eq!(trace.mark_with_tick("host"), None);
+}
+
+#[test]
+fn ticks_are_counted_on_l1s_clock() {
+    let lines = vec![
+        "START 10.0".to_string(),
+        stats_line(100, &[(0, "0", 1024, false)], 0, false),
+        stats_line(200, &[(0, "0", 1024, false)], 0, false),
+        stats_line(300, &[(0, "0", 1024, false)], 0, false),
+    ];
+    let trace = PlacementTrace::parse(&lines);
+    // Ticks at L1 uptimes 10.1, 10.2 and 10.3; (from, to] holds the ends' right side only.
+    assert_eq!(trace.ticks_between(10.1, 10.3), 2);
+    assert_eq!(trace.ticks_between(10.0, 10.1), 1);
+    let last = trace.ticks_in(10.0, 11.0).next_back().map(|k| k.t_ms);
+    assert_eq!(last, Some(300));
 }

@@ -40,7 +40,7 @@ impl Members for Recorder {
         }));
     }
 
-    fn control(&mut self) -> Control {
+    fn control(&mut self, _now_ns: u64) -> Control {
         std::mem::take(&mut self.control)
     }
 

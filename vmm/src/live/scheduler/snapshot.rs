@@ -7,6 +7,8 @@
 //! The line is [`VmStats`], the schema's one type, written through views ([`Packages`],
 //! [`Vcpus`]) that stream its lists' elements.
 
+use std::time::Instant;
+
 use pvmm_api::stats::{round3, share, PackageStats, VcpuStats, VmStats};
 use pvmm_scheduler::CpuSet;
 use serde::ser::{SerializeSeq, Serializer};
@@ -52,6 +54,14 @@ impl Serialize for Vcpus<'_> {
 }
 
 impl VmMembers {
+    /// `at` on the loop's clock: ns since its start (0 for an instant before it).
+    pub(super) fn since_start_ns(&self, at: Instant) -> u64 {
+        // u64 nanoseconds last 584 years: the cast cannot truncate a VM's lifetime.
+        #[allow(clippy::cast_possible_truncation)]
+        let ns = at.saturating_duration_since(self.start).as_nanos() as u64;
+        ns
+    }
+
     fn vcpu_view<'a>(&'a self, v: &'a LiveVcpu, all_cpus: &'a CpuSet) -> VcpuStats<&'a CpuSet> {
         VcpuStats {
             busy: v.tracker.util().is_busy(),
@@ -72,9 +82,14 @@ impl VmMembers {
         out.clear();
         let capacity = self.capacity.as_ref();
         let line = VmStats {
+            boot_ms: (self.boot_at_start_ns + tick.now_ns) / 1_000_000,
             capacity_notifications: capacity.map(|r| r.notifications()),
             cppc_enabled: capacity.map(|r| r.guest_enabled()),
             external: tick.outside,
+            external_renewed_ms: self
+                .external_copy
+                .renewed
+                .map(|at| self.since_start_ns(at) / 1_000_000),
             guest_register_errors: self.guest_errors.as_ref().map(|e| e.total()),
             housekeeping: share(self.housekeeping_util),
             migrations: tick.moved,

@@ -189,6 +189,57 @@ fn taking_over_from_a_lapsed_balancer_moves_nothing_needlessly() {
         .all(|v| v.last_cpus.as_ref() == Some(&one)));
 }
 
+/// A lease ends on the clock the stats report: the first tick that pvmm places itself is the
+/// first at or after the latest renewal (`external_renewed_ms`) plus the lease, both in
+/// `t_ms`; the tick before it was still the balancer's.
+#[test]
+fn a_lease_ends_on_the_stats_clock() {
+    const LEASE_MS: u64 = 20;
+    let topo = HostTopology::from_spec("2x2x1").unwrap();
+    let control = Arc::new(PlacementControl::new(Duration::from_millis(LEASE_MS)));
+    let mut s = LiveScheduler::new(
+        PlacementPolicy::Managed(Policy::Powersaving { level: 1 }),
+        topo,
+        EngineConfig::default(),
+        Box::new(RecordingExecutor::new()),
+        scripted_vcpus(2, 3000, 0.0),
+        None,
+    )
+    .with_control(control.clone());
+    s.tick().unwrap();
+    let own = control.snapshot().unwrap();
+    assert!(!own.external);
+    assert_eq!(own.external_renewed_ms, None, "no balancer yet");
+    control.set_external(vec![ExternalAssignment {
+        vcpu: 0,
+        cpus: CpuSet::single(1),
+        capacity: 512,
+    }]);
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        s.tick().unwrap();
+        let line = control.snapshot().unwrap();
+        let lapsed = !line.external;
+        lines.push(line);
+        if lapsed {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (last, held) = lines.split_last().unwrap();
+    assert!(!last.external, "the lease never ended: {lines:?}");
+    let renewed = last
+        .external_renewed_ms
+        .expect("the renewal stays reported");
+    assert!(last.t_ms >= renewed + LEASE_MS, "{last:?}");
+    let before = held.last().expect("the balancer held at least one tick");
+    assert!(
+        before.external && before.t_ms <= renewed + LEASE_MS,
+        "{before:?}"
+    );
+    assert!(last.boot_ms >= before.boot_ms && before.boot_ms > 0);
+}
+
 /// A package's util is its vCPUs' demand over its capacity, SMT counted as the engine
 /// counts it (two busy siblings are 1178, not 2048); guest mistakes are reported.
 #[test]
@@ -271,8 +322,10 @@ fn reference_snapshot(s: &LiveScheduler, now_ns: u64, moved: u64) -> String {
     let totals = s.totals.lock().unwrap().clone();
     json!({
         "t_ms": now_ns / 1_000_000,
+        "boot_ms": (s.vm.boot_at_start_ns + now_ns) / 1_000_000,
         "policy": s.tick.policy().to_string(),
         "external": s.tick.outside(),
+        "external_renewed_ms": s.vm.external_copy.renewed.map(|at| s.vm.since_start_ns(at) / 1_000_000),
         "vcpus": vcpus,
         "packages": packages,
         "migrations": moved,
