@@ -41,6 +41,8 @@ pub enum BootKind {
     L1Frozen,
     /// QEMU exited while a VM was running ([`RigEnd::L1Reset`]).
     L1Reset,
+    /// QEMU, L1's emulator, died of a fault of its own ([`RigEnd::EmulatorCrash`]).
+    EmulatorCrash,
     /// pvmm exited 4: its guest triple-faulted.
     TripleFault,
     /// QEMU (the inner VMM) exited 0 without its guest reporting the command's status: a
@@ -71,12 +73,13 @@ pub enum BootKind {
 
 impl BootKind {
     /// Every kind, in table order.
-    pub const ALL: [BootKind; 14] = [
+    pub const ALL: [BootKind; 15] = [
         BootKind::Clean,
         BootKind::L1Lockup,
         BootKind::L1Panic,
         BootKind::L1Frozen,
         BootKind::L1Reset,
+        BootKind::EmulatorCrash,
         BootKind::TripleFault,
         BootKind::GuestReset,
         BootKind::GuestPanic,
@@ -96,6 +99,7 @@ impl BootKind {
             BootKind::L1Panic => "L1 panic",
             BootKind::L1Frozen => "L1 frozen",
             BootKind::L1Reset => "L1 reset",
+            BootKind::EmulatorCrash => "emulator crash",
             BootKind::TripleFault => "triple fault",
             BootKind::GuestReset => "guest reset",
             BootKind::GuestPanic => "guest panic",
@@ -125,6 +129,7 @@ pub fn l1_kind(end: RigEnd) -> Option<BootKind> {
         RigEnd::L1Panic => Some(BootKind::L1Panic),
         RigEnd::L1Frozen => Some(BootKind::L1Frozen),
         RigEnd::L1Reset => Some(BootKind::L1Reset),
+        RigEnd::EmulatorCrash => Some(BootKind::EmulatorCrash),
         RigEnd::TimedOut => Some(BootKind::Timeout),
         RigEnd::KilledOutside => Some(BootKind::KilledOutside),
         RigEnd::Completed | RigEnd::HungAtPowerOff => None,
@@ -691,7 +696,7 @@ mod tests {
         assert!(lines[0].contains("triple fault"));
         let cells: Vec<&str> = lines[1].split('|').map(str::trim).collect();
         assert_eq!(&cells[1..4], ["single", "3", "2"]);
-        assert_eq!(cells[8], "1");
+        assert_eq!(cells[9], "1");
         assert_eq!(cells[cells.len() - 3..cells.len() - 1], ["8.5", "20.0"]);
     }
 }

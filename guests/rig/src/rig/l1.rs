@@ -229,6 +229,22 @@ fn spawn_l1(
     Ok((child, receiver))
 }
 
+/// Signals that end a process for a fault of its own (a bad access, an illegal instruction, an
+/// arithmetic fault, its own abort).
+const FAULT_SIGNALS: [i32; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGABRT,
+];
+
+/// Whether a process that ended with `status` died of one of [`FAULT_SIGNALS`].
+fn died_of_own_fault(status: std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal().is_some_and(|s| FAULT_SIGNALS.contains(&s))
+}
+
 /// Once the collector stopped: a QEMU whose pipes closed is reaped, and its end told apart
 /// (killed from outside, L1 reset mid-run); a QEMU still running is sampled when it stalled,
 /// then killed.
@@ -242,6 +258,8 @@ fn settle_end(child: &mut KillOnDrop, outcome: &mut RigOutcome) {
             .any(|l| l.contains(QEMU_SIGNAL_MARK))
         {
             outcome.end = RigEnd::KilledOutside;
+        } else if outcome.qemu_status.is_some_and(died_of_own_fault) {
+            outcome.end = RigEnd::EmulatorCrash;
         } else if outcome.run_in_progress() {
             outcome.end = RigEnd::L1Reset;
         }
@@ -309,5 +327,18 @@ mod tests {
     fn l1_memory_covers_initrd_and_guest() {
         assert_eq!(l1_memory_mib(100 << 20, 512), 1280);
         assert_eq!(l1_memory_mib(0, 0), 512);
+    }
+
+    #[test]
+    fn a_fault_signal_is_the_emulators_own_crash() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        // A wait status's low 7 bits are the signal that ended the process; exit codes sit
+        // above them.
+        assert!(died_of_own_fault(ExitStatus::from_raw(libc::SIGSEGV)));
+        assert!(died_of_own_fault(ExitStatus::from_raw(libc::SIGABRT)));
+        assert!(!died_of_own_fault(ExitStatus::from_raw(libc::SIGTERM)));
+        assert!(!died_of_own_fault(ExitStatus::from_raw(libc::SIGKILL)));
+        assert!(!died_of_own_fault(ExitStatus::from_raw(1 << 8)));
     }
 }

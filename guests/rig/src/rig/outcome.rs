@@ -73,6 +73,11 @@ pub enum RigEnd {
     /// pid P`, e.g. another user of the machine ending QEMU processes by name).
     /// Neither L1 nor the inner VMM failed.
     KilledOutside,
+    /// QEMU (L1's emulator) died of a fault of its own (SIGSEGV, SIGBUS, SIGILL, SIGFPE or
+    /// SIGABRT, with no `terminating on signal` line: nobody sent it), seen once 5 s into L1's
+    /// boot, before any inner VMM ran. Whatever L1 ran, the emulator's crash is the emulator's
+    /// defect.
+    EmulatorCrash,
 }
 
 impl RigEnd {
@@ -88,7 +93,11 @@ impl RigEnd {
     pub fn is_l1_failure(self) -> bool {
         matches!(
             self,
-            RigEnd::L1Lockup | RigEnd::L1Panic | RigEnd::L1Frozen | RigEnd::L1Reset
+            RigEnd::L1Lockup
+                | RigEnd::L1Panic
+                | RigEnd::L1Frozen
+                | RigEnd::L1Reset
+                | RigEnd::EmulatorCrash
         )
     }
 }
@@ -266,7 +275,8 @@ impl RigOutcome {
                 | RigEnd::L1Panic
                 | RigEnd::L1Frozen
                 | RigEnd::L1Reset
-                | RigEnd::KilledOutside,
+                | RigEnd::KilledOutside
+                | RigEnd::EmulatorCrash,
                 _,
             ) => EXIT_RIG_FAILURE,
             (_, Some(status)) => status,
@@ -333,6 +343,10 @@ impl RigOutcome {
             (RigEnd::L1Reset, _) => format!(
                 "L1 RESET: QEMU ({}) exited while {vmm_name} was running, before L1's power-off, after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
                 self.qemu_status.map_or("killed".to_string(), |s| s.to_string())
+            ),
+            (RigEnd::EmulatorCrash, _) => format!(
+                "EMULATOR CRASH: QEMU running L1 died ({}) after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
+                self.qemu_status.map_or("no status".to_string(), |s| s.to_string())
             ),
             (RigEnd::L1Frozen, _) => format!(
                 "L1 FROZEN: L1 printed nothing for {} s, not even its heartbeat; killed QEMU after {secs:.1} s; exit {EXIT_RIG_FAILURE}",
