@@ -284,6 +284,9 @@ impl BusDevice for CppcDevice {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::events::GuestErrorCounter;

@@ -289,6 +289,9 @@ fn write_axis(s: &mut String, y: f64, max_s: f64, scale: f64) {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 mod tests {
     use super::*;
     use crate::run::Placement;

@@ -316,6 +316,9 @@ fn parse_tid(name: &[u8]) -> Option<i32> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use pvmm_scheduler::RecordingExecutor;

@@ -558,6 +558,9 @@ pub fn pvh_memmap_bytes(map: &[E820Entry]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::layout::ACPI_TABLES_START;

@@ -296,6 +296,9 @@ fn update_lvt(regs: &mut [std::os::raw::c_char], offset: usize, f: impl Fn(u32) 
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_sign_loss)]
 mod tests {
     use super::*;
 
