@@ -70,6 +70,8 @@ impl PhaseTimer {
     fn now_ns(&self) -> u64 {
         match self.clock {
             PhaseClock::ThreadCpu => thread_cpu_ns(),
+            // u64 nanoseconds last 584 years.
+            #[allow(clippy::cast_possible_truncation)]
             PhaseClock::Wall => self.wall.elapsed().as_nanos() as u64,
         }
     }
@@ -91,9 +93,11 @@ fn thread_cpu_ns() -> u64 {
     if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
         return 0;
     }
-    (ts.tv_sec as u64)
+    // A CPU-time clock is never negative.
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
         .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 /// The loop's running totals.
