@@ -46,6 +46,8 @@ pub struct E820Entry {
 
 /// The RAM regions (start, length) backing `mem_size` bytes of guest memory: everything below
 /// the MMIO hole, the rest above 4 GiB.
+// pvmm runs on x86_64 hosts only (KVM's x86 API): usize is 64 bits there.
+#[allow(clippy::cast_possible_truncation)]
 pub fn ram_regions(mem_size: u64) -> Vec<(GuestAddress, usize)> {
     let low = mem_size.min(MMIO_GAP_START);
     let mut regions = vec![(GuestAddress(0), low as usize)];

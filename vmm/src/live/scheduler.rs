@@ -190,6 +190,8 @@ impl LiveScheduler {
         self.totals.clone()
     }
 
+    // u64 nanoseconds last 584 years.
+    #[allow(clippy::cast_possible_truncation)]
     fn now_ns(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }

@@ -178,8 +178,8 @@ impl NsCounter {
     fn to_ns(self, raw: u64) -> u64 {
         match self.pow10_to_ns {
             0 => raw,
-            p if p > 0 => raw.saturating_mul(10u64.saturating_pow(p as u32)),
-            p => raw / 10u64.saturating_pow((-p) as u32),
+            p if p > 0 => raw.saturating_mul(10u64.saturating_pow(p.unsigned_abs())),
+            p => raw / 10u64.saturating_pow(p.unsigned_abs()),
         }
     }
 }
