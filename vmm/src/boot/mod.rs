@@ -490,7 +490,10 @@ pub fn build_zero_page(
     params.hdr.type_of_loader = LOADER_TYPE_UNDEFINED;
     params.hdr.boot_flag = BOOT_FLAG_MAGIC;
     params.hdr.header = BZIMAGE_HEADER_MAGIC;
-    params.hdr.cmd_line_ptr = u32::try_from(CMDLINE_START).unwrap_or(0);
+    // A constant in the first MiB of guest memory.
+    #[allow(clippy::cast_possible_truncation)]
+    let cmd_line_ptr = CMDLINE_START as u32;
+    params.hdr.cmd_line_ptr = cmd_line_ptr;
     params.hdr.cmdline_size = cmdline_len;
     if let Some(initrd) = initrd {
         // `load_initrd` placed it to end below the kernel's `initrd_addr_max` + 1, a u32.

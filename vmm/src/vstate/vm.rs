@@ -136,7 +136,7 @@ impl Vm {
             });
         }
         let fd = kvm.create_vm().map_err(kvm_err("VM creation"))?;
-        // pvmm runs on x86_64 hosts only (KVM's x86 API): usize is 64 bits there.
+        // usize is 64 bits on every host pvmm builds for (asserted in `memory`).
         #[allow(clippy::cast_possible_truncation)]
         fd.set_tss_address(KVM_TSS_ADDRESS as usize)
             .map_err(kvm_err("TSS address"))?;
