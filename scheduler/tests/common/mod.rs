@@ -1,11 +1,7 @@
 //! Helpers the placement engine tests share: loads, steady runs, decision checks, strategies.
 
-#![allow(dead_code)]
-// each test file uses some of them
-
-// Every cast here is on a value the test itself chooses or bounds (counts, indices,
-// sizes, pids), far inside the target type.
-#![allow(clippy::cast_possible_truncation)]
+// Each test file uses some of them; every cast is on a value the tests choose or bound.
+#![allow(dead_code, clippy::cast_possible_truncation)]
 
 use proptest::prelude::*;
 use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};

@@ -456,9 +456,8 @@ impl HostMembers {
             _ => true,
         });
         let mut skip: Vec<i32> = seen.iter().copied().collect();
-        // Linux pids are at most PID_MAX_LIMIT (2^22): always a positive i32.
-        #[allow(clippy::cast_possible_wrap)]
-        skip.push(std::process::id() as i32);
+        // Linux pids are at most PID_MAX_LIMIT (2^22): the fallback is never taken.
+        skip.push(i32::try_from(std::process::id()).unwrap_or(i32::MAX));
         let mut examined: HashSet<i32> = examine.iter().copied().collect();
         for found in foreign_vms_among(&self.config.roots, &examine, &skip) {
             let pid = found.pid;
