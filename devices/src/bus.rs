@@ -133,6 +133,9 @@ fn lock(device: &SharedDevice) -> std::sync::MutexGuard<'_, dyn BusDevice + 'sta
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::events::GuestErrorCounter;

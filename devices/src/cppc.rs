@@ -165,6 +165,8 @@ impl CppcShared {
     }
 
     /// How many vCPUs the guest has CPPC enabled on.
+    // At most the vCPU count, which `new` took as a u32.
+    #[allow(clippy::cast_possible_truncation)]
     pub fn enabled_vcpus(&self) -> u32 {
         self.vcpus
             .iter()
@@ -180,6 +182,8 @@ impl CppcShared {
     }
 
     /// Number of vCPUs.
+    // `new` built one entry per vCPU of a u32 count.
+    #[allow(clippy::cast_possible_truncation)]
     pub fn vcpus(&self) -> u32 {
         self.vcpus.len() as u32
     }
@@ -249,7 +253,8 @@ impl CppcDevice {
         let v = &self.shared.vcpus[vcpu as usize];
         match (reg, value) {
             (CppcRegister::Desired, _) => {
-                let wish = value.min(u64::from(self.shared.highest)) as u32;
+                let wish = u32::try_from(value)
+                    .map_or(self.shared.highest, |w| w.min(self.shared.highest));
                 v.desired.store(wish, Ordering::Relaxed);
                 true
             }
@@ -284,6 +289,9 @@ impl BusDevice for CppcDevice {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::events::GuestErrorCounter;

@@ -17,6 +17,14 @@
 //! `PROPTEST_CASES=100000 cargo test -p pvmm-devices --test fuzz_devices` (and
 //! `PROPTEST_RNG_SEED=N` for another seed).
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;

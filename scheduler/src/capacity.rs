@@ -36,7 +36,8 @@ pub fn core_capacity(thread_capacity: u32, threads: u32) -> u32 {
     if threads <= 1 {
         thread_capacity
     } else {
-        ((u64::from(thread_capacity) * u64::from(SMT_GAIN)) / u64::from(CAPACITY_SCALE)) as u32
+        let core = (u64::from(thread_capacity) * u64::from(SMT_GAIN)) / u64::from(CAPACITY_SCALE);
+        u32::try_from(core).unwrap_or(u32::MAX)
     }
 }
 
@@ -96,7 +97,7 @@ impl CpuOffer {
     /// The effective capacity of one of its vCPUs when the others use
     /// `others_util`.
     pub fn for_vcpu(&self, others_util: u64) -> u32 {
-        let left = u64::from(self.share).saturating_sub(others_util) as u32;
+        let left = u32::try_from(others_util).map_or(0, |others| self.share.saturating_sub(others));
         self.fair.max(left).max(1)
     }
 }

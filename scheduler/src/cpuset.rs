@@ -127,7 +127,7 @@ impl CpuSet {
                 .enumerate()
                 .rev()
                 .find(|(_, w)| **w != 0)
-                .map(|(i, w)| i as u32 * 64 + 63 - w.leading_zeros()),
+                .map(|(i, w)| word_base(i) + 63 - w.leading_zeros()),
         }
     }
 
@@ -249,10 +249,9 @@ impl CpuSet {
             .iter()
             .enumerate()
             .find(|(_, w)| **w != 0)
-            .map(|(i, w)| i as u32 * 64 + w.trailing_zeros())
+            .map(|(i, w)| word_base(i) + w.trailing_zeros())
             .unwrap_or(0);
-        let last =
-            (words.len() as u32 - 1) * 64 + 63 - words.last().map_or(0, |w| w.leading_zeros());
+        let last = word_base(words.len() - 1) + 63 - words.last().map_or(0, |w| w.leading_zeros());
         if last - first + 1 == total {
             return CpuSet {
                 repr: Repr::Range { first, len: total },
@@ -262,6 +261,13 @@ impl CpuSet {
             repr: Repr::Bits(words.into_boxed_slice()),
         }
     }
+}
+
+/// The first CPU of bitmap word `index`.
+// A bitmap holds u32 CPU ids, 64 a word: its word indices are below 2^26.
+#[allow(clippy::cast_possible_truncation)]
+fn word_base(index: usize) -> u32 {
+    index as u32 * 64
 }
 
 fn set_bit(words: &mut Vec<u64>, cpu: u32) {
@@ -301,7 +307,8 @@ impl Iterator for CpuSetIter<'_> {
         match self {
             CpuSetIter::Range { next, end } => {
                 if *next < *end {
-                    let cpu = *next as u32;
+                    // Below `end`, one past a u32 CPU id.
+                    let cpu = u32::try_from(*next).ok()?;
                     *next += 1;
                     Some(cpu)
                 } else {
@@ -312,7 +319,7 @@ impl Iterator for CpuSetIter<'_> {
                 if *bits != 0 {
                     let bit = bits.trailing_zeros();
                     *bits &= *bits - 1;
-                    return Some(*word as u32 * 64 + bit);
+                    return Some(word_base(*word) + bit);
                 }
                 *word += 1;
                 *bits = *words.get(*word)?;
@@ -376,10 +383,10 @@ fn parse_id(text: &str, element: &str) -> Result<u32, CpuSetError> {
         return Err(CpuSetError::BadElement(element.to_string()));
     }
     let value: u64 = text.parse().map_err(|_| CpuSetError::TooLarge(u64::MAX))?;
-    if value > u64::from(MAX_CPU_ID) {
-        return Err(CpuSetError::TooLarge(value));
+    match u32::try_from(value) {
+        Ok(cpu) if cpu <= MAX_CPU_ID => Ok(cpu),
+        _ => Err(CpuSetError::TooLarge(value)),
     }
-    Ok(value as u32)
 }
 
 impl fmt::Display for CpuSet {

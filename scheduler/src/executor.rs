@@ -105,11 +105,14 @@ impl Executor for LinuxExecutor {
             if rc == 0 {
                 let mut set = CpuSet::new();
                 for (w, word) in mask.iter().enumerate() {
+                    // The mask grows to at most twice MAX_CPU_ID bits: its CPUs fit a u32.
+                    #[allow(clippy::cast_possible_truncation)]
+                    let base = w as u32 * 64;
                     let mut rest = *word;
                     while rest != 0 {
                         let bit = rest.trailing_zeros();
                         rest &= rest - 1;
-                        set.insert(w as u32 * 64 + bit);
+                        set.insert(base + bit);
                     }
                 }
                 return Ok(set);

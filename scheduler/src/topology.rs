@@ -209,7 +209,7 @@ impl HostTopology {
                     cores: Vec::with_capacity(cores.len()),
                 };
                 for (core_id, ids) in cores {
-                    for (thread, id) in ids.iter().enumerate() {
+                    for (thread, id) in (0u32..).zip(ids.iter()) {
                         let capacity = records
                             .binary_search_by_key(id, |r| r.id)
                             .map(|i| records[i].capacity)
@@ -219,7 +219,7 @@ impl HostTopology {
                             package: package_id,
                             die: die_id,
                             core: core_id,
-                            thread: thread as u32,
+                            thread,
                             capacity,
                         });
                     }
@@ -257,6 +257,9 @@ impl HostTopology {
                 for d in 0..dies {
                     for c in 0..cores {
                         let linear_core = (s * dies + d) * cores + c;
+                        // `parse_spec` allows at most MAX_CPU_ID + 1 CPUs in all: every id
+                        // and index here fits a u32.
+                        #[allow(clippy::cast_possible_truncation)]
                         records.push(CpuRecord {
                             id: (t * cores_total + linear_core) as u32,
                             package: s as u32,
@@ -573,8 +576,7 @@ fn read_id(path: &Path) -> Result<u32, TopologyError> {
     })?;
     match value {
         -1 => Ok(0),
-        v if (0..=i64::from(u32::MAX)).contains(&v) => Ok(v as u32),
-        _ => Err(TopologyError::BadSysfsValue {
+        v => u32::try_from(v).map_err(|_| TopologyError::BadSysfsValue {
             path: path.to_path_buf(),
             content: text,
             reason: "id out of range".to_string(),
@@ -726,8 +728,9 @@ fn assign_capacities(
         if fastest > 0 {
             for (r, f) in records.iter_mut().zip(max_freq) {
                 let f = f.unwrap_or(fastest);
-                r.capacity = ((u128::from(f) * u128::from(CAPACITY_SCALE)) / u128::from(fastest))
-                    .clamp(1, u128::from(CAPACITY_SCALE)) as u32;
+                let capacity = (u128::from(f) * u128::from(CAPACITY_SCALE)) / u128::from(fastest);
+                r.capacity = u32::try_from(capacity.clamp(1, u128::from(CAPACITY_SCALE)))
+                    .unwrap_or(CAPACITY_SCALE);
             }
         }
     }

@@ -97,6 +97,8 @@ impl UtilTracker {
     }
 
     /// Utilization, 0..=1024.
+    // A float-to-integer cast saturates (NaN gives 0), and the result is clamped to the scale.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     pub fn util(&self) -> u32 {
         (self.util.round() as u32).min(CAPACITY_SCALE)
     }

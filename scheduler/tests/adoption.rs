@@ -1,6 +1,10 @@
 //! A new engine taking over vCPUs another engine placed ([`Engine::assume`]): a restarted host
 //! daemon adopting VMs must not move a vCPU that is already where it would put it.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 use proptest::prelude::*;
 use pvmm_scheduler::{Engine, EngineConfig, HostTopology, Policy, VcpuId, VcpuLoad};
 

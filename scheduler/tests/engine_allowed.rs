@@ -2,6 +2,10 @@
 //! outside its set, counts its load where it runs, and places every other vCPU as it would
 //! have, over random topologies, policies, loads and sets.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 
 use proptest::prelude::*;

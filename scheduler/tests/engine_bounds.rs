@@ -1,6 +1,10 @@
 //! Placement engine bounds: the migration rate, the fluid package count, the LTP sched_mc
 //! oracle, effective capacities.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 mod common;
 
 use pvmm_scheduler::{CpuSet, Engine, EngineConfig, HostTopology, Policy, VcpuLoad};

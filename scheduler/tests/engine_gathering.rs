@@ -1,6 +1,10 @@
 //! Placement engine gathering: a VM's vCPUs together, busy vCPUs in one package with a CPU or
 //! core each.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 
 use pvmm_scheduler::{Decision, Engine, EngineConfig, HostTopology, Policy, VcpuId, VcpuLoad};

@@ -1,6 +1,10 @@
 //! The placing process's own threads as load ([`Engine::set_housekeeping`]): none changes no
 //! decision, and busy ones on a package make room there.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 
 use proptest::prelude::*;

@@ -1,6 +1,10 @@
 //! Placement engine properties over random topologies, policies and loads: allowed CPUs,
 //! package counts, convergence, determinism, migration bounds.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 
 use proptest::prelude::*;

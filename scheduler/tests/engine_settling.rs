@@ -1,6 +1,10 @@
 //! Placement engine settling: hard load sets, fragments and noisy or reordered utilizations
 //! leave vCPUs where they are.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 
 use proptest::prelude::*;

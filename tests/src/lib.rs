@@ -197,7 +197,7 @@ pub fn run_placement_sequence_on(
     let options = pvmm_rig::SequenceOptions {
         topology: pvmm_rig::Topology::default(),
         timeout: std::time::Duration::from_secs(pvmm_rig::sequence::L1_BOOT_SECS)
-            + SEQUENCE_TIMEOUT_PER_RUN * runs.len() as u32,
+            + SEQUENCE_TIMEOUT_PER_RUN * u32::try_from(runs.len()).unwrap_or(u32::MAX),
         run_limit_secs: SEQUENCE_TIMEOUT_PER_RUN.as_secs(),
         echo: std::env::var_os("PVMM_RIG_ECHO").is_some(),
         progress: false,

@@ -13,6 +13,10 @@
 //! 4. Under the default `--seccomp kill`, every pvmm thread L1 showed (the placement probe
 //!    reads each one's `Seccomp:` every 0.1 s) ran under a seccomp filter.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 use pvmm::cppc::perf_of_capacity;
 use pvmm_rig::RigOutcome;
 use pvmm_tests::scripts;

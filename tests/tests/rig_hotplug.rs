@@ -17,6 +17,10 @@
 //! marks (offlining a CPU can take half a second on a loaded L1). One tick of slack on each
 //! bound.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use pvmm_rig::RigOutcome;
 use pvmm_tests::{
     run_placement_sequence_with_probe, run_trace, scripts, PlacementTrace, SharedOutcome,

@@ -22,6 +22,10 @@
 //! L1 runs on an emulated Zen 2 (`EPYC-Rome`), which amd-pstate needs (the rig picks it for
 //! a 6.12 guest).
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use pvmm::cppc::guest_perfs;
 use pvmm::live::capacity::significant_change;
 use pvmm_rig::{GuestKernel, RigOutcome};

@@ -32,7 +32,7 @@ use crate::cppc::{CppcFrequencies, CPPC_HIGHEST_PERF};
 
 use crate::layout::{
     VirtioSlot, ACPI_TABLES_MAX_SIZE, ACPI_TABLES_START, APIC_START, CPPC_MMIO_START, GED_IRQ,
-    GED_MMIO_START, IOAPIC_START,
+    GED_MMIO_START, IOAPIC_START, MAX_VIRTIO_DEVICES, MMIO_GAP_END, VIRTIO_MMIO_START,
 };
 
 /// OEM id written in every table.
@@ -69,6 +69,13 @@ pub const MAX_VCPUS: u32 = 255;
 const _: () = assert!(
     MAX_VCPUS as u64 <= CPPC_WINDOW_VCPUS,
     "the CPPC window holds every vCPU"
+);
+const _: () = assert!(
+    GED_MMIO_START + GED_MMIO_LEN <= MMIO_GAP_END
+        && VIRTIO_MMIO_START + MAX_VIRTIO_DEVICES as u64 * MMIO_WINDOW_LEN <= MMIO_GAP_END
+        && APIC_START < MMIO_GAP_END
+        && IOAPIC_START < MMIO_GAP_END,
+    "every register window the tables describe is below 4 GiB"
 );
 /// FADT IAPC_BOOT_ARCH bit 5: CMOS RTC not present.
 const FADT_BOOT_ARCH_NO_CMOS_RTC: u16 = 1 << 5;
@@ -313,8 +320,8 @@ fn ged_device() -> Vec<u8> {
     let uid = aml::Name::new("_UID".into(), &aml::ZERO);
     let irq = aml::Interrupt::new(true, true, false, false, GED_IRQ);
     let crs = aml::Name::new("_CRS".into(), &aml::ResourceTemplate::new(vec![&irq]));
-    let base = GED_MMIO_START as u32;
-    let len = GED_MMIO_LEN as u32;
+    let base = low32(GED_MMIO_START);
+    let len = low32(GED_MMIO_LEN);
     let region = aml::OpRegion::new("GDST".into(), aml::OpRegionSpace::SystemMemory, &base, &len);
     let field = aml::Field::new(
         "GDST".into(),
@@ -344,10 +351,10 @@ fn ged_device() -> Vec<u8> {
 /// `\_SB.VRnn`: virtio device `index` (`LNRO0005`, which Linux's `virtio_mmio` driver
 /// matches): its register window and its interrupt, edge-triggered and active high as the
 /// irqfd that raises it.
-fn virtio_device(index: usize, slot: &VirtioSlot) -> Vec<u8> {
+fn virtio_device(index: u32, slot: &VirtioSlot) -> Vec<u8> {
     let hid = aml::Name::new("_HID".into(), &"LNRO0005");
-    let uid = aml::Name::new("_UID".into(), &(index as u32));
-    let window = aml::Memory32Fixed::new(true, slot.base as u32, MMIO_WINDOW_LEN as u32);
+    let uid = aml::Name::new("_UID".into(), &index);
+    let window = aml::Memory32Fixed::new(true, low32(slot.base), low32(MMIO_WINDOW_LEN));
     let irq = aml::Interrupt::new(true, true, false, false, slot.irq);
     let crs = aml::Name::new(
         "_CRS".into(),
@@ -383,7 +390,8 @@ pub fn dsdt_aml(vcpus: u32, freqs: &CppcFrequencies, virtio: &[VirtioSlot]) -> V
         .collect();
     let com_hid = aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0501"));
     let com_uid = aml::Name::new("_UID".into(), &aml::ZERO);
-    let com_io = aml::IO::new(COM1_PORT_BASE, COM1_PORT_BASE, 1, COM_PORT_LEN as u8);
+    let com_len = u8::try_from(COM_PORT_LEN).unwrap_or(u8::MAX);
+    let com_io = aml::IO::new(COM1_PORT_BASE, COM1_PORT_BASE, 1, com_len);
     let com_irq = aml::Interrupt::new(true, true, false, false, COM1_IRQ);
     let com_res = aml::ResourceTemplate::new(vec![&com_io, &com_irq]);
     let com_crs = aml::Name::new("_CRS".into(), &com_res);
@@ -397,7 +405,7 @@ pub fn dsdt_aml(vcpus: u32, freqs: &CppcFrequencies, virtio: &[VirtioSlot]) -> V
     sb_children.extend(notify_method(vcpus));
     sb_children.extend(power_button_device());
     sb_children.extend(ged_device());
-    for (i, slot) in virtio.iter().enumerate() {
+    for (i, slot) in (0u32..).zip(virtio) {
         sb_children.extend(virtio_device(i, slot));
     }
     body.extend(aml::Scope::raw("\\_SB_".into(), sb_children));
@@ -427,15 +435,15 @@ pub fn madt_body(vcpus: u32) -> Result<Vec<u8>, AcpiError> {
         return Err(AcpiError::TooManyVcpus(vcpus));
     }
     let mut b = Vec::new();
-    b.extend_from_slice(&(APIC_START as u32).to_le_bytes());
+    b.extend_from_slice(&low32(APIC_START).to_le_bytes());
     b.extend_from_slice(&MADT_PCAT_COMPAT.to_le_bytes());
     for i in 0..vcpus {
-        let id = i as u8;
+        let id = u8::try_from(i).map_err(|_| AcpiError::TooManyVcpus(vcpus))?;
         b.extend_from_slice(&[MADT_LOCAL_APIC, MADT_LOCAL_APIC_LEN, id, id]);
         b.extend_from_slice(&MADT_APIC_ENABLED.to_le_bytes());
     }
     b.extend_from_slice(&[MADT_IOAPIC, MADT_IOAPIC_LEN, IOAPIC_ID, 0]);
-    b.extend_from_slice(&(IOAPIC_START as u32).to_le_bytes());
+    b.extend_from_slice(&low32(IOAPIC_START).to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes()); // GSI base
     b.extend_from_slice(&[
         MADT_LOCAL_APIC_NMI,
@@ -445,6 +453,17 @@ pub fn madt_body(vcpus: u32) -> Result<Vec<u8>, AcpiError> {
     b.extend_from_slice(&MADT_NMI_FLAGS.to_le_bytes());
     b.push(MADT_NMI_LINT);
     Ok(b)
+}
+
+/// An address or length of pvmm's layout in a 32-bit ACPI field: every one is below 4 GiB
+/// (asserted at the top of this module).
+fn low32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+/// The power device's register at `offset` (0 to 2) from its first port.
+fn power_register(offset: u64) -> GAS {
+    io_register(ACPI_POWER_PORT_BASE.saturating_add(u16::try_from(offset).unwrap_or(u16::MAX)))
 }
 
 fn io_register(port: u16) -> GAS {
@@ -465,10 +484,10 @@ fn fadt(dsdt_addr: u64) -> Vec<u8> {
         // The power button is the control-method device \_SB.PWRB, not a fixed feature.
         .flag(Flags::PwrButton)
         .preferred_pm_profile(PmProfile::EnterpriseServer);
-    builder.reset_reg = io_register(ACPI_POWER_PORT_BASE + RESET_OFFSET as u16);
+    builder.reset_reg = power_register(RESET_OFFSET);
     builder.reset_value = RESET_VALUE;
-    builder.sleep_control_reg = io_register(ACPI_POWER_PORT_BASE + SLEEP_CONTROL_OFFSET as u16);
-    builder.sleep_status_reg = io_register(ACPI_POWER_PORT_BASE + SLEEP_STATUS_OFFSET as u16);
+    builder.sleep_control_reg = power_register(SLEEP_CONTROL_OFFSET);
+    builder.sleep_status_reg = power_register(SLEEP_STATUS_OFFSET);
     // No CMOS RTC: pvmm emulates none, and without this flag Linux's rtc_cmos driver spends
     // seconds probing ports 0x70/0x71 at boot.
     builder.iapc_boot_arch = FADT_BOOT_ARCH_NO_CMOS_RTC.into();

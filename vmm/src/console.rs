@@ -109,23 +109,25 @@ fn wait(stop: &EventFd, stdin: bool, timeout_ms: libc::c_int) -> Wake {
 /// buffered `Stdin`, so that `poll` sees everything not yet copied.
 fn copy_input(serial: &Mutex<SerialConsole>, stop: &EventFd) {
     let mut buf = [0u8; SERIAL_INPUT_CHUNK];
-    let retry_ms = SERIAL_INPUT_RETRY.as_millis() as libc::c_int;
+    let retry_ms =
+        libc::c_int::try_from(SERIAL_INPUT_RETRY.as_millis()).unwrap_or(libc::c_int::MAX);
     loop {
         if wait(stop, true, -1) == Wake::Stop {
             return;
         }
         // SAFETY: `buf` is valid for writes of its length.
         let n = unsafe { libc::read(libc::STDIN_FILENO, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
+        // Negative on an error, else the bytes read.
+        let Ok(n) = usize::try_from(n) else {
             match std::io::Error::last_os_error().kind() {
                 std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock => continue,
                 _ => return,
             }
-        }
+        };
         if n == 0 {
             return;
         }
-        let mut pending = &buf[..n as usize];
+        let mut pending = &buf[..n];
         while !pending.is_empty() {
             let taken = match serial.lock() {
                 Ok(mut s) => s.enqueue_input(pending).unwrap_or(0),

@@ -151,9 +151,9 @@ fn read_khz(path: &Path) -> Option<u32> {
 #[cfg(target_arch = "x86_64")]
 fn cpuid_base_mhz() -> Option<u32> {
     use std::arch::x86_64::__cpuid;
-    // Older toolchains declare `__cpuid` unsafe; it only runs the CPUID instruction, which
-    // every x86_64 CPU has.
+    // Older toolchains declare `__cpuid` unsafe, newer ones safe.
     #[allow(unused_unsafe)]
+    // SAFETY: `__cpuid` only runs the CPUID instruction, which every x86_64 CPU has.
     let (max_leaf, base) = unsafe { (__cpuid(0).eax, __cpuid(CPUID_FREQ_LEAF).eax) };
     let base = base & CPUID_FREQ_MASK;
     (max_leaf >= CPUID_FREQ_LEAF && base != 0).then_some(base)

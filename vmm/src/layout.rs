@@ -71,7 +71,8 @@ pub struct VirtioSlot {
 
 /// The slots of `count` virtio devices, in device order.
 pub fn virtio_slots(count: usize) -> Vec<VirtioSlot> {
-    (0..count.min(MAX_VIRTIO_DEVICES) as u32)
+    (0u32..)
+        .take(count.min(MAX_VIRTIO_DEVICES))
         .map(|i| VirtioSlot {
             base: VIRTIO_MMIO_START + u64::from(i) * MMIO_WINDOW_LEN,
             irq: VIRTIO_IRQ_BASE + i,

@@ -44,8 +44,12 @@ pub struct E820Entry {
     pub kind: E820Type,
 }
 
+const _: () = assert!(usize::BITS == 64, "pvmm runs on 64-bit hosts");
+
 /// The RAM regions (start, length) backing `mem_size` bytes of guest memory: everything below
 /// the MMIO hole, the rest above 4 GiB.
+// usize is 64 bits on every host pvmm builds for (asserted above).
+#[allow(clippy::cast_possible_truncation)]
 pub fn ram_regions(mem_size: u64) -> Vec<(GuestAddress, usize)> {
     let low = mem_size.min(MMIO_GAP_START);
     let mut regions = vec![(GuestAddress(0), low as usize)];

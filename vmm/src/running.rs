@@ -77,6 +77,13 @@ pub struct VmCore {
     pub ged_listening: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
+/// This process's id, as the API reports it.
+// Linux pids are at most PID_MAX_LIMIT (2^22): always a positive i32.
+#[allow(clippy::cast_possible_wrap)]
+fn own_pid() -> i32 {
+    std::process::id() as i32
+}
+
 impl VmCore {
     fn set_all(&self, state: RunState) -> Result<(), HandleError> {
         for v in &self.vcpus {
@@ -104,15 +111,15 @@ impl VmControl for VmCore {
         let d = &self.description;
         VmInfo {
             external_placement: self.control.external_active(),
-            external_lease_ms: self.control.lease().as_millis() as u64,
+            external_lease_ms: u64::try_from(self.control.lease().as_millis()).unwrap_or(u64::MAX),
             kernel: d.kernel.clone(),
             memory_mib: d.memory_mib,
             name: d.name.clone(),
-            pid: std::process::id() as i32,
+            pid: own_pid(),
             policy: *self.policy.lock().unwrap_or_else(|p| p.into_inner()),
             power_button_listening: (self.ged_listening)(),
             state: self.state().into(),
-            uptime_ms: self.report.started.elapsed().as_millis() as u64,
+            uptime_ms: u64::try_from(self.report.started.elapsed().as_millis()).unwrap_or(u64::MAX),
             vcpus: d.vcpus,
         }
     }
@@ -190,7 +197,7 @@ impl VmControl for VmCore {
         let _ = self.deadlines.send(Instant::now() + wait);
         ShutdownAnswer {
             power_button: pressed,
-            stop_after_ms: wait.as_millis() as u64,
+            stop_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         }
     }
 }

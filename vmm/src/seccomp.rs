@@ -378,7 +378,10 @@ fn common_rules() -> Rules {
     .allow_if(libc::SYS_mprotect, rule(vec![none_of(2, exec)]));
     // Rust's standard library checks that a file descriptor is open before closing it.
     for op in [libc::F_GETFD, libc::F_GETFL] {
-        r.allow_if(libc::SYS_fcntl, rule(vec![eq32(1, op as u64)]));
+        r.allow_if(
+            libc::SYS_fcntl,
+            rule(vec![eq32(1, u64::from(op.unsigned_abs()))]),
+        );
     }
     r
 }
@@ -566,7 +569,7 @@ fn violation_line(name: &[u8], kind: ThreadKind, syscall: i64) -> Line {
     line.push(b" (");
     line.push(kind.name().as_bytes());
     line.push(b" filter) made forbidden system call ");
-    line.push_number(syscall.max(0) as u64);
+    line.push_number(u64::try_from(syscall).unwrap_or(0));
     line.push(b"; stopping (exit 159)\n");
     line
 }

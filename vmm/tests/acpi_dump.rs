@@ -3,6 +3,10 @@
 //! host's frequencies). Needs iasl: skipped loudly without it, unless PVMM_REQUIRE_IASL=1
 //! (CI), where its absence fails the test.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 use common::*;
 use std::path::Path;

@@ -2,6 +2,10 @@
 //! machine's /dev/kvm, driven through `--api-socket` as an operator or a host balancer would,
 //! and signalled as a service manager would.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+
 mod common;
 use common::*;
 

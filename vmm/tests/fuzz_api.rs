@@ -13,6 +13,10 @@
 //! `PROPTEST_CASES=100000 cargo test -p pvmm --test fuzz_api` (and `PROPTEST_RNG_SEED=N`
 //! for another seed).
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_wrap)]
+
 mod common;
 use common::*;
 

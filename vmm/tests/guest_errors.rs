@@ -2,6 +2,10 @@
 //! for a sleep state pvmm does not implement and sends the i8042 a command other than reset;
 //! `--stats` reports each of them in `guest_register_errors`.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_wrap)]
+
 mod common;
 use common::*;
 

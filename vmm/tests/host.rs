@@ -5,6 +5,10 @@
 //! A busy vCPU here is a guest spinning on `jmp $` in kernel mode, which this machine's KVM
 //! emulates instruction by instruction: the vCPU thread never sleeps. An idle one halts.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_wrap)]
+
 mod common;
 use common::*;
 
@@ -183,10 +187,8 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
     assert!(err.contains("another pvmm-host"), "{err}");
     // SIGTERM: placement handed back at once (DELETE), not at the lease's end.
     // SAFETY: kill on a child's pid; the result is checked.
-    assert_eq!(
-        unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) },
-        0
-    );
+    let killed = unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    assert_eq!(killed, 0);
     let status = daemon.0.wait().unwrap();
     assert_eq!(status.code(), Some(0));
     for s in [&sa, &sb] {
@@ -271,10 +273,8 @@ fn a_qemu_vm_is_adopted_packed_with_pvmm_and_restored_at_sigterm() {
         || format!("QEMU {:?}, pvmm {:?}", threads(), allowed(&socket)),
     );
     // SAFETY: kill on a child's pid; the result is checked.
-    assert_eq!(
-        unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) },
-        0
-    );
+    let killed = unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    assert_eq!(killed, 0);
     assert_eq!(daemon.0.wait().unwrap().code(), Some(0));
     // Every thread is back where it was. A thread QEMU's process gained while placed (KVM's
     // NX huge page recovery worker starts when it is first needed) inherited the daemon's

@@ -4,6 +4,10 @@
 //! documented line and status 159. The other tests that run pvmm (the control socket's in
 //! api.rs, the tiny guests' in tiny_guest.rs) run under the default filters too.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 use common::*;
 

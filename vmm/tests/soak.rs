@@ -23,6 +23,10 @@
 //! A longer run: `PVMM_REQUIRE_KVM=1 PVMM_SOAK_VMS=10000 cargo test -p pvmm --test soak --
 //! --nocapture` (the figures are printed on stderr).
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_wrap)]
+
 mod common;
 use common::*;
 

@@ -6,6 +6,10 @@
 //! The counter is per thread, so the test harness's other threads do not disturb it; this file
 //! holds one test, so the process's thread list (which the tick reads) stays the same too.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::Write;

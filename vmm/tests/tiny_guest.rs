@@ -2,6 +2,10 @@
 //! and several vCPUs. The guest code is a few 32-bit instructions entered through PVH, so it
 //! runs quickly even where KVM emulates kernel-mode code.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 use common::*;
 

@@ -5,6 +5,10 @@
 //!
 //! A Linux guest driving the devices (boot from a disk, entropy) is the QEMU-nested rig's.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 use common::*;
 

@@ -213,7 +213,12 @@ impl Block {
                     }
                     at += u64::from(d.len());
                 }
-                let to_guest = if read { (at - offset) as u32 } else { 0 };
+                // At most SEG_MAX segments of SIZE_MAX bytes each (`check`): far below 4 GiB.
+                let to_guest = if read {
+                    u32::try_from(at - offset).unwrap_or(u32::MAX)
+                } else {
+                    0
+                };
                 (S_OK, to_guest)
             }
             Request::Flush => match self.file.sync_data() {
@@ -223,7 +228,7 @@ impl Block {
             Request::GetId => {
                 let n = (data[0].len() as usize).min(ID_BYTES);
                 match mem.write_slice(&self.id[..n], data[0].addr()) {
-                    Ok(()) => (S_OK, n as u32),
+                    Ok(()) => (S_OK, u32::try_from(n).unwrap_or(u32::MAX)),
                     Err(_) => (S_IOERR, 0),
                 }
             }

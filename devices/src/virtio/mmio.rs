@@ -250,7 +250,7 @@ impl MmioTransport {
             reg::DEVICE_ID => t.device.device_type(),
             reg::VENDOR_ID => VENDOR_ID,
             reg::DEVICE_FEATURES => match t.device_features_sel {
-                0 => features as u32,
+                0 => (features & 0xffff_ffff) as u32,
                 1 => (features >> 32) as u32,
                 _ => 0,
             },
@@ -396,7 +396,8 @@ impl BusDevice for MmioTransport {
         if offset >= CONFIG_START {
             let t = self.lock();
             let config = t.device.config();
-            let start = (offset - CONFIG_START) as usize;
+            // An offset past usize (a 32-bit host) is past the config space too.
+            let start = usize::try_from(offset - CONFIG_START).unwrap_or(usize::MAX);
             match config.get(start..start.saturating_add(data.len())) {
                 Some(bytes) => data.copy_from_slice(bytes),
                 None => self.events.ignored_register_access(),

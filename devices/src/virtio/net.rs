@@ -186,7 +186,7 @@ impl Net {
                         // Buffers too small or outside RAM: the frame is lost.
                         events.virtio_error();
                     }
-                    at as u32
+                    u32::try_from(at).unwrap_or(u32::MAX)
                 }
                 _ => {
                     events.virtio_error();

@@ -35,13 +35,14 @@ fn fill_random(buf: &mut [u8]) -> bool {
         let rest = &mut buf[done..];
         // SAFETY: `rest` is valid for writes of its length.
         let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
+        // Negative on an error, else the bytes written.
+        let Ok(n) = usize::try_from(n) else {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             return false;
-        }
-        done += n as usize;
+        };
+        done += n;
     }
     true
 }
@@ -85,7 +86,7 @@ impl VirtioDevice for Rng {
                     events.virtio_error();
                     break;
                 }
-                written += len as u32;
+                written = written.saturating_add(u32::try_from(len).unwrap_or(u32::MAX));
                 room -= len;
             }
             written

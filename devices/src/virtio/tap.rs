@@ -106,7 +106,8 @@ impl Tap {
             }
             return Err(err(e));
         }
-        let len = header_len as libc::c_int;
+        let len = libc::c_int::try_from(header_len)
+            .map_err(|_| err(std::io::ErrorKind::InvalidInput.into()))?;
         // SAFETY: TUNSETVNETHDRSZ reads one int.
         if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ, &len) } != 0 {
             return Err(err(std::io::Error::last_os_error()));

@@ -1,6 +1,10 @@
 //! A driver's side of a split virtqueue in test guest memory: descriptor table, available and
 //! used rings at fixed addresses, and chains written as a driver (or a hostile one) would.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 

@@ -107,7 +107,8 @@ fn serve(epoll: &Epoll, transport: &MmioTransport, backend_queue: Option<usize>)
                 }
                 continue;
             }
-            let index = e.data() as usize;
+            // Past usize (a 32-bit host) is no queue's token either.
+            let index = usize::try_from(e.data()).unwrap_or(usize::MAX);
             if let Some(fd) = transport.notifiers().get(index) {
                 // Reading resets the counter; several notifications are one wake-up.
                 let _ = fd.read();

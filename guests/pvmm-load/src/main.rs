@@ -205,9 +205,13 @@ fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, FlagEr
         };
         match flag {
             "--threads" => {
-                config.threads = parse_int(flag, &value, 1, u64::from(MAX_THREADS))? as u32
+                let threads = parse_int(flag, &value, 1, u64::from(MAX_THREADS))?;
+                config.threads = u32::try_from(threads).unwrap_or(MAX_THREADS);
             }
-            "--duty" => config.duty_percent = parse_int(flag, &value, 0, 100)? as u32,
+            "--duty" => {
+                let duty = parse_int(flag, &value, 0, 100)?;
+                config.duty_percent = u32::try_from(duty).unwrap_or(100);
+            }
             "--period-ms" => {
                 config.period = Duration::from_millis(parse_int(flag, &value, 1, MAX_PERIOD_MS)?)
             }

@@ -217,7 +217,7 @@ impl CpioArchive {
             path: PathBuf::from("<stream>"),
             source,
         };
-        for (inode, (path, entry)) in self.entries.iter().enumerate() {
+        for (inode, (path, entry)) in (1u32..).zip(self.entries.iter()) {
             let data: Vec<u8> = match &entry.content {
                 Content::Directory | Content::CharDevice { .. } => Vec::new(),
                 Content::FileBytes(bytes) => bytes.clone(),
@@ -241,7 +241,7 @@ impl CpioArchive {
                 Content::CharDevice { major, minor } => (S_IFCHR, 1, (major, minor)),
             };
             let header = Header {
-                inode: inode as u32 + 1,
+                inode,
                 mode: kind | (entry.permissions & 0o7777),
                 nlink,
                 mtime: self.mtime,
@@ -309,7 +309,8 @@ struct Header<'a> {
 
 impl Header<'_> {
     fn write<W: Write>(&self, out: &mut CountingWriter<W>) -> io::Result<()> {
-        let name_size = self.name.len() as u32 + 1;
+        let name_size = u32::try_from(self.name.len() + 1)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cpio name too long"))?;
         let fields = [
             self.inode,
             self.mode,
@@ -361,6 +362,9 @@ impl<W: Write> Write for CountingWriter<W> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

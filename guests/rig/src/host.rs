@@ -68,11 +68,15 @@ pub(crate) fn is_static_elf(path: &Path) -> Result<bool, ImageError> {
         return Ok(false);
     }
     let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or([0; 8])) as usize;
+    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or([0; 8]));
+    // A table past usize is past the file too.
+    let phoff = usize::try_from(phoff).unwrap_or(usize::MAX);
     let (phentsize, phnum) = (u16_at(54), u16_at(56));
     for index in 0..phnum {
-        let offset = phoff + index * phentsize;
-        let Some(kind) = bytes.get(offset..offset + 4) else {
+        let kind = phoff
+            .checked_add(index * phentsize)
+            .and_then(|offset| bytes.get(offset..offset.checked_add(4)?));
+        let Some(kind) = kind else {
             return Ok(false);
         };
         if u32::from_le_bytes([kind[0], kind[1], kind[2], kind[3]]) == PT_INTERP {
@@ -93,5 +97,20 @@ mod tests {
         assert!(!is_static_elf(&this).unwrap());
         let not_elf = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         assert!(!is_static_elf(&not_elf).unwrap());
+    }
+
+    #[test]
+    fn program_headers_past_the_end_are_not_static() {
+        // An ELF64 header whose program header table starts at the last byte offset there is.
+        let mut elf = vec![0u8; 64];
+        elf[..5].copy_from_slice(b"\x7fELF\x02");
+        elf[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
+        elf[54..56].copy_from_slice(&56u16.to_le_bytes());
+        elf[56..58].copy_from_slice(&1u16.to_le_bytes());
+        let path = std::env::temp_dir().join(format!("pvmm-rig-elf-{}", std::process::id()));
+        std::fs::write(&path, &elf).unwrap();
+        let result = is_static_elf(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert!(!result.unwrap());
     }
 }

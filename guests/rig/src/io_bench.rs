@@ -106,7 +106,7 @@ fn rig(options: &IoBenchOptions) -> Rig {
             )),
         })
         .collect();
-    let count = vms.len() as u32;
+    let count = u32::try_from(vms.len()).unwrap_or(u32::MAX);
     Rig::with_vms(vms)
         .in_turn(true)
         .root_disk(true)

@@ -143,6 +143,9 @@ pub fn extract(bzimage: &[u8]) -> Result<Vec<u8>, VmlinuxError> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

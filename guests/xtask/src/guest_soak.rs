@@ -119,6 +119,6 @@ pub fn run(ws: &Workspace, args: GuestSoakArgs) -> ExitCode {
     if pvmm_failures == 0 && leaks.is_empty() && ran == args.guests as usize {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(EXIT_RIG_FAILURE as u8)
+        ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
     }
 }

@@ -80,7 +80,7 @@ pub fn run(ws: &Workspace, started: Instant, args: IoBenchArgs) -> ExitCode {
                 eprintln!(
                     "xtask: some figures were not measured (see the rig's lines with --verbose)"
                 );
-                ExitCode::from(EXIT_RIG_FAILURE as u8)
+                ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
             }
         }
         Err(error) => {

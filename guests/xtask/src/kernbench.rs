@@ -142,6 +142,6 @@ pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
     if failures.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(EXIT_RIG_FAILURE as u8)
+        ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
     }
 }

@@ -292,7 +292,7 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         );
     }
     if failed {
-        ExitCode::from(EXIT_RIG_FAILURE as u8)
+        ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
     } else {
         ExitCode::SUCCESS
     }
@@ -357,7 +357,7 @@ struct RigArgs {
 fn rig_error_exit(error: &RigError) -> u8 {
     match error {
         RigError::BadArgs(_) | RigError::BadTopology(_) => 2,
-        _ => EXIT_RIG_FAILURE as u8,
+        _ => u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX),
     }
 }
 
@@ -431,7 +431,7 @@ fn run_rig(ws: &Workspace, images: &images::L1Images, rig: &Rig, vms: &[VmSpec])
         eprintln!("xtask: QEMU thread when the rig gave up (tid:name state CPU-ms/s): {line}");
     }
     eprintln!("xtask: {}", outcome.summary(vms[0].vmm.name()));
-    ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
+    ExitCode::from(u8::try_from(outcome.exit_code().clamp(0, 255)).unwrap_or(u8::MAX))
 }
 
 /// `cargo xtask rig`.
@@ -572,12 +572,12 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
             if report.all_measured() {
                 ExitCode::SUCCESS
             } else {
-                ExitCode::from(EXIT_RIG_FAILURE as u8)
+                ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
             }
         }
         Err(error) => {
             eprintln!("xtask: error: {error}");
-            ExitCode::from(EXIT_RIG_FAILURE as u8)
+            ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
         }
     }
 }

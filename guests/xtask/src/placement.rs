@@ -122,6 +122,6 @@ pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCo
     if failures.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(EXIT_RIG_FAILURE as u8)
+        ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
     }
 }

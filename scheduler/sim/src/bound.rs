@@ -287,7 +287,13 @@ fn core_options(host: &Host, power: &PowerModel) -> Vec<Vec<Vec<CoreOption>>> {
                             power_w: power.core_power(&ones(k)),
                             work: capacities[..k]
                                 .iter()
-                                .map(|&cap| f64::from(thread_share(cap, threads, k as u32)))
+                                .map(|&cap| {
+                                    f64::from(thread_share(
+                                        cap,
+                                        threads,
+                                        u32::try_from(k).unwrap_or(threads),
+                                    ))
+                                })
                                 .sum::<f64>()
                                 / f64::from(CAPACITY_SCALE),
                         })

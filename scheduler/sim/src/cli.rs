@@ -299,7 +299,10 @@ fn duration_ms(seconds: f64) -> Result<u64, Failure> {
             "--duration {seconds} is not a number of seconds above 0 and up to {max_s}"
         )));
     }
-    Ok(((seconds * 1000.0).round() as u64).max(1))
+    // Checked above: finite, positive and at most MAX_DURATION_MS.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let ms = (seconds * 1000.0).round() as u64;
+    Ok(ms.max(1))
 }
 
 fn topology_summary(t: &HostTopology) -> String {

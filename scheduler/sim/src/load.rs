@@ -293,7 +293,10 @@ impl Rng {
         if n == 0 {
             return 0;
         }
-        (self.next_f64() * n as f64) as usize % n
+        // In 0..n: `next_f64` is in 0..1.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let i = (self.next_f64() * n as f64) as usize;
+        i % n
     }
 
     /// Exponentially distributed with the given mean.
@@ -335,7 +338,10 @@ impl LoadState {
         if let LoadSpec::Bursty { idle_ms, .. } = state.spec {
             // Start in an idle gap of random length so that vCPUs with the same
             // generator do not burst in lockstep.
-            state.idle_until_ns = (state.rng.exponential(idle_ms) * NS_PER_MS as f64) as u64;
+            // An exponential sample is not negative; a float-to-integer cast saturates.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let idle_ns = (state.rng.exponential(idle_ms) * NS_PER_MS as f64) as u64;
+            state.idle_until_ns = idle_ns;
         }
         state
     }
@@ -377,8 +383,10 @@ impl LoadState {
                 let (burst_ms, idle_ms) = (*burst_ms, *idle_ms);
                 if self.in_burst && backlog_ns < EMPTY_BACKLOG_NS {
                     self.in_burst = false;
-                    self.idle_until_ns =
-                        t_ns + (self.rng.exponential(idle_ms) * NS_PER_MS as f64) as u64;
+                    // An exponential sample is not negative; a float-to-integer cast saturates.
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    let idle_ns = (self.rng.exponential(idle_ms) * NS_PER_MS as f64) as u64;
+                    self.idle_until_ns = t_ns + idle_ns;
                 }
                 if !self.in_burst && t_ns >= self.idle_until_ns {
                     self.in_burst = true;

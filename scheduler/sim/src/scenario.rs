@@ -249,6 +249,9 @@ pub fn busy_loop_vms(tasks: usize) -> Vec<VmSpec> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

@@ -97,7 +97,8 @@ fn bars(cells: &[TimelineCell], bucket: usize) -> Vec<Bar> {
         let bar = Bar {
             start: column * bucket,
             end: column * bucket + chunk.len(),
-            package: package as u16,
+            // An index of `counts`, which u16 packages sized.
+            package: u16::try_from(package).unwrap_or(u16::MAX),
             busy: busy / chunk.len() as f64 >= ACTIVE_BUSY_FRACTION,
         };
         match out.last_mut() {
@@ -164,7 +165,7 @@ fn write_legend(s: &mut String, panels: &[(String, &RunResult)]) {
         let id = panels
             .iter()
             .find_map(|(_, r)| r.package_ids.get(p).copied())
-            .unwrap_or(p as u32);
+            .unwrap_or(u32::try_from(p).unwrap_or(u32::MAX));
         let _ = writeln!(
             s,
             r#"<rect x="{x}" y="{legend_y}" width="14" height="10" fill="{colour}"/><text x="{}" y="{}">package {id}</text>"#,
@@ -289,6 +290,9 @@ fn write_axis(s: &mut String, y: f64, max_s: f64, scale: f64) {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 mod tests {
     use super::*;
     use crate::run::Placement;

@@ -12,7 +12,7 @@
 
 use crate::cpuset::CpuSet;
 
-use super::index::CpuIndex;
+use super::index::{dense, CpuIndex};
 use super::{Engine, VcpuId, VcpuLoad};
 
 impl Engine {
@@ -47,7 +47,7 @@ impl Engine {
             }
             let prev = self.vcpus[i].cpu;
             d.unassign(l, i);
-            let best = (0..l.num_cpus() as u32)
+            let best = (0..dense(l.num_cpus()))
                 .map(CpuIndex)
                 .filter(|c| set.contains(l.cpu_id(*c)))
                 .min_by_key(|c| (d.cpu_load[c.get()], *c != prev, *c));

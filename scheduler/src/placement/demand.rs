@@ -65,7 +65,10 @@ pub(super) fn keep_fraction(dt_ms: Option<u64>, half_life_ms: u32) -> u64 {
     match dt_ms {
         Some(dt) if half_life_ms > 0 => {
             let keep = (-(dt as f64) / f64::from(half_life_ms)).exp2();
-            (keep * DEMAND_FRAC as f64).round() as u64
+            // `keep` is in 0..=1 (2 to a power of at most 0): the product is in 0..=DEMAND_FRAC.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let kept = (keep * DEMAND_FRAC as f64).round() as u64;
+            kept
         }
         _ => 0,
     }

@@ -5,7 +5,7 @@
 use crate::capacity::{CpuOffer, CAPACITY_SCALE};
 use crate::cpuset::CpuSet;
 
-use super::index::CpuIndex;
+use super::index::{dense, CpuIndex};
 use super::layout::Layout;
 
 /// Buffers reused across decisions so that a decision allocates little.
@@ -102,15 +102,15 @@ fn counting_sort_desc(weights: &[u64], order: &mut Vec<u32>, buckets: &mut Vec<u
     let top = CAPACITY_SCALE as usize;
     reset(buckets, top + 2, 0);
     for w in weights {
-        buckets[top - (*w as usize).min(top) + 1] += 1;
+        buckets[top - usize::try_from(*w).map_or(top, |w| w.min(top)) + 1] += 1;
     }
     for b in 1..buckets.len() {
         buckets[b] += buckets[b - 1];
     }
     reset(order, weights.len(), 0);
     for (i, w) in weights.iter().enumerate() {
-        let b = top - (*w as usize).min(top);
-        order[buckets[b] as usize] = i as u32;
+        let b = top - usize::try_from(*w).map_or(top, |w| w.min(top));
+        order[buckets[b] as usize] = dense(i);
         buckets[b] += 1;
     }
 }

@@ -26,7 +26,7 @@ use crate::capacity::FIT_MARGIN;
 
 use super::demand::{average, to_demand, DEMAND_FRAC};
 use super::draft::Draft;
-use super::index::PkgIndex;
+use super::index::{dense, PkgIndex};
 use super::layout::Layout;
 
 /// Average housekeeping load (1024 = one CPU) under which the engine counts none: about 1.6 %
@@ -121,7 +121,7 @@ impl Housekeeping {
         let excess = self.weight.saturating_sub(room);
         let cpus = u64::from(l.pkg_cpu_start[p + 1] - l.pkg_cpu_start[p]).max(1);
         let per_cpu = u32::try_from(excess.div_ceil(cpus)).unwrap_or(u32::MAX);
-        (excess > 0).then_some((PkgIndex(p as u32), per_cpu))
+        (excess > 0).then_some((PkgIndex(dense(p)), per_cpu))
     }
 
     /// Adds the weight to its package's load in the draft (spread mode's package loads).

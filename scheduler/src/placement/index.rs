@@ -43,3 +43,13 @@ impl PkgIndex {
         self == PkgIndex::NONE
     }
 }
+
+/// `i` as a dense u32 index or count: of a CPU, core or package of the layout, or of a VM
+/// or vCPU of the loads.
+// Every array the engine indexes stays far below 2^32 entries: the layout's hold a
+// topology's CPUs, cores and packages (fewer than its distinct u32 CPU ids), and 2^32 vCPUs'
+// loads would not fit a host's memory.
+#[allow(clippy::cast_possible_truncation)]
+pub(super) fn dense(i: usize) -> u32 {
+    i as u32
+}

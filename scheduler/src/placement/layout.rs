@@ -5,7 +5,7 @@ use crate::capacity::{core_capacity, thread_share, CAPACITY_SCALE, FIT_MARGIN};
 use crate::policy::Policy;
 use crate::topology::HostTopology;
 
-use super::index::{CpuIndex, PkgIndex};
+use super::index::{dense, CpuIndex, PkgIndex};
 
 /// The topology flattened into dense arrays, with the policy's capacities.
 /// Dense CPU order is package, core, thread ([`CpuIndex`]), so each
@@ -79,9 +79,9 @@ impl Layout {
         for package in topology.packages() {
             l.add_package(topology, package, policy);
         }
-        l.pkg_cpu_start.push(l.cpu_id.len() as u32);
-        l.pkg_core_start.push(l.core_cpu_start.len() as u32);
-        l.core_cpu_start.push(l.cpu_id.len() as u32);
+        l.pkg_cpu_start.push(dense(l.cpu_id.len()));
+        l.pkg_core_start.push(dense(l.core_cpu_start.len()));
+        l.core_cpu_start.push(dense(l.cpu_id.len()));
         l.spread.core_uniform_threads = (0..l.num_cores())
             .map(|k| {
                 let caps = &l.spread.cpu_cap
@@ -110,17 +110,17 @@ impl Layout {
     ) {
         let l = self;
         l.pkg_id.push(package.id);
-        l.pkg_cpu_start.push(l.cpu_id.len() as u32);
-        l.pkg_core_start.push(l.core_cpu_start.len() as u32);
-        let pkg_index = PkgIndex(l.pkg_id.len() as u32 - 1);
+        l.pkg_cpu_start.push(dense(l.cpu_id.len()));
+        l.pkg_core_start.push(dense(l.core_cpu_start.len()));
+        let pkg_index = PkgIndex(dense(l.pkg_id.len()) - 1);
         let mut pkg_spread = 0u64;
         let mut pkg_fit = 0u64;
         let mut pkg_slot_max = 0u64;
         let first_cpu = l.cpu_id.len();
         for core in package.cores() {
-            let core_index = l.core_cpu_start.len() as u32;
-            l.core_cpu_start.push(l.cpu_id.len() as u32);
-            let threads = core.cpus.len() as u32;
+            let core_index = dense(l.core_cpu_start.len());
+            l.core_cpu_start.push(dense(l.cpu_id.len()));
+            let threads = dense(core.cpus.len());
             let thread_cap = core
                 .cpus
                 .iter()
@@ -151,7 +151,7 @@ impl Layout {
                 pkg_slot_max = pkg_slot_max.max(slot);
             }
         }
-        let mut order: Vec<CpuIndex> = (first_cpu as u32..l.cpu_id.len() as u32)
+        let mut order: Vec<CpuIndex> = (dense(first_cpu)..dense(l.cpu_id.len()))
             .map(CpuIndex)
             .collect();
         if matches!(policy, Policy::Balance) {
@@ -179,7 +179,7 @@ impl Layout {
         self.cpu_id
             .iter()
             .position(|&c| c == id)
-            .map(|i| CpuIndex(i as u32))
+            .map(|i| CpuIndex(dense(i)))
     }
 
     /// The dense index of package id `id`, if the topology has it.
@@ -187,7 +187,7 @@ impl Layout {
         self.pkg_id
             .iter()
             .position(|&p| p == id)
-            .map(|p| PkgIndex(p as u32))
+            .map(|p| PkgIndex(dense(p)))
     }
 
     /// The CPU id of dense CPU `c`.
@@ -227,7 +227,7 @@ impl Layout {
 
     /// Every package, in index order.
     pub(super) fn pkgs(&self) -> impl Iterator<Item = PkgIndex> {
-        (0..self.pkg_id.len() as u32).map(PkgIndex)
+        (0..dense(self.pkg_id.len())).map(PkgIndex)
     }
 
     pub(super) fn num_pkgs(&self) -> usize {

@@ -104,7 +104,7 @@ pub use demand::{DEFAULT_DEMAND_HALF_LIFE_MS, DEMAND_FLAT_OUT_UTIL};
 use draft::{reset, Draft};
 use housekeeping::Housekeeping;
 pub use housekeeping::MIN_HOUSEKEEPING_UTIL;
-use index::CpuIndex;
+use index::{dense, CpuIndex};
 use layout::Layout;
 use pack::PackScratch;
 use ramp::Ramp;
@@ -466,7 +466,7 @@ impl Engine {
         let share = self.config.share_package && self.policy.packs() && !overutilized;
         self.finish(loads, share, out);
         out.overutilized = overutilized;
-        out.target_packages = target_packages as u32;
+        out.target_packages = dense(target_packages);
         out.preferred_package = preferred;
         Ok(())
     }

@@ -10,7 +10,7 @@
 use crate::capacity::{capacity_greater, CAPACITY_GREATER_MARGIN, CAPACITY_SCALE, FIT_MARGIN};
 
 use super::draft::reset;
-use super::index::{CpuIndex, PkgIndex};
+use super::index::{dense, CpuIndex, PkgIndex};
 use super::layout::{fit_demand, ratio_less, slot_fits};
 use super::{Engine, VcpuLoad, BUSY_CPU_UTIL, MIN_VCPU_WEIGHT};
 
@@ -374,7 +374,7 @@ impl Engine {
         }
         s.vm_order.clear();
         s.vm_order
-            .extend((0..num_vms as u32).filter(|v| s.vm_offset[*v as usize] > 0));
+            .extend((0..dense(num_vms)).filter(|v| s.vm_offset[*v as usize] > 0));
         let remaining = &s.vm_remaining;
         s.vm_order.sort_unstable_by(|a, b| {
             remaining[*b as usize]
@@ -423,7 +423,7 @@ impl Engine {
             let whole = self.pack.vm_remaining[vm];
             for p in 0..*in_use {
                 if self.pack.pkg_fit[p] + whole <= self.layout.slots.pkg_total[p] {
-                    return self.cpu_in_package(PkgIndex(p as u32), i);
+                    return self.cpu_in_package(PkgIndex(dense(p)), i);
                 }
             }
         }
@@ -466,7 +466,7 @@ impl Engine {
                 best_pkg = p;
             }
         }
-        PkgIndex(best_pkg as u32)
+        PkgIndex(dense(best_pkg))
     }
 
     /// CPU for vCPU `i` in package `p`: the first in packing order where it
@@ -562,7 +562,7 @@ impl Engine {
         reset(&mut s.vm_offset, num_vms, 0);
         for (i, v) in self.vcpus.iter().enumerate() {
             let vm = v.vm as usize;
-            s.vm_members[(s.vm_start[vm] + s.vm_offset[vm]) as usize] = i as u32;
+            s.vm_members[(s.vm_start[vm] + s.vm_offset[vm]) as usize] = dense(i);
             s.vm_offset[vm] += 1;
         }
     }

@@ -11,7 +11,7 @@
 //! ([`super::draft::Draft::assign`]).
 
 use super::draft::reset;
-use super::index::{CpuIndex, PkgIndex};
+use super::index::{dense, CpuIndex, PkgIndex};
 use super::layout::ratio_less;
 use super::{Engine, VcpuLoad};
 use crate::capacity::{CAPACITY_GREATER_MARGIN, CAPACITY_SCALE};
@@ -230,7 +230,7 @@ impl Engine {
             },
             cpu: cpu_load(best),
         };
-        !self.clearly_better(prev_cpu, mine, CpuIndex(best as u32), theirs, w, busy)
+        !self.clearly_better(prev_cpu, mine, CpuIndex(dense(best)), theirs, w, busy)
     }
 
     /// The loads around CPU `c` as placed now.
@@ -338,7 +338,7 @@ impl Engine {
                     best = core;
                 }
             }
-            s.pkg_min_core[p] = best as u32;
+            s.pkg_min_core[p] = dense(best);
         }
     }
 
@@ -376,7 +376,7 @@ impl Engine {
             w,
             l.spread.core_uniform_threads[core],
         );
-        CpuIndex(best as u32)
+        CpuIndex(dense(best))
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::demand::Demand;
-use super::index::CpuIndex;
+use super::index::{dense, CpuIndex};
 use super::tokens::TokenBucket;
 use super::{Engine, PlaceError, VcpuId, VcpuLoad};
 
@@ -71,7 +71,7 @@ impl Engine {
         let mut old: IdMap<u32> =
             IdMap::with_capacity_and_hasher(self.vcpus.len(), Default::default());
         for (index, v) in self.vcpus.iter().enumerate() {
-            old.insert(id_key(v.id), index as u32);
+            old.insert(id_key(v.id), dense(index));
         }
         // Duplicates: a bitmap of vCPU numbers per VM (vCPU numbers are small:
         // at most 255 under pvmm), a map only for larger ones: hashing every
@@ -94,7 +94,7 @@ impl Engine {
             let vm = match last_vm {
                 Some((id, index)) if id == l.id.vm => index,
                 _ => {
-                    let next_vm = vm_index.len() as u32;
+                    let next_vm = dense(vm_index.len());
                     *vm_index.entry(u64::from(l.id.vm)).or_insert(next_vm)
                 }
             };

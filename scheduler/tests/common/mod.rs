@@ -1,6 +1,7 @@
 //! Helpers the placement engine tests share: loads, steady runs, decision checks, strategies.
 
-#![allow(dead_code)] // each test file uses some of them
+// Each test file uses some of them; every cast is on a value the tests choose or bound.
+#![allow(dead_code, clippy::cast_possible_truncation)]
 
 use proptest::prelude::*;
 use pvmm_scheduler::capacity::{group_capacity, CAPACITY_SCALE};

@@ -263,11 +263,16 @@ impl OwnThreads {
                     self.dirents.len(),
                 )
             };
-            if n <= 0 {
-                ok = n == 0;
-                break;
-            }
-            let records = &self.dirents[..n as usize];
+            // Negative on an error, 0 at the directory's end, else the bytes written.
+            let n = match usize::try_from(n) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(_) => {
+                    ok = false;
+                    break;
+                }
+            };
+            let records = &self.dirents[..n];
             for name in DirentNames(records) {
                 match parse_tid(name) {
                     Some(tid) if self.vcpu_tids.binary_search(&tid).is_err() => {
@@ -316,6 +321,9 @@ fn parse_tid(name: &[u8]) -> Option<i32> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use pvmm_scheduler::RecordingExecutor;

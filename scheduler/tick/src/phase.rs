@@ -70,6 +70,8 @@ impl PhaseTimer {
     fn now_ns(&self) -> u64 {
         match self.clock {
             PhaseClock::ThreadCpu => thread_cpu_ns(),
+            // u64 nanoseconds last 584 years.
+            #[allow(clippy::cast_possible_truncation)]
             PhaseClock::Wall => self.wall.elapsed().as_nanos() as u64,
         }
     }

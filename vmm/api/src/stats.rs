@@ -238,6 +238,8 @@ pub fn share(of_1024: u32) -> f64 {
 }
 
 /// A share as the schema writes it back on the 1024 scale, clamped to one CPU.
+// Clamped to 0..=1024 first; a float-to-integer cast gives 0 for NaN.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 pub fn share_of_1024(share: f64) -> u32 {
     (share * 1024.0).round().clamp(0.0, 1024.0) as u32
 }

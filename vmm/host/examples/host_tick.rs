@@ -17,8 +17,11 @@ use pvmm_host::{HostConfig, HostDaemon};
 use pvmm_scheduler::{HostTopology, RecordingExecutor};
 
 /// Ticks measured: two full discovery scans' worth.
+// FULL_SCAN_TICKS is a small count of ticks.
+#[allow(clippy::cast_possible_truncation)]
 const TICKS: usize = 2 * pvmm_host::discover::FULL_SCAN_TICKS as usize;
 /// Ticks run first: past the time every process counts as new.
+#[allow(clippy::cast_possible_truncation)]
 const WARMUP: usize = pvmm_host::discover::FULL_SCAN_TICKS as usize + 1;
 /// The host: 2 sockets x 20 cores x 2 threads, a common two-socket server.
 const HOST: &str = "2x20x2";
@@ -69,6 +72,8 @@ fn vm_pid(vm: u32, vcpus: u32) -> u32 {
 /// Makes vCPU 0 of every VM run a whole tick more, as of tick `tick`: its thread's run time and
 /// its process's CPU time (in 100 Hz clock ticks) both advance by 100 ms a tick.
 fn run_vcpu0(root: &Path, vms: u32, vcpus: u32, tick: u64) -> std::io::Result<()> {
+    // A tick is 100 ms: its nanoseconds fit a u64.
+    #[allow(clippy::cast_possible_truncation)]
     let ran_ns = tick * TICK.as_nanos() as u64;
     for vm in 0..vms {
         let pid = vm_pid(vm, vcpus);

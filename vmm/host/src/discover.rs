@@ -388,6 +388,9 @@ pub mod fake {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_wrap)]
 mod tests {
     use super::fake::FakeHost;
     use super::*;

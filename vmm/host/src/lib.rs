@@ -271,6 +271,8 @@ impl HostDaemon {
 
     /// One tick of the placement loop over every VM: discover, read, decide, apply, report.
     pub fn tick(&mut self) -> Result<(), String> {
+        // u64 nanoseconds last 584 years.
+        #[allow(clippy::cast_possible_truncation)]
         let now_ns = self.start.elapsed().as_nanos() as u64;
         self.tick
             .run(now_ns, &mut self.host)
@@ -454,7 +456,8 @@ impl HostMembers {
             _ => true,
         });
         let mut skip: Vec<i32> = seen.iter().copied().collect();
-        skip.push(std::process::id() as i32);
+        // Linux pids are at most PID_MAX_LIMIT (2^22): the fallback is never taken.
+        skip.push(i32::try_from(std::process::id()).unwrap_or(i32::MAX));
         let mut examined: HashSet<i32> = examine.iter().copied().collect();
         for found in foreign_vms_among(&self.config.roots, &examine, &skip) {
             let pid = found.pid;
@@ -740,7 +743,7 @@ impl HostMembers {
                     idle_energy_joules: 0.0,
                     power_w_model: round_watts(power.get(&p.id).copied().unwrap_or(0.0)),
                     util: round3(util),
-                    vcpus: on as u32,
+                    vcpus: u32::try_from(on).unwrap_or(u32::MAX),
                 }
             })
             .collect();

@@ -465,6 +465,9 @@ fn sorted_thread_ids(proc: &Path, pid: i32) -> Vec<i32> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::super::discover::fake::FakeHost;
     use super::*;

@@ -270,7 +270,11 @@ pub fn load_kernel(mem: &GuestMemory, spec: &BootSpec<'_>) -> Result<EntryPoint,
     let cmdline = build_cmdline(spec.cmdline)?;
     linux_loader::loader::load_cmdline(mem, GuestAddress(CMDLINE_START), &cmdline)
         .map_err(BootError::CmdlineLoad)?;
-    let cmdline_len = spec.cmdline.len() as u32 + 1;
+    let cmdline_len =
+        u32::try_from(spec.cmdline.len() + 1).map_err(|_| BootError::CmdlineTooLong {
+            len: spec.cmdline.len(),
+            max: CMDLINE_MAX_SIZE - 1,
+        })?;
 
     match format {
         KernelFormat::BzImage => {
@@ -450,12 +454,14 @@ fn load_initrd(
     };
     let (mut file, size) = open_input_file(path).map_err(read_err)?;
     let limit = low_ram_end(spec.mem_size).min(initrd_addr_max.saturating_add(1));
-    let addr = place_initrd(size, kernel.kernel_end, limit).ok_or(BootError::InitrdTooBig {
+    let too_big = || BootError::InitrdTooBig {
         path: path.to_path_buf(),
         size,
         limit,
-    })?;
-    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
+    };
+    let addr = place_initrd(size, kernel.kernel_end, limit).ok_or_else(too_big)?;
+    let len = usize::try_from(size).map_err(|_| too_big())?;
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, len)
         .map_err(|source| BootError::InitrdLoad {
             path: path.to_path_buf(),
             source,
@@ -484,11 +490,17 @@ pub fn build_zero_page(
     params.hdr.type_of_loader = LOADER_TYPE_UNDEFINED;
     params.hdr.boot_flag = BOOT_FLAG_MAGIC;
     params.hdr.header = BZIMAGE_HEADER_MAGIC;
-    params.hdr.cmd_line_ptr = CMDLINE_START as u32;
+    // A constant in the first MiB of guest memory.
+    #[allow(clippy::cast_possible_truncation)]
+    let cmd_line_ptr = CMDLINE_START as u32;
+    params.hdr.cmd_line_ptr = cmd_line_ptr;
     params.hdr.cmdline_size = cmdline_len;
     if let Some(initrd) = initrd {
-        params.hdr.ramdisk_image = initrd.addr as u32;
-        params.hdr.ramdisk_size = initrd.size as u32;
+        // `load_initrd` placed it to end below the kernel's `initrd_addr_max` + 1, a u32.
+        #[allow(clippy::cast_possible_truncation)]
+        let (image, size) = (initrd.addr as u32, initrd.size as u32);
+        params.hdr.ramdisk_image = image;
+        params.hdr.ramdisk_size = size;
     }
     params.acpi_rsdp_addr = spec.rsdp_addr;
     let map = e820_map(spec.mem_size);
@@ -500,7 +512,7 @@ pub fn build_zero_page(
         slot.size = entry.size;
         slot.r#type = entry.kind as u32;
     }
-    params.e820_entries = map.len() as u8;
+    params.e820_entries = u8::try_from(map.len()).map_err(|_| BootError::E820TooLong)?;
     Ok(params)
 }
 
@@ -511,7 +523,8 @@ fn write_pvh_start_info(
     initrd: Option<InitrdPlacement>,
 ) -> Result<(), BootError> {
     let map = e820_map(spec.mem_size);
-    let bytes = pvh_start_info_bytes(spec.rsdp_addr, initrd.is_some(), map.len() as u32);
+    let entries = u32::try_from(map.len()).map_err(|_| BootError::E820TooLong)?;
+    let bytes = pvh_start_info_bytes(spec.rsdp_addr, initrd.is_some(), entries);
     let write = |data: &[u8], at: u64| {
         mem.write_slice(data, GuestAddress(at))
             .map_err(BootError::GuestMemory)
@@ -558,6 +571,9 @@ pub fn pvh_memmap_bytes(map: &[E820Entry]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::layout::ACPI_TABLES_START;

@@ -105,7 +105,7 @@ pub const BOOT_GDT: [u64; 5] = [
 /// Turns a GDT entry into the segment register value KVM wants.
 pub fn segment_from_gdt(entry: u64, table_index: u16) -> kvm_segment {
     let base = ((entry >> 16) & 0xff_ffff) | ((entry >> 32) & 0xff00_0000);
-    let limit = ((entry & 0xffff) | ((entry >> 32) & 0xf_0000)) as u32;
+    let limit = u32::try_from((entry & 0xffff) | ((entry >> 32) & 0xf_0000)).unwrap_or(0xf_ffff);
     let g = ((entry >> 55) & 1) as u8;
     kvm_segment {
         base,
@@ -167,9 +167,9 @@ pub fn boot_sregs(mut sregs: kvm_sregs, entry: &EntryPoint) -> kvm_sregs {
     sregs.ss = data;
     sregs.tr = segment_from_gdt(BOOT_GDT[4], GDT_TSS >> 3);
     sregs.gdt.base = BOOT_GDT_START;
-    sregs.gdt.limit = (std::mem::size_of_val(&BOOT_GDT) - 1) as u16;
+    sregs.gdt.limit = u16::try_from(std::mem::size_of_val(&BOOT_GDT) - 1).unwrap_or(u16::MAX);
     sregs.idt.base = BOOT_IDT_START;
-    sregs.idt.limit = (std::mem::size_of::<u64>() - 1) as u16;
+    sregs.idt.limit = u16::try_from(std::mem::size_of::<u64>() - 1).unwrap_or(u16::MAX);
     match entry {
         EntryPoint::Linux64 { .. } => {
             sregs.cr0 = X86_CR0_PE | X86_CR0_ET | X86_CR0_PG;
@@ -287,15 +287,18 @@ fn update_lvt(regs: &mut [std::os::raw::c_char], offset: usize, f: impl Fn(u32) 
     };
     let mut raw = [0u8; 4];
     for (r, b) in raw.iter_mut().zip(bytes.iter()) {
-        *r = *b as u8;
+        *r = u8::from_ne_bytes(b.to_ne_bytes());
     }
     let value = f(u32::from_le_bytes(raw));
     for (b, r) in bytes.iter_mut().zip(value.to_le_bytes()) {
-        *b = r as std::os::raw::c_char;
+        *b = std::os::raw::c_char::from_ne_bytes([r]);
     }
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_sign_loss)]
 mod tests {
     use super::*;
 

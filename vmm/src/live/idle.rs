@@ -192,6 +192,9 @@ impl IdleSource for ThreadRunTime {
 }
 
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

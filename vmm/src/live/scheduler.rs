@@ -196,6 +196,8 @@ impl LiveScheduler {
         self.totals.clone()
     }
 
+    // u64 nanoseconds last 584 years.
+    #[allow(clippy::cast_possible_truncation)]
     fn now_ns(&self) -> u64 {
         self.vm.since_start_ns(Instant::now())
     }

@@ -95,8 +95,8 @@ pub(super) fn attach(
             events.clone(),
         )
         .map_err(SetupError::Virtio)?;
-        for (queue, fd) in transport.notifiers().iter().enumerate() {
-            vm.register_mmio_notify(fd, slot.base + QUEUE_NOTIFY_OFFSET, queue as u32)?;
+        for (queue, fd) in (0u32..).zip(transport.notifiers()) {
+            vm.register_mmio_notify(fd, slot.base + QUEUE_NOTIFY_OFFSET, queue)?;
         }
         mmio.insert(
             Arc::new(Mutex::new(transport.clone())),

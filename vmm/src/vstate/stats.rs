@@ -178,8 +178,8 @@ impl NsCounter {
     fn to_ns(self, raw: u64) -> u64 {
         match self.pow10_to_ns {
             0 => raw,
-            p if p > 0 => raw.saturating_mul(10u64.saturating_pow(p as u32)),
-            p => raw / 10u64.saturating_pow((-p) as u32),
+            p if p > 0 => raw.saturating_mul(10u64.saturating_pow(p.unsigned_abs())),
+            p => raw / 10u64.saturating_pow(p.unsigned_abs()),
         }
     }
 }
@@ -256,6 +256,9 @@ impl VcpuHaltStats {
 
 /// Stats file images for tests of this module and of the idle sources.
 #[cfg(test)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#[allow(clippy::cast_possible_truncation)]
 pub(crate) mod fake {
     use super::*;
 

@@ -114,7 +114,7 @@ impl Vm {
             },
             source,
         })?;
-        if kvm.get_api_version() != KVM_API_VERSION as i32 {
+        if u32::try_from(kvm.get_api_version()).ok() != Some(KVM_API_VERSION) {
             return Err(VmError::NotKvm(kvm_path.to_path_buf()));
         }
         for (cap, name) in [
@@ -136,6 +136,8 @@ impl Vm {
             });
         }
         let fd = kvm.create_vm().map_err(kvm_err("VM creation"))?;
+        // usize is 64 bits on every host pvmm builds for (asserted in `memory`).
+        #[allow(clippy::cast_possible_truncation)]
         fd.set_tss_address(KVM_TSS_ADDRESS as usize)
             .map_err(kvm_err("TSS address"))?;
         fd.create_irq_chip().map_err(kvm_err("irqchip creation"))?;
@@ -173,7 +175,7 @@ impl Vm {
 
     /// Registers every guest memory region as a KVM memory slot.
     pub fn register_memory(&self, mem: &PvmmGuestMemory) -> Result<(), VmError> {
-        for (slot, region) in mem.iter().enumerate() {
+        for (slot, region) in (0u32..).zip(mem.iter()) {
             let host = region
                 .get_host_address(vm_memory::MemoryRegionAddress(0))
                 .map_err(|_| VmError::Kvm {
@@ -181,7 +183,7 @@ impl Vm {
                     source: kvm_ioctls::Error::new(libc::EFAULT),
                 })?;
             let desc = kvm_userspace_memory_region {
-                slot: slot as u32,
+                slot,
                 flags: 0,
                 guest_phys_addr: region.start_addr().0,
                 memory_size: region.len(),

@@ -1,6 +1,9 @@
 //! Helpers for pvmm's own integration tests: tiny guest kernels and running the binary.
 
 #![allow(dead_code)]
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

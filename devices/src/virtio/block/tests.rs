@@ -1,5 +1,9 @@
 //! Tests of the disk: requests as a driver sends them, then as a hostile one does.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 use proptest::prelude::*;
 use vm_memory::{Bytes, GuestAddress};
 

@@ -1,6 +1,10 @@
 //! Tests of the network card on a datagram socket pair (one datagram, one frame, as a tap):
 //! frames both ways, then hostile rings.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation)]
+
 use std::os::unix::net::UnixDatagram;
 
 use proptest::prelude::*;

@@ -46,6 +46,8 @@ impl Host {
                     host.cpu_core.push(core_index);
                     host.cpu_capacity
                         .push(topology.cpu(id).map_or(CAPACITY_SCALE, |c| c.capacity));
+                    // A core's threads are distinct u32 CPU ids.
+                    #[allow(clippy::cast_possible_truncation)]
                     host.cpu_threads.push(core.cpus.len() as u32);
                     let slot = id as usize;
                     if host.index_of.len() <= slot {

@@ -224,6 +224,8 @@ impl Members for SimMembers<'_> {
     /// Utilization from the simulated busy, idle and waiting time.
     fn sample(&mut self, now_ns: u64, loads: &mut Vec<VcpuLoad>) {
         for v in self.vcpus.iter_mut() {
+            // Simulated times are sums of non-negative durations, far below 2^64 ns.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             v.tracker.update(
                 IdleSample {
                     t_ns: now_ns,
@@ -245,6 +247,8 @@ impl Members for SimMembers<'_> {
     fn apply(&mut self, decision: &Decision) -> Result<Applied, SimError> {
         let mut applied = Applied::default();
         for (i, assignment) in decision.assignments.iter().enumerate() {
+            // One simulated thread per vCPU: a scenario's are far fewer than 2^31.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
             let tid = i as i32 + 1;
             if self.executor.current().get(&tid) != Some(&assignment.cpus) {
                 self.executor.apply(tid, &assignment.cpus)?;
@@ -368,6 +372,9 @@ impl<'a> Sim<'a> {
         for (vm_index, vm) in vms.iter().enumerate() {
             let first = vcpus.len();
             for (i, spec) in vm.vcpus.iter().enumerate() {
+                // At most MAX_VCPUS_PER_VM vCPUs a VM, and the VMs of a scenario held in
+                // memory: both far below 2^32.
+                #[allow(clippy::cast_possible_truncation)]
                 vcpus.push(Vcpu {
                     id: VcpuId {
                         vm: vm_index as u32,
@@ -733,11 +740,11 @@ fn record_tick(timeline: &mut Option<Timeline>, vcpus: &mut [Vcpu], host: &Host,
                 .map(|(p, _)| p);
             let package = ran_most
                 .or((v.cpu != NO_CPU).then(|| host.cpu_pkg[v.cpu]))
-                .map(|p| p as u16);
-            tl.cells[i].push(TimelineCell {
-                package,
-                busy: (v.tick_busy_ns / tick_ns).clamp(0.0, 1.0) as f32,
-            });
+                .and_then(|p| u16::try_from(p).ok());
+            // A share in 0..=1: f32 keeps it to well within a pixel.
+            #[allow(clippy::cast_possible_truncation)]
+            let busy = (v.tick_busy_ns / tick_ns).clamp(0.0, 1.0) as f32;
+            tl.cells[i].push(TimelineCell { package, busy });
         }
         v.tick_busy_ns = 0.0;
         v.tick_pkg_ns.iter_mut().for_each(|ns| *ns = 0.0);

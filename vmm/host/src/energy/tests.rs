@@ -1,6 +1,10 @@
 //! Tests of the energy ledger: the shares and the idle remainder add up to each package's
 //! energy, from the model and from RAPL counters.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use super::*;
 
 /// Two packages of two CPUs; VM 10 busy on package 0 at `a` CPUs, VM 20 at `b`.

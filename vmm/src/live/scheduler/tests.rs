@@ -1,5 +1,13 @@
 //! Tests of the live scheduler.
 
+// Every cast here is on a value the test itself chooses or bounds (counts, indices,
+// sizes, pids), far inside the target type.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use super::*;
 use crate::live::control::ExternalAssignment;
 use pvmm_api::stats::round3;
