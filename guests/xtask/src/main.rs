@@ -48,6 +48,7 @@ use pvmm_rig::images::{self, L1Needs};
 use pvmm_rig::placement_bench::{KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS};
 use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::runner::{self, Benchmark, Report};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
 use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, InnerVmm, KernelForm, L1Tuning, Rig, RigError, Topology, VmSpec};
@@ -58,6 +59,11 @@ const DEFAULT_GUEST_CMD: &str =
 
 /// Exit code for a failed build or an unusable setup.
 const EXIT_BUILD_FAILURE: u8 = 1;
+
+/// The most `--rounds` a benchmark takes: 20 rounds of the shortest one (bench-placement's
+/// defaults, 15 runs of about 40 s each) are already over three hours of L1 time on this rig;
+/// more is more likely a typo than a plan.
+const ROUNDS_MAX: i64 = 20;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -179,7 +185,7 @@ struct HostBenchArgs {
     mycflags: String,
     /// Runs of each case, one L1 boot each, the regimes' order turned by one place each
     /// round; the tables give each regime's medians, and each run is printed as it ends.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
     rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
@@ -358,6 +364,36 @@ fn rig_error_exit(error: &RigError) -> u8 {
     match error {
         RigError::BadArgs(_) | RigError::BadTopology(_) => 2,
         _ => EXIT_RIG_FAILURE as u8,
+    }
+}
+
+/// Runs `bench` on the benchmark runner; the xtask's exit code (after saying why) when the rig
+/// could not run.
+fn run_benchmark<B: Benchmark>(bench: &B) -> Result<Report<B::Figures>, ExitCode> {
+    runner::run(bench).map_err(|error| {
+        eprintln!("xtask: error: {error}");
+        ExitCode::from(rig_error_exit(&error))
+    })
+}
+
+/// The end of a benchmark whose tables are printed: each run it could not measure and how its
+/// last L1 boot ended, on stderr; the xtask's exit code (a run not measured fails it).
+fn finish_benchmark<F>(report: &Report<F>, started: Instant) -> ExitCode {
+    for (run, why) in report.failures() {
+        eprintln!("xtask: {} not measured: {why}", run.label);
+    }
+    if let Some(last) = report.boots.last() {
+        eprintln!(
+            "xtask: {} L1 boot(s), the last: {} (bench took {:.0} s)",
+            report.boots.len(),
+            last.summary("last VMM"),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if report.all_measured() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_RIG_FAILURE as u8)
     }
 }
 
