@@ -48,7 +48,7 @@ use crate::figures::{median, table};
 use crate::images::L1Images;
 use crate::probe::{read_stats, ProbeLine};
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
-use crate::runner::{figures_of, Benchmark, Boots, Measured, Run};
+use crate::runner::{figures_of, grid_case, grid_section, Benchmark, Boots, Measured, Run};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
@@ -256,11 +256,8 @@ impl<'a> PlacementBench<'a> {
 
     /// Case `case`'s busy thread count and policy entry.
     fn case(&self, case: usize) -> (u32, &str) {
-        let policies = &self.options.policies;
-        (
-            self.options.threads[case / policies.len()],
-            &policies[case % policies.len()],
-        )
+        let (section, place) = grid_case(case, self.options.policies.len());
+        (self.options.threads[section], &self.options.policies[place])
     }
 
     /// A run's limit in L1: its load, settling and idle tail, with room.
@@ -380,7 +377,7 @@ impl Benchmark for PlacementBench<'_> {
         let policies = self.options.policies.len();
         let mut out = String::new();
         for (index, &threads) in self.options.threads.iter().enumerate() {
-            let section = index * policies..(index + 1) * policies;
+            let section = grid_section(index, policies);
             let runs = figures_of(results, |case| section.contains(&case));
             let rows: Vec<CaseResult> = self
                 .options

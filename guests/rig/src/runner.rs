@@ -127,6 +127,17 @@ pub fn figures_of<F>(results: &[Measured<F>], select: impl Fn(usize) -> bool) ->
         .collect()
 }
 
+/// Case `case` of a benchmark whose sections all hold `per_section` cases (one section per
+/// load, its cases the policies): its section and its place in it.
+pub fn grid_case(case: usize, per_section: usize) -> (usize, usize) {
+    (case / per_section, case % per_section)
+}
+
+/// The cases of section `section` when every section holds `per_section` cases.
+pub fn grid_section(section: usize, per_section: usize) -> std::ops::Range<usize> {
+    section * per_section..(section + 1) * per_section
+}
+
 /// Every run as (case, round), in order: round by round, each section in order, each
 /// section's cases turned by `round` places.
 pub fn plan(sections: &[usize], rounds: u32) -> Vec<(usize, u32)> {
