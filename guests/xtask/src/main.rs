@@ -41,7 +41,7 @@ mod placement;
 mod soak;
 
 use clap::{Args, Parser, Subcommand};
-use pvmm_rig::bench::{run_bench, BenchOptions};
+use pvmm_rig::bench::{BenchOptions, BootBench};
 use pvmm_rig::host::progress;
 use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
 use pvmm_rig::images::{self, L1Needs};
@@ -132,9 +132,11 @@ struct BootBenchArgs {
     /// Guest memory in MiB (both VMMs).
     #[arg(long, default_value_t = 512)]
     memory: u64,
-    /// Boots per VMM and kernel form.
-    #[arg(long, default_value_t = 5)]
-    runs: u32,
+    /// Rounds: boots per VMM and kernel form, all in one L1 boot, the contenders' order
+    /// turned by one place each round (`--runs` is the same flag).
+    #[arg(long, visible_alias = "runs", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
+    rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
@@ -570,7 +572,7 @@ fn guest_task(ws: &Workspace, started: Instant, args: GuestArgs) -> ExitCode {
 }
 
 /// `cargo xtask bench-boot`.
-fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
+fn bench_boot(ws: &Workspace, started: Instant, args: BootBenchArgs) -> ExitCode {
     if let Err(code) = check_guest_forms(args.guest_kernel, &args.kernels) {
         return code;
     }
@@ -589,7 +591,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
     let options = BenchOptions {
         vcpus: args.vcpus,
         memory_mib: args.memory,
-        runs: args.runs.max(1),
+        rounds: args.rounds,
         topology: args.topology,
         with_pvmm: !args.qemu_only,
         kernels: args.kernels,
@@ -597,25 +599,19 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         quiet: !args.boot_log,
         guest_kernel: args.guest_kernel,
     };
-    match retry_boots(
-        "bench-boot",
-        || run_bench(ws, &images, &options),
-        |report| l1_failure_kind(&report.outcome),
-    ) {
-        Ok(report) => {
-            println!("{}", report.table(&options));
-            eprintln!("xtask: {}", report.outcome.summary("last VMM"));
-            if report.all_measured() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(EXIT_RIG_FAILURE as u8)
-            }
-        }
+    let bench = match BootBench::new(ws, &images, options) {
+        Ok(bench) => bench,
         Err(error) => {
             eprintln!("xtask: error: {error}");
-            ExitCode::from(EXIT_RIG_FAILURE as u8)
+            return ExitCode::from(rig_error_exit(&error));
         }
-    }
+    };
+    let report = match run_benchmark(&bench) {
+        Ok(report) => report,
+        Err(code) => return code,
+    };
+    println!("{}", bench.tables(&report.results));
+    finish_benchmark(&report, started)
 }
 
 fn main() -> ExitCode {
@@ -633,7 +629,7 @@ fn main() -> ExitCode {
         Task::Rig(args) => rig_task(&ws, started, args),
         Task::RigSoak(args) => soak::run(&ws, args),
         Task::RigGuestSoak(args) => guest_soak::run(&ws, args),
-        Task::BenchBoot(args) => bench_boot(&ws, args),
+        Task::BenchBoot(args) => bench_boot(&ws, started, args),
         Task::BenchHost(args) => bench_host(&ws, args),
         Task::BenchPlacement(args) => placement::run(&ws, started, args),
         Task::BenchIo(args) => io::run(&ws, started, args),
