@@ -42,11 +42,9 @@ mod soak;
 
 use clap::{Args, Parser, Subcommand};
 use pvmm_rig::bench::{BenchOptions, BootBench};
-use pvmm_rig::host::progress;
-use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
+use pvmm_rig::host_bench::{HostBench, HostBenchOptions, Regime};
 use pvmm_rig::images::{self, L1Needs};
 use pvmm_rig::placement_bench::{KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS};
-use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
 use pvmm_rig::runner::{self, Benchmark, Report};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
@@ -185,8 +183,9 @@ struct HostBenchArgs {
     /// Makefile's MYCFLAGS); `-O0` builds in about half the time.
     #[arg(long, default_value = "", value_name = "FLAGS", requires = "build")]
     mycflags: String,
-    /// Runs of each case, one L1 boot each, the regimes' order turned by one place each
-    /// round; the tables give each regime's medians, and each run is printed as it ends.
+    /// Rounds: every case once per round, one L1 boot each, the regimes' order turned by one
+    /// place each round; the tables give each regime's medians, and each run is printed as it
+    /// ends.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
     rounds: u32,
     /// L1 CPU topology.
@@ -206,9 +205,14 @@ fn parse_kernel_form(text: &str) -> Result<KernelForm, String> {
     }
 }
 
-/// `cargo xtask bench-host`: every (VM count, regime) case, one L1 boot each (booted again,
-/// up to three times, when L1 fails by itself), the tables as the cases finish.
-fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
+/// `cargo xtask bench-host`: every (VM count, regime) case once per round, one L1 boot each
+/// (booted again, up to three times, when L1 fails by itself before its VMs ended), then the
+/// tables.
+fn bench_host(ws: &Workspace, started: Instant, args: HostBenchArgs) -> ExitCode {
+    if args.regimes.is_empty() || args.vms.is_empty() {
+        eprintln!("xtask: error: --regimes and --vms need at least one value each");
+        return ExitCode::from(2);
+    }
     let needs = L1Needs {
         pvmm: true,
         qemu: args.regimes.contains(&Regime::Qemu),
@@ -232,78 +236,13 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         topology: args.topology,
         echo: args.verbose,
     };
-    let load = match options.build_jobs {
-        Some(jobs) => format!(
-            "make -j{jobs}{} of {}",
-            pvmm_rig::kernbench::mycflags_note(&options.mycflags),
-            pvmm_rig::kernbench_disk::TREE
-        ),
-        None => format!(
-            "pvmm-load --duty {} --period-ms {}",
-            options.duty_percent, options.period_ms
-        ),
+    let bench = HostBench::new(ws, &images, options);
+    let report = match run_benchmark(&bench) {
+        Ok(report) => report,
+        Err(code) => return code,
     };
-    let mut failed = false;
-    for &vms in &options.vms {
-        let mut cases = Vec::new();
-        let order = host_bench::run_order(&options.regimes, options.rounds);
-        for (run, &regime) in order.iter().enumerate() {
-            progress(&format!(
-                "bench-host: {vms} VM(s) under {} (run {} of {})",
-                regime.name(),
-                run + 1,
-                order.len()
-            ));
-            // Every boot's log is kept (with PVMM_RIG_DUMP): a failed L1 is what to look at.
-            let mut boot = 0;
-            let result = retry_boots(
-                &format!("bench-host {} x{vms}", regime.name()),
-                || {
-                    boot += 1;
-                    let result = host_bench::run_case(ws, &images, &options, regime, vms);
-                    if let Ok((_, outcome)) = &result {
-                        let name = format!(
-                            "bench-host-{}-{vms}-run{}-boot{boot}",
-                            regime.name(),
-                            run + 1
-                        );
-                        dump_outcome(&name, outcome);
-                    }
-                    result
-                },
-                |(_, outcome)| l1_failure_kind(outcome),
-            );
-            match result {
-                Ok((Ok(case), _)) => {
-                    progress(&format!("bench-host: {}", host_bench::run_summary(&case)));
-                    cases.push(case);
-                }
-                Ok((Err(why), outcome)) => {
-                    failed = true;
-                    eprintln!(
-                        "xtask: {} with {vms} VM(s) not measured: {why} ({})",
-                        regime.name(),
-                        outcome.summary(regime.name())
-                    );
-                }
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    return ExitCode::from(rig_error_exit(&error));
-                }
-            }
-        }
-        let rows: Vec<&HostCase> = cases.iter().collect();
-        println!(
-            "{}",
-            host_bench::format_table(vms, &options.regimes, &rows)
-                .replace(":\n", &format!(" ({load}, L1 {}):\n", options.topology))
-        );
-    }
-    if failed {
-        ExitCode::from(EXIT_RIG_FAILURE as u8)
-    } else {
-        ExitCode::SUCCESS
-    }
+    print!("{}", bench.tables(&report.results));
+    finish_benchmark(&report, started)
 }
 
 #[derive(Debug, Args)]
@@ -630,7 +569,7 @@ fn main() -> ExitCode {
         Task::RigSoak(args) => soak::run(&ws, args),
         Task::RigGuestSoak(args) => guest_soak::run(&ws, args),
         Task::BenchBoot(args) => bench_boot(&ws, started, args),
-        Task::BenchHost(args) => bench_host(&ws, args),
+        Task::BenchHost(args) => bench_host(&ws, started, args),
         Task::BenchPlacement(args) => placement::run(&ws, started, args),
         Task::BenchIo(args) => io::run(&ws, started, args),
         Task::BenchKernbench(args) => kernbench::run(&ws, started, args),
