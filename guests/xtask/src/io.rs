@@ -33,7 +33,7 @@ pub struct IoBenchArgs {
     net_mib: u64,
     /// Rounds: one pvmm and one QEMU VM each, their order swapped from round to round.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
-    rounds: u32,
+    pub(crate) rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,

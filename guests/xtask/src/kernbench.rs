@@ -30,7 +30,7 @@ pub struct KernbenchArgs {
     policies: Vec<String>,
     /// Rounds: every (N, policy) case once per round; the tables give medians.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
-    rounds: u32,
+    pub(crate) rounds: u32,
     /// Compiler flags after the tree's own `-O2 -Wall -Wextra` (its Makefile's MYCFLAGS):
     /// `-O0` builds in about half the time.
     #[arg(long, default_value = "", value_name = "FLAGS")]

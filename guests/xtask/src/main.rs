@@ -618,6 +618,33 @@ mod tests {
     }
 
     #[test]
+    fn every_benchmark_takes_rounds() {
+        let rounds = |args: &[&str]| match parse(args) {
+            Ok(Task::BenchBoot(a)) => a.rounds,
+            Ok(Task::BenchHost(a)) => a.rounds,
+            Ok(Task::BenchPlacement(a)) => a.rounds,
+            Ok(Task::BenchIo(a)) => a.rounds,
+            Ok(Task::BenchKernbench(a)) => a.rounds,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        for bench in [
+            "bench-boot",
+            "bench-host",
+            "bench-placement",
+            "bench-io",
+            "bench-kernbench",
+        ] {
+            assert_eq!(rounds(&[bench, "--rounds", "3"]), 3, "{bench}");
+            assert!(parse(&[bench, "--rounds", "0"]).is_err(), "{bench}");
+            assert!(parse(&[bench, "--rounds", "21"]).is_err(), "{bench}");
+        }
+        // bench-boot's own name for its rounds stays.
+        assert_eq!(rounds(&["bench-boot", "--runs", "2"]), 2);
+        assert_eq!(rounds(&["bench-boot"]), 5);
+        assert_eq!(rounds(&["bench-placement"]), 1);
+    }
+
+    #[test]
     fn a_612_guest_in_pvh_form_is_refused_before_building() {
         let both = [KernelForm::BzImage, KernelForm::Pvh];
         assert!(check_guest_forms(GuestKernel::Linux6_1, &both).is_ok());

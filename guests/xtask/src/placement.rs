@@ -40,7 +40,7 @@ pub struct PlacementBenchArgs {
     /// Rounds: every (N, policy) case once per round, in one L1 boot, the policies' order
     /// turned by one place each round; the tables give medians.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
-    rounds: u32,
+    pub(crate) rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
