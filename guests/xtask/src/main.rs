@@ -13,21 +13,25 @@
 //!   turns, and counts the outcomes by kind.
 //! - `cargo xtask rig-guest-soak [--guests N] [--load N]`: N guests one after another in one
 //!   L1, and L1's levels after each (what pvmm leaves behind).
-//! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--kernels bzimage,pvh]
-//!   [--qemu-only] [--guest-kernel 6.1|6.12]`: boot time to guest init, pvmm vs QEMU, each on the bzImage and through
-//!   PVH, in one L1 boot.
+//! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--rounds K] [--kernels bzimage,pvh]
+//!   [--qemu-only] [--guest-kernel 6.1|6.12]`: boot time to guest init, pvmm vs QEMU, each on
+//!   the bzImage and through PVH, in one L1 boot.
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
-//!   [--policies LIST]`: a kernbench-like load (the simulator's scenario of the
+//!   [--policies LIST] [--rounds K]`: a kernbench-like load (the simulator's scenario of the
 //!   sched_mc_power_savings kernbench tables) under every placement policy and `none`, one table per thread count (package idle, work, migrations, modelled energy).
-//! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S] [--build N]`:
+//! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S] [--build N]
+//!   [--rounds K]`:
 //!   several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned, one table per VM
 //!   count.
-//! - `cargo xtask bench-io [--rounds N] [--disk-mib M] [--net-mib M] [--random-secs S]`: pvmm's
+//! - `cargo xtask bench-io [--rounds K] [--disk-mib M] [--net-mib M] [--random-secs S]`: pvmm's
 //!   virtio disk and network against QEMU's in one L1 boot, as ratios.
 //! - `cargo xtask bench-kernbench [--jobs 2,4,8] [--policies LIST] [--rounds K]`: a real
 //!   compile in a pvmm guest under each policy in one L1 boot, one table per N (run time,
 //!   package idle, modelled energy and power), with the simulator's rows beside.
 //!
+//! Every benchmark runs on `pvmm_rig::runner`: `--rounds K` runs each case K times, the order
+//! of each table's cases turned by one place each round; a run's progress line as it is
+//! measured, then the tables; L1 failing by itself costs only the runs it cut off.
 //! Exit codes of the xtask itself: 2 bad flags, 1 build failure.
 
 use std::path::PathBuf;
@@ -100,7 +104,7 @@ enum Task {
     BenchPlacement(placement::PlacementBenchArgs),
     /// Host-wide placement benchmark: 1, 2 and 4 VMs side by side in one L1, each guest with
     /// one kernbench-like thread, under `pvmm host` (pvmm-host), each pvmm on its own (pvmm)
-    /// and QEMU unpinned (qemu); one L1 boot per case, one table per VM count (package idle,
+    /// and QEMU unpinned (qemu); one L1 boot per run, one table per VM count (package idle,
     /// work, migrations, modelled energy per unit of work relative to qemu).
     BenchHost(HostBenchArgs),
     /// I/O benchmark: pvmm's virtio disk and network against QEMU's (same root disk, scratch
