@@ -35,7 +35,7 @@ use crate::images::L1Images;
 use crate::probe::L1_USER_HZ;
 use crate::rig::{InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
 use crate::runner::{
-    figures_of, grid_case, grid_section, run_ended, Benchmark, Boots, Measured, Run,
+    clean_run, figures_of, grid_case, grid_section, run_ended, Benchmark, Boots, Measured, Run,
 };
 use crate::scripts;
 use crate::workspace::Workspace;
@@ -387,12 +387,7 @@ struct Lines {
 fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
     let mut lines = Lines::default();
     for label in labels {
-        let run = outcome
-            .run(label)
-            .ok_or_else(|| format!("VM {label} never started"))?;
-        if run.status != Some(0) {
-            return Err(format!("VM {label} exited with status {:?}", run.status));
-        }
+        let run = clean_run(outcome, label)?;
         lines.build_s.push(crate::kernbench::build_seconds(&run));
         let mut samples = Vec::new();
         for line in run.probe {

@@ -32,7 +32,9 @@ use crate::placement_bench::{
     bench_probe, measure_window, policy_args, IDLE_TAIL_SECS, SETTLE_SECS,
 };
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
-use crate::runner::{self, figures_of, grid_case, grid_section, Benchmark, Boots, Measured, Run};
+use crate::runner::{
+    self, clean_run, figures_of, grid_case, grid_section, Benchmark, Boots, Measured, Run,
+};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
@@ -282,10 +284,7 @@ impl Benchmark for Kernbench<'_> {
 
     fn measure(&self, outcome: &RigOutcome, run: &Run) -> Result<Build, String> {
         let (jobs, policy) = self.case(run.case);
-        let lines = outcome.run(&run.label).ok_or("the run never started")?;
-        if lines.status != Some(0) {
-            return Err(format!("pvmm exit status {:?}", lines.status));
-        }
+        let lines = clean_run(outcome, &run.label)?;
         let build_s = build_seconds(&lines)?;
         let measured = measure_window(&lines, &PowerModel::default())?;
         Ok(Build {

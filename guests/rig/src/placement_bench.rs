@@ -48,7 +48,9 @@ use crate::figures::{median, table};
 use crate::images::L1Images;
 use crate::probe::{read_stats, ProbeLine};
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
-use crate::runner::{figures_of, grid_case, grid_section, Benchmark, Boots, Measured, Run};
+use crate::runner::{
+    clean_run, figures_of, grid_case, grid_section, Benchmark, Boots, Measured, Run,
+};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
@@ -448,12 +450,7 @@ fn measure_case(
     threads: u32,
     model: &PowerModel,
 ) -> Result<(u64, LoadWindow), String> {
-    let run = outcome
-        .run(label)
-        .ok_or_else(|| "the run never started".to_string())?;
-    if run.status != Some(0) {
-        return Err(format!("pvmm exit status {:?}", run.status));
-    }
+    let run = clean_run(outcome, label)?;
     Ok((work(&run, threads)?, measure_window(&run, model)?))
 }
 

@@ -19,7 +19,7 @@
 //! [`crate::figures::table`].
 
 use crate::retry::{resume_boots, ResumedBoot};
-use crate::rig::{RigError, RigOutcome};
+use crate::rig::{RigError, RigOutcome, RunLines};
 
 /// One run: a case in a round, under its run label in L1.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +84,19 @@ pub trait Benchmark {
 /// Whether L1 reported the exit status of the run labelled `label`.
 pub fn run_ended(outcome: &RigOutcome, label: &str) -> bool {
     outcome.run(label).is_some_and(|run| run.status.is_some())
+}
+
+/// The lines of the run labelled `label` when its VMM exited 0, or why there is nothing to
+/// measure: it never started, or its VMM failed (a status of None: killed at its limit, or
+/// cut off by L1's end).
+pub fn clean_run<'a>(outcome: &'a RigOutcome, label: &str) -> Result<RunLines<'a>, String> {
+    let run = outcome
+        .run(label)
+        .ok_or_else(|| format!("run {label} never started"))?;
+    match run.status {
+        Some(0) => Ok(run),
+        status => Err(format!("run {label}: VMM exit status {status:?}")),
+    }
 }
 
 /// One run's result.

@@ -231,3 +231,28 @@ fn the_tables_take_every_runs_figures() {
         "Case    Runs  Median\ncase 0     3     1.0\ncase 1     3    11.0\n"
     );
 }
+
+#[test]
+fn only_a_run_whose_vmm_exited_0_is_measured() {
+    let mut outcome = RigOutcome::empty(RigEnd::Completed);
+    outcome.events.extend([
+        event("vmm-start", "ok", "1.0"),
+        event("vmm-exit", "ok", "0"),
+        event("vmm-start", "failed", "2.0"),
+        event("vmm-exit", "failed", "4"),
+        event("vmm-start", "killed", "3.0"),
+    ]);
+    assert!(clean_run(&outcome, "ok").is_ok());
+    assert_eq!(
+        clean_run(&outcome, "failed").err().as_deref(),
+        Some("run failed: VMM exit status Some(4)")
+    );
+    assert_eq!(
+        clean_run(&outcome, "killed").err().as_deref(),
+        Some("run killed: VMM exit status None")
+    );
+    assert_eq!(
+        clean_run(&outcome, "absent").err().as_deref(),
+        Some("run absent never started")
+    );
+}
