@@ -178,7 +178,8 @@ impl CaseResult {
 
 /// The L1 probe: pins itself to CPU 0, prints the CPU topology, then samples `/proc/stat`
 /// (and every `KERNEL_COUNT_EVERY` samples the vCPU threads' `se.nr_migrations`, a `K` line)
-/// until pvmm exits; prints the samples, the guest's marks and pvmm's migration counts.
+/// until pvmm exits; prints the samples, the guest's marks and pvmm's `--stats` lines whole
+/// (read as [`pvmm_api::stats::VmStats`] by [`read_stats`]).
 pub fn bench_probe() -> String {
     scripts::assemble(
         &[
@@ -249,11 +250,6 @@ impl<'a> PlacementBench<'a> {
             images,
             options,
         }
-    }
-
-    /// Its options.
-    pub fn options(&self) -> &PlacementBenchOptions {
-        &self.options
     }
 
     /// Case `case`'s busy thread count and policy entry.
