@@ -1,6 +1,5 @@
-//! What the benchmarks' reports share: the median of repeated measurements. Their tables are
-//! written by the simulator's [`pvmm_sim::report::aligned_columns`], in the same format as its
-//! own.
+//! What the benchmarks' reports share: the median of repeated measurements, and the one table
+//! writer ([`table`]) every benchmark's tables go through.
 
 /// The median of the measured values of `values` (None marks a measurement that failed);
 /// None when none was measured.
@@ -13,6 +12,13 @@ pub fn median(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
         _ if !n.is_multiple_of(2) => Some(values[n / 2]),
         _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
     }
+}
+
+/// `headers` and `rows` as aligned columns, the first left-aligned and the rest right-aligned:
+/// the simulator's format ([`pvmm_sim::report::aligned_columns`]), so the rig's tables and the
+/// simulator's read alike and change together.
+pub fn table<const N: usize>(headers: [&str; N], rows: &[[String; N]]) -> String {
+    pvmm_sim::report::aligned_columns(&headers.map(String::from), rows)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `cargo xtask bench-host`: several VMs side by side in one L1, each guest running one
 //! kernbench-like thread (or, with `--build`, a real compile: [`crate::kernbench`]), under
-//! three regimes, one L1 boot per (regime, VM count):
+//! three regimes, one L1 boot per (regime, VM count) and round, on the benchmark runner
+//! ([`crate::runner`]: one section per VM count, each round turning the regimes' order):
 //!
 //! - `pvmm-host`: pvmm VMs joined to the host daemon (`pvmm host --adopt auto`), which places
 //!   every VM's vCPUs with one engine under `powersaving`;
@@ -27,13 +28,15 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
-use pvmm_sim::report::aligned_columns;
 
 use crate::activity::Activity;
-use crate::figures::median;
+use crate::figures::{median, table};
 use crate::images::L1Images;
 use crate::probe::L1_USER_HZ;
 use crate::rig::{InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
+use crate::runner::{
+    clean_run, figures_of, grid_case, grid_section, run_ended, Benchmark, Boots, Measured, Run,
+};
 use crate::scripts;
 use crate::workspace::Workspace;
 
@@ -231,32 +234,136 @@ fn vm(regime: Regime, options: &HostBenchOptions, n: usize) -> VmSpec {
     }
 }
 
-/// Runs one case (one L1 boot) and measures it.
-pub fn run_case(
-    ws: &Workspace,
-    images: &L1Images,
-    options: &HostBenchOptions,
-    regime: Regime,
-    vms: usize,
-) -> Result<(Result<HostCase, String>, RigOutcome), RigError> {
+/// The rig of one case: its VMs side by side, with the probe of its regime.
+fn case_rig(options: &HostBenchOptions, regime: Regime, vms: usize) -> Rig {
     let specs: Vec<VmSpec> = (0..vms).map(|n| vm(regime, options, n)).collect();
     let load_secs = match options.build_jobs {
         Some(_) => BUILD_SECS_PER_VM * vms as u64,
         None => u64::from(2 * options.seconds),
     };
-    let rig = Rig::with_vms(specs)
+    Rig::with_vms(specs)
         .topology(options.topology)
         .timeout(Duration::from_secs(
             CASE_OVERHEAD_SECS + u64::from(LEAD_SECS) + load_secs,
         ))
         .l1_probe(probe(regime))
         .echo(options.echo)
-        .progress(true);
-    let labels = rig.labels();
-    let outcome = rig.run(ws, images)?;
-    let builds = options.build_jobs.is_some();
-    let measured = measure(&outcome, &labels, regime, builds, &PowerModel::default());
-    Ok((measured, outcome))
+        .progress(true)
+}
+
+/// The benchmark on the runner ([`crate::runner::run`]): one section per VM count, its cases
+/// the regimes, each run in an L1 boot of its own.
+pub struct HostBench<'a> {
+    ws: &'a Workspace,
+    images: &'a L1Images,
+    options: HostBenchOptions,
+}
+
+impl<'a> HostBench<'a> {
+    /// The benchmark of `options` on these images.
+    pub fn new(ws: &'a Workspace, images: &'a L1Images, options: HostBenchOptions) -> Self {
+        HostBench {
+            ws,
+            images,
+            options,
+        }
+    }
+
+    /// Case `case`'s regime and VM count.
+    fn case(&self, case: usize) -> (Regime, usize) {
+        let (section, place) = grid_case(case, self.options.regimes.len());
+        (self.options.regimes[place], self.options.vms[section])
+    }
+
+    /// The rig of `run`'s case.
+    fn rig(&self, run: &Run) -> Rig {
+        let (regime, vms) = self.case(run.case);
+        case_rig(&self.options, regime, vms)
+    }
+
+    /// What every guest runs, for the tables' titles.
+    fn load(&self) -> String {
+        let o = &self.options;
+        match o.build_jobs {
+            Some(jobs) => format!(
+                "make -j{jobs}{} of {}",
+                crate::kernbench::mycflags_note(&o.mycflags),
+                crate::kernbench_disk::TREE
+            ),
+            None => format!(
+                "pvmm-load --duty {} --period-ms {}",
+                o.duty_percent, o.period_ms
+            ),
+        }
+    }
+}
+
+impl Benchmark for HostBench<'_> {
+    type Figures = HostCase;
+
+    fn name(&self) -> &str {
+        "bench-host"
+    }
+
+    fn sections(&self) -> Vec<usize> {
+        vec![self.options.regimes.len(); self.options.vms.len()]
+    }
+
+    fn rounds(&self) -> u32 {
+        self.options.rounds
+    }
+
+    fn boots(&self) -> Boots {
+        Boots::PerRun
+    }
+
+    fn label(&self, case: usize, round: u32) -> String {
+        let (regime, vms) = self.case(case);
+        format!("{}-{vms}-run{}", regime.name(), round + 1)
+    }
+
+    fn boot(&self, runs: &[Run]) -> Result<RigOutcome, RigError> {
+        let [run] = runs else {
+            return Err(RigError::BadArgs(format!(
+                "bench-host boots one case at a time, not {}",
+                runs.len()
+            )));
+        };
+        self.rig(run).run(self.ws, self.images)
+    }
+
+    /// A case ended when every one of its VMs did.
+    fn ended(&self, outcome: &RigOutcome, run: &Run) -> bool {
+        self.rig(run)
+            .labels()
+            .iter()
+            .all(|label| run_ended(outcome, label))
+    }
+
+    fn measure(&self, outcome: &RigOutcome, run: &Run) -> Result<HostCase, String> {
+        let (regime, _) = self.case(run.case);
+        let labels = self.rig(run).labels();
+        let builds = self.options.build_jobs.is_some();
+        measure(outcome, &labels, regime, builds, &PowerModel::default())
+            .map_err(|why| format!("{why} ({})", outcome.summary(regime.name())))
+    }
+
+    fn summary(&self, case: &HostCase) -> String {
+        run_summary(case)
+    }
+
+    fn tables(&self, results: &[Measured<HostCase>]) -> String {
+        let regimes = &self.options.regimes;
+        let title = format!(" ({}, L1 {}):\n", self.load(), self.options.topology);
+        let mut out = String::new();
+        for (index, &vms) in self.options.vms.iter().enumerate() {
+            let section = grid_section(index, regimes.len());
+            let cases = figures_of(results, |case| section.contains(&case));
+            let table = format_table(vms, regimes, &cases).replacen(":\n", &title, 1);
+            let _ = writeln!(out, "{table}");
+        }
+        out
+    }
 }
 
 /// What every probe of a case printed, merged.
@@ -280,12 +387,7 @@ struct Lines {
 fn parse(outcome: &RigOutcome, labels: &[String]) -> Result<Lines, String> {
     let mut lines = Lines::default();
     for label in labels {
-        let run = outcome
-            .run(label)
-            .ok_or_else(|| format!("VM {label} never started"))?;
-        if run.status != Some(0) {
-            return Err(format!("VM {label} exited with status {:?}", run.status));
-        }
+        let run = clean_run(outcome, label)?;
         lines.build_s.push(crate::kernbench::build_seconds(&run));
         let mut samples = Vec::new();
         for line in run.probe {
@@ -456,23 +558,6 @@ fn last_before(series: &[(f64, u64)], t: f64) -> u64 {
         .unwrap_or(0)
 }
 
-/// Every run of one VM count, in order: round by round, the regimes' order turned by one
-/// place each round, so that over as many rounds as regimes each regime runs in each position
-/// (the machine's load drifts over a long benchmark).
-pub fn run_order(regimes: &[Regime], rounds: u32) -> Vec<Regime> {
-    let count = regimes.len().max(1);
-    (0..rounds as usize)
-        .flat_map(|round| {
-            regimes
-                .iter()
-                .cycle()
-                .skip(round % count)
-                .take(regimes.len())
-        })
-        .copied()
-        .collect()
-}
-
 /// One run as a progress line: its window, work or build times, energy and placement costs.
 pub fn run_summary(case: &HostCase) -> String {
     let work = match case.mean_build_s() {
@@ -565,8 +650,7 @@ pub fn format_table(vms: usize, regimes: &[Regime], cases: &[&HostCase]) -> Stri
         "Energy/work",
         "VMM(%)",
         "Daemon(%)",
-    ]
-    .map(String::from);
+    ];
     let cells: Vec<[String; 13]> = rows
         .iter()
         .map(|r| {
@@ -592,7 +676,7 @@ pub fn format_table(vms: usize, regimes: &[Regime], cases: &[&HostCase]) -> Stri
             ]
         })
         .collect();
-    out.push_str(&aligned_columns(&headers, &cells));
+    out.push_str(&table(headers, &cells));
     let unit = if builds { "build" } else { "iteration" };
     let _ = writeln!(
         out,
@@ -605,188 +689,4 @@ pub fn format_table(vms: usize, regimes: &[Regime], cases: &[&HostCase]) -> Stri
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn options(build_jobs: Option<u32>) -> HostBenchOptions {
-        HostBenchOptions {
-            vms: vec![2],
-            regimes: Regime::ALL.to_vec(),
-            seconds: 20,
-            duty_percent: 29,
-            period_ms: 70,
-            build_jobs,
-            mycflags: "-O0".into(),
-            rounds: 1,
-            topology: Topology::default(),
-            echo: false,
-        }
-    }
-
-    #[test]
-    fn a_vms_samples_end_where_a_vcpu_thread_exited() {
-        let sample = |t, migrations, process_ticks, vcpu_ticks| VmSample {
-            t,
-            migrations,
-            process_ticks,
-            vcpu_ticks,
-        };
-        let live = [sample(1.0, 2, 100, 90), sample(2.0, 3, 200, 180)];
-        assert_eq!(while_all_vcpus_live(&live), live.to_vec());
-        // One of two vCPU threads gone: the sums fall, and the sample is left out with the rest.
-        let ending = [
-            live[0],
-            live[1],
-            sample(3.0, 2, 210, 95),
-            sample(4.0, 3, 400, 200),
-        ];
-        assert_eq!(while_all_vcpus_live(&ending), live.to_vec());
-        assert_eq!(while_all_vcpus_live(&[]), Vec::new());
-    }
-
-    #[test]
-    fn regimes_parse_and_the_probe_and_guest_say_what_the_parser_reads() {
-        assert_eq!("pvmm-host".parse::<Regime>(), Ok(Regime::Daemon));
-        assert!("numad".parse::<Regime>().is_err());
-        assert!(probe(Regime::Daemon).contains("\nSTART_DAEMON=1\nRUNTIME_DIR=/tmp\n"));
-        assert!(
-            probe(Regime::Daemon).contains("pvmm host --runtime-dir \"$RUNTIME_DIR\" --adopt auto")
-        );
-        assert!(probe(Regime::PerVm).contains("\nSTART_DAEMON=0\n"));
-        assert!(probe(Regime::Qemu).contains("nr_migrations"));
-        let options = options(None);
-        let guest = guest_command(&options, 1);
-        assert!(guest.starts_with("VM=1\n"));
-        assert!(guest.contains("pvmm-mark: load-begin-$VM"));
-        assert!(guest.contains("pvmm-mark: work-$VM $c"));
-        assert!(guest.contains("\nDUTY=29\nPERIOD_MS=70\nSECONDS_LOAD=20\n"));
-        assert!(guest.contains("--seconds \"$SECONDS_LOAD\" \\\n--progress-ms 1000"));
-        // Both scripts are valid shell for L1's and the guest's busybox.
-        if std::path::Path::new(crate::host::BUSYBOX).is_file() {
-            for script in [probe(Regime::Daemon), guest.clone()] {
-                let check = std::process::Command::new(crate::host::BUSYBOX)
-                    .args(["sh", "-n", "-c", &script])
-                    .output()
-                    .expect("busybox runs");
-                assert!(check.status.success(), "{check:?}\n{script}");
-            }
-        }
-        let spec = vm(Regime::Daemon, &options, 1);
-        assert!(spec.args.contains(&"/tmp/vm1.sock".to_string()));
-        assert_eq!(vm(Regime::Qemu, &options, 0).vmm, InnerVmm::Qemu);
-    }
-
-    fn case(regime: Regime, work: u64, energy_j: f64, build_s: Vec<f64>) -> HostCase {
-        HostCase {
-            regime,
-            vms: 2,
-            window_s: 20.0,
-            work,
-            package_idle: vec![0.5, 0.9],
-            energy_j,
-            migrations: 4,
-            vmm_other_cpu: 0.01,
-            daemon_cpu: (regime == Regime::Daemon).then_some(0.2),
-            build_s,
-        }
-    }
-
-    fn cells(table: &str, row: usize) -> Vec<String> {
-        let line = table.lines().nth(row).unwrap_or_default();
-        line.split_whitespace().map(String::from).collect()
-    }
-
-    #[test]
-    fn the_table_is_relative_to_its_first_regime() {
-        let q = case(Regime::Qemu, 1000, 100.0, Vec::new());
-        let d = case(Regime::Daemon, 1000, 80.0, Vec::new());
-        let table = format_table(2, &Regime::ALL, &[&d, &q]);
-        let (q, d) = (cells(&table, 2), cells(&table, 3));
-        assert_eq!((q[0].as_str(), q[11].as_str()), ("qemu", "1.00"), "{table}");
-        assert_eq!(
-            (d[0].as_str(), d[11].as_str()),
-            ("pvmm-host", "0.80"),
-            "{table}"
-        );
-        assert_eq!((d[12].as_str(), d[13].as_str()), ("1.0", "20.0"), "{table}");
-        assert_eq!(
-            table.lines().count(),
-            5,
-            "no row for a regime not run: {table}"
-        );
-    }
-
-    #[test]
-    fn several_runs_give_each_regime_its_medians() {
-        let runs = [
-            case(Regime::Qemu, 1, 100.0, vec![100.0, 110.0]),
-            case(Regime::Qemu, 1, 300.0, vec![300.0, 310.0]),
-            case(Regime::Qemu, 1, 200.0, vec![200.0, 210.0]),
-            case(Regime::PerVm, 1, 150.0, vec![150.0, 150.0]),
-            case(Regime::PerVm, 1, 170.0, vec![170.0, 190.0]),
-        ];
-        let refs: Vec<&HostCase> = runs.iter().collect();
-        let table = format_table(2, &[Regime::Qemu, Regime::PerVm], &refs);
-        let (q, p) = (cells(&table, 2), cells(&table, 3));
-        assert_eq!(
-            q[..6],
-            ["qemu", "3", "20.0", "205.0", "210.0", "1.00"],
-            "{table}"
-        );
-        assert_eq!(
-            p[..6],
-            ["pvmm", "2", "20.0", "165.0", "170.0", "0.80"],
-            "{table}"
-        );
-        assert_eq!(p[11], "0.80", "{table}");
-    }
-
-    #[test]
-    fn each_round_turns_the_regimes_order() {
-        let regimes = Regime::ALL;
-        assert_eq!(run_order(&regimes, 1), regimes.to_vec());
-        let order = run_order(&regimes, 3);
-        assert_eq!(order.len(), 9);
-        assert_eq!(order[3..6], [Regime::PerVm, Regime::Daemon, Regime::Qemu]);
-        for (position, _) in regimes.iter().enumerate() {
-            let mut seen: Vec<Regime> = (0..3).map(|r| order[r * 3 + position]).collect();
-            seen.sort_by_key(|r| r.name());
-            seen.dedup();
-            assert_eq!(seen.len(), 3, "each regime once in position {position}");
-        }
-        assert!(run_order(&[], 2).is_empty());
-    }
-
-    #[test]
-    fn builds_get_their_times_and_the_disk() {
-        let options = options(Some(2));
-        let guest = guest_command(&options, 1);
-        assert!(
-            guest.contains("\nJOBS=2\n")
-                && guest.contains("\nMARK=-1\n")
-                && guest.contains("\nMYCFLAGS=-O0\n"),
-            "{guest}"
-        );
-        for regime in Regime::ALL {
-            let spec = vm(regime, &options, 1);
-            assert!(
-                spec.args.contains(&crate::kernbench::disk_arg()),
-                "{spec:?}"
-            );
-        }
-        let q = case(Regime::Qemu, 2, 1000.0, vec![200.0, 240.0]);
-        let p = case(Regime::PerVm, 2, 900.0, vec![230.0, 230.0]);
-        let table = format_table(2, &Regime::ALL, &[&q, &p]);
-        assert!(
-            table.starts_with("2 VM(s) of 2 vCPUs, one build each:"),
-            "{table}"
-        );
-        let cells = cells(&table, 3);
-        assert_eq!(
-            cells[..7],
-            ["pvmm", "1", "20.0", "230.0", "230.0", "1.05", "2"],
-            "{table}"
-        );
-        assert_eq!(cells[11], "0.90", "{table}");
-    }
-}
+mod tests;

@@ -1,7 +1,8 @@
 //! The I/O benchmark (`cargo xtask bench-io`): pvmm's virtio devices against QEMU's, the same
 //! guest kernel, root disk, scratch disk and tap network under each, in ONE L1 boot with the
 //! VMs run in turn (pvmm and QEMU alternating, the first of each round swapped from round to
-//! round), so every contender sees the same noisy machine. Both run their devices with KVM in
+//! round: the benchmark runner's turned order, [`crate::runner`]), so every contender sees the
+//! same noisy machine; where L1 fails by itself, only the VMs it cut off run again. Both run their devices with KVM in
 //! L1: pvmm its virtio-mmio devices on their own threads, QEMU its virtio-pci devices
 //! (`-drive`, `-netdev tap`) with its defaults.
 //!
@@ -13,10 +14,10 @@
 
 use std::time::Duration;
 
-use crate::figures::median;
+use crate::figures::{median, table};
 use crate::images::L1Images;
-use crate::retry::{l1_failure_kind, retry_boots};
 use crate::rig::{tap_network, InnerVmm, Rig, RigError, RigOutcome, Topology, VmSpec};
+use crate::runner::{Benchmark, Boots, Measured, Run};
 use crate::scripts::{assemble, guest_command, IO_BENCH_GUEST, IO_BENCH_PROBE, IO_BENCH_SETUP};
 use crate::workspace::Workspace;
 
@@ -69,22 +70,16 @@ pub struct IoBenchReport {
     pub qemu: Vec<Figures>,
 }
 
-/// The VMMs of round `round`, in the order they run.
-fn round_order(round: u32) -> [InnerVmm; 2] {
-    if round.is_multiple_of(2) {
-        [InnerVmm::Pvmm, InnerVmm::Qemu]
-    } else {
-        [InnerVmm::Qemu, InnerVmm::Pvmm]
-    }
-}
+/// The contenders, the first round's order: the runner turns it from round to round.
+const VMMS: [InnerVmm; 2] = [InnerVmm::Pvmm, InnerVmm::Qemu];
 
-/// The rig that runs every VM of the benchmark in turn.
-fn rig(options: &IoBenchOptions) -> Rig {
-    let vms: Vec<VmSpec> = (0..options.rounds)
-        .flat_map(round_order)
+/// The rig that runs `runs` in turn, VM `i` of this boot on tap network `i`.
+fn rig(options: &IoBenchOptions, runs: &[Run]) -> Rig {
+    let vms: Vec<VmSpec> = runs
+        .iter()
         .enumerate()
-        .map(|(index, vmm)| VmSpec {
-            vmm,
+        .map(|(index, run)| VmSpec {
+            vmm: VMMS[run.case],
             args: [
                 "--vcpus",
                 &options.vcpus.to_string(),
@@ -108,6 +103,7 @@ fn rig(options: &IoBenchOptions) -> Rig {
         .collect();
     let count = u32::try_from(vms.len()).unwrap_or(u32::MAX);
     Rig::with_vms(vms)
+        .run_labels(runs.iter().map(|run| run.label.clone()).collect())
         .in_turn(true)
         .root_disk(true)
         .tap(true)
@@ -129,6 +125,78 @@ fn rig(options: &IoBenchOptions) -> Rig {
         .echo(options.echo)
 }
 
+/// The benchmark on the runner ([`crate::runner::run`]): its cases pvmm and QEMU, every VM of
+/// every round in one L1 boot.
+pub struct IoBench<'a> {
+    ws: &'a Workspace,
+    images: &'a L1Images,
+    options: IoBenchOptions,
+}
+
+impl<'a> IoBench<'a> {
+    /// The benchmark of `options` on these images.
+    pub fn new(ws: &'a Workspace, images: &'a L1Images, options: IoBenchOptions) -> Self {
+        IoBench {
+            ws,
+            images,
+            options,
+        }
+    }
+
+    /// Its options.
+    pub fn options(&self) -> &IoBenchOptions {
+        &self.options
+    }
+}
+
+impl Benchmark for IoBench<'_> {
+    type Figures = Figures;
+
+    fn name(&self) -> &str {
+        "bench-io"
+    }
+
+    fn sections(&self) -> Vec<usize> {
+        vec![VMMS.len()]
+    }
+
+    fn rounds(&self) -> u32 {
+        self.options.rounds
+    }
+
+    fn boots(&self) -> Boots {
+        Boots::Shared
+    }
+
+    fn label(&self, case: usize, round: u32) -> String {
+        format!("{}-{}", VMMS[case].name(), round + 1)
+    }
+
+    fn boot(&self, runs: &[Run]) -> Result<RigOutcome, RigError> {
+        rig(&self.options, runs).run(self.ws, self.images)
+    }
+
+    fn measure(&self, outcome: &RigOutcome, run: &Run) -> Result<Figures, String> {
+        figures(outcome, &run.label, &self.options).ok_or_else(|| "the VM never started".into())
+    }
+
+    fn summary(&self, figures: &Figures) -> String {
+        FIGURES
+            .iter()
+            .zip(figures)
+            .map(|((name, unit), value)| {
+                let value = value.map_or("failed".to_string(), |v| format!("{v:.1}"));
+                format!("{name} {value} {unit}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn tables(&self, results: &[Measured<Figures>]) -> String {
+        IoBenchReport::of(results).table(&self.options)
+    }
+}
+
 /// Seconds between the two uptimes of an `IO STEP BEFORE AFTER` line's `rest`.
 fn span(rest: &str) -> Option<f64> {
     let mut words = rest.split_whitespace();
@@ -143,11 +211,9 @@ fn step<'a>(lines: &'a [String], name: &str) -> Option<&'a str> {
     lines.iter().find_map(|l| l.strip_prefix(prefix.as_str()))
 }
 
-/// The figures of the VM labelled `label` in `outcome`.
-pub fn figures(outcome: &RigOutcome, label: &str, options: &IoBenchOptions) -> Figures {
-    let Some(run) = outcome.run(label) else {
-        return [None; FIGURES.len()];
-    };
+/// The figures of the VM labelled `label` in `outcome`; None when it never started.
+pub fn figures(outcome: &RigOutcome, label: &str, options: &IoBenchOptions) -> Option<Figures> {
+    let run = outcome.run(label)?;
     let failed = |name: &str| {
         run.guest
             .iter()
@@ -164,41 +230,32 @@ pub fn figures(outcome: &RigOutcome, label: &str, options: &IoBenchOptions) -> F
         let seconds: f64 = words.nth(1)?.parse().ok()?;
         Some(reads / seconds)
     });
-    [
+    Some([
         rate(run.guest, "seq-write", options.disk_mib),
         rate(run.guest, "seq-read", options.disk_mib),
         iops,
         rate(run.guest, "net-tx", options.net_mib),
         rate(run.probe, "net-rx", options.net_mib),
-    ]
-}
-
-/// Runs the benchmark: one L1 boot, booted again (up to the rig's attempts) when L1 fails by
-/// itself.
-pub fn run_io_bench(
-    ws: &Workspace,
-    images: &L1Images,
-    options: &IoBenchOptions,
-) -> Result<IoBenchReport, RigError> {
-    let rig = rig(options);
-    let outcome = retry_boots("bench-io", || rig.run(ws, images), l1_failure_kind)?;
-    crate::retry::dump_outcome("bench-io", &outcome);
-    let mut report = IoBenchReport::default();
-    for (label, vmm) in rig
-        .labels()
-        .iter()
-        .zip((0..options.rounds).flat_map(round_order))
-    {
-        let figures = figures(&outcome, label, options);
-        match vmm {
-            InnerVmm::Pvmm => report.pvmm.push(figures),
-            InnerVmm::Qemu => report.qemu.push(figures),
-        }
-    }
-    Ok(report)
+    ])
 }
 
 impl IoBenchReport {
+    /// Each VMM's figures from the runner's results, round by round (a VM that never started
+    /// as all figures failed).
+    pub fn of(results: &[Measured<Figures>]) -> IoBenchReport {
+        let mut sorted: Vec<&Measured<Figures>> = results.iter().collect();
+        sorted.sort_by_key(|m| m.run.round);
+        let mut report = IoBenchReport::default();
+        for m in sorted {
+            let figures = m.figures.clone().unwrap_or([None; FIGURES.len()]);
+            match VMMS[m.run.case] {
+                InnerVmm::Pvmm => report.pvmm.push(figures),
+                InnerVmm::Qemu => report.qemu.push(figures),
+            }
+        }
+        report
+    }
+
     /// The median of figure `index` over `rounds`.
     fn median(rounds: &[Figures], index: usize) -> Option<f64> {
         median(rounds.iter().map(|f| f[index]))
@@ -221,25 +278,28 @@ impl IoBenchReport {
             .all(|f| f.iter().all(Option::is_some))
     }
 
-    /// The Markdown table of medians and ratios.
+    /// The table of medians and ratios, under a title line.
     pub fn table(&self, options: &IoBenchOptions) -> String {
         let show = |v: Option<f64>, digits: usize| {
             v.map_or("failed".to_string(), |v| format!("{v:.digits$}"))
         };
-        let mut text = format!(
-            "| figure ({} MiB disk transfers, {} s of random reads, {} MiB each way, \
-             medians of {} round(s)) | pvmm | QEMU | pvmm/QEMU |\n|---|---|---|---|\n",
+        let title = format!(
+            "{} MiB disk transfers, {} s of random reads, {} MiB each way, medians of {} round(s):\n",
             options.disk_mib, options.random_secs, options.net_mib, options.rounds
         );
-        for (index, (name, unit)) in FIGURES.iter().enumerate() {
-            text.push_str(&format!(
-                "| {name} ({unit}) | {} | {} | {} |\n",
-                show(Self::median(&self.pvmm, index), 1),
-                show(Self::median(&self.qemu, index), 1),
-                show(self.ratio(index), 2)
-            ));
-        }
-        text
+        let rows: Vec<[String; 4]> = FIGURES
+            .iter()
+            .enumerate()
+            .map(|(index, (name, unit))| {
+                [
+                    format!("{name} ({unit})"),
+                    show(Self::median(&self.pvmm, index), 1),
+                    show(Self::median(&self.qemu, index), 1),
+                    show(self.ratio(index), 2),
+                ]
+            })
+            .collect();
+        title + &table(["figure", "pvmm", "QEMU", "pvmm/QEMU"], &rows)
     }
 }
 
@@ -262,10 +322,33 @@ mod tests {
 
     #[test]
     fn rounds_alternate_and_every_vm_gets_the_same_disks_and_its_own_tap() {
-        assert_eq!(round_order(0), [InnerVmm::Pvmm, InnerVmm::Qemu]);
-        assert_eq!(round_order(1), [InnerVmm::Qemu, InnerVmm::Pvmm]);
-        let rig = rig(&options());
-        assert_eq!(rig.labels(), ["0", "1", "2", "3"]);
+        let order = crate::runner::plan(&[VMMS.len()], 2);
+        let vmms: Vec<InnerVmm> = order.iter().map(|&(case, _)| VMMS[case]).collect();
+        assert_eq!(
+            vmms,
+            [
+                InnerVmm::Pvmm,
+                InnerVmm::Qemu,
+                InnerVmm::Qemu,
+                InnerVmm::Pvmm
+            ]
+        );
+        let runs: Vec<Run> = order
+            .iter()
+            .map(|&(case, round)| Run {
+                case,
+                round,
+                label: format!("{}-{}", VMMS[case].name(), round + 1),
+            })
+            .collect();
+        let all = rig(&options(), &runs);
+        assert_eq!(
+            all.labels(),
+            ["pvmm-1", "qemu-kvm-1", "qemu-kvm-2", "pvmm-2"]
+        );
+        // A boot for the VMs a failed L1 left keeps their labels, the taps counted afresh.
+        let again = rig(&options(), &runs[2..]);
+        assert_eq!(again.labels(), ["qemu-kvm-2", "pvmm-2"]);
     }
 
     #[test]
@@ -296,7 +379,18 @@ mod tests {
         assert_eq!(report.ratio(4), None);
         assert!(!report.all_measured());
         let table = report.table(&options());
-        assert!(table.contains("| sequential write, O_DIRECT (MiB/s) | 128.0 | 64.0 | 2.00 |"));
-        assert!(table.contains("| TCP L1 to guest (MiB/s) | 32.0 | failed | failed |"));
+        let row = |name: &str| {
+            let line = table
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no row {name}: {table}"));
+            line.split_whitespace().rev().take(3).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            row("sequential write, O_DIRECT (MiB/s)"),
+            ["2.00", "64.0", "128.0"]
+        );
+        assert_eq!(row("TCP L1 to guest (MiB/s)"), ["failed", "failed", "32.0"]);
+        assert!(table.starts_with("256 MiB disk transfers,"), "{table}");
     }
 }

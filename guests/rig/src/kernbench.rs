@@ -9,34 +9,35 @@
 //! `load-end` marks ([`scripts::KERNBENCH_GUEST`]). The L1 probe and the window measurements
 //! are the placement benchmark's ([`crate::placement_bench::bench_probe`]): package idle from L1's
 //! `/proc/stat`, modelled energy, pvmm's and L1's migration counts. The run time is the
-//! guest's own (its uptime around `make`); the window is L1's view of the same span. Where L1
-//! fails by itself mid-way, the cases left run in a fresh boot and the finished ones keep
-//! their results ([`resume_boots`]).
+//! guest's own (its uptime around `make`); the window is L1's view of the same span.
 //!
-//! Each case runs once per round, the rounds one after another, and each round turns the
-//! policies' order by one place, so that over as many rounds as policies each policy runs in
-//! each place of an N's builds once (a place can matter: the first build after another N's
-//! starts from that N's placement and page cache). The table gives each figure's median over
-//! the rounds.
+//! The benchmark runs on the runner ([`crate::runner`]), one section per N: each case once per
+//! round, the rounds one after another, each round turning the policies' order by one place,
+//! so that over as many rounds as policies each policy runs in each place of an N's builds
+//! once (a place can matter: the first build after another N's starts from that N's placement
+//! and page cache). Where L1 fails by itself mid-way, the cases left run in a fresh boot and
+//! the finished ones keep their results. The table gives each figure's median over the
+//! rounds.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
 
-use crate::figures::median;
+use crate::figures::{median, table};
 use crate::images::L1Images;
 use crate::inside;
 use crate::kernbench_disk::TREE;
 use crate::placement_bench::{
     bench_probe, measure_window, policy_args, IDLE_TAIL_SECS, SETTLE_SECS,
 };
-use crate::retry::{resume_boots, ResumedBoot};
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
+use crate::runner::{
+    self, clean_run, figures_of, grid_case, grid_section, Benchmark, Boots, Measured, Run,
+};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
-use pvmm_sim::report::aligned_columns;
 
 /// The policies compared by default: `performance` first (the reference), the two
 /// power-saving levels, and `none` (L1's scheduler places the unpinned vCPU threads).
@@ -170,30 +171,6 @@ fn pvmm_args(options: &KernbenchOptions, policy: &str) -> Vec<String> {
     args
 }
 
-/// Every run, in order: round by round, each N, each policy, the policies' order turned by
-/// one place each round.
-fn runs(options: &KernbenchOptions) -> Vec<(String, u32, PvmmRun)> {
-    let mut runs = Vec::new();
-    let count = options.policies.len();
-    for round in 0..options.rounds {
-        for &jobs in &options.jobs {
-            let turned = options.policies.iter().cycle().skip(round as usize % count);
-            for policy in turned.take(count) {
-                runs.push((
-                    policy.clone(),
-                    jobs,
-                    PvmmRun {
-                        label: label(policy, jobs, round),
-                        pvmm_args: pvmm_args(options, policy),
-                        guest_command: guest_command(jobs, &options.mycflags),
-                    },
-                ));
-            }
-        }
-    }
-    runs
-}
-
 /// The build's span on the guest's clock from its `KB built BEGIN END` line, or why there is
 /// none.
 pub fn build_seconds(run: &RunLines) -> Result<f64, String> {
@@ -212,30 +189,138 @@ pub fn build_seconds(run: &RunLines) -> Result<f64, String> {
     }
 }
 
-/// Measures one case's run.
-fn measure(
-    outcome: &RigOutcome,
-    label: &str,
-    policy: &str,
-    jobs: u32,
-    model: &PowerModel,
-) -> Result<Build, String> {
-    let run = outcome.run(label).ok_or("the run never started")?;
-    if run.status != Some(0) {
-        return Err(format!("pvmm exit status {:?}", run.status));
+/// The benchmark on the runner ([`crate::runner::run`]): one section per N, its cases the
+/// policies, every build in one L1 boot.
+pub struct Kernbench<'a> {
+    ws: &'a Workspace,
+    images: &'a L1Images,
+    options: KernbenchOptions,
+}
+
+impl<'a> Kernbench<'a> {
+    /// The benchmark of `options` on these images (which must hold the kernbench disk).
+    pub fn new(
+        ws: &'a Workspace,
+        images: &'a L1Images,
+        options: KernbenchOptions,
+    ) -> Result<Self, RigError> {
+        if images.kernbench.is_none() {
+            return Err(RigError::BadArgs(
+                "the L1 images were built without the kernbench disk".into(),
+            ));
+        }
+        Ok(Kernbench {
+            ws,
+            images,
+            options,
+        })
     }
-    let build_s = build_seconds(&run)?;
-    let measured = measure_window(&run, model)?;
-    Ok(Build {
-        policy: policy.to_string(),
-        jobs,
-        build_s,
-        window_s: measured.window_s,
-        package_idle: measured.package_idle,
-        energy_j: measured.energy_j,
-        migrations: measured.migrations,
-        kernel_migrations: measured.kernel_migrations,
-    })
+
+    /// Case `case`'s N and policy entry.
+    fn case(&self, case: usize) -> (u32, &str) {
+        case_of(&self.options, case)
+    }
+}
+
+/// Case `case`'s N and policy entry: the cases are every N's policies, N by N.
+fn case_of(options: &KernbenchOptions, case: usize) -> (u32, &str) {
+    let (section, place) = grid_case(case, options.policies.len());
+    (options.jobs[section], &options.policies[place])
+}
+
+impl Benchmark for Kernbench<'_> {
+    type Figures = Build;
+
+    fn name(&self) -> &str {
+        "bench-kernbench"
+    }
+
+    fn sections(&self) -> Vec<usize> {
+        vec![self.options.policies.len(); self.options.jobs.len()]
+    }
+
+    fn rounds(&self) -> u32 {
+        self.options.rounds
+    }
+
+    fn boots(&self) -> Boots {
+        Boots::Shared
+    }
+
+    fn label(&self, case: usize, round: u32) -> String {
+        let (jobs, policy) = self.case(case);
+        label(policy, jobs, round)
+    }
+
+    fn boot(&self, runs: &[Run]) -> Result<RigOutcome, RigError> {
+        let o = &self.options;
+        crate::host::progress(&format!(
+            "{} builds of {TREE} in one L1 boot, a few minutes each (--verbose shows every line)",
+            runs.len()
+        ));
+        let sequence = SequenceOptions {
+            topology: o.topology,
+            timeout: Duration::from_secs(L1_BOOT_SECS + RUN_BOOT_SECS * runs.len() as u64),
+            run_limit_secs: RUN_LIMIT_SECS,
+            echo: o.echo,
+            progress: true,
+            probe: Some(bench_probe()),
+            tuning: crate::tuning::L1Tuning::default(),
+            guest_kernel: crate::GuestKernel::default(),
+        };
+        let pvmm_runs: Vec<PvmmRun> = runs
+            .iter()
+            .map(|run| {
+                let (jobs, policy) = self.case(run.case);
+                PvmmRun {
+                    label: run.label.clone(),
+                    pvmm_args: pvmm_args(o, policy),
+                    guest_command: guest_command(jobs, &o.mycflags),
+                }
+            })
+            .collect();
+        run_pvmm_sequence(self.ws, self.images, &sequence, &pvmm_runs)
+    }
+
+    fn measure(&self, outcome: &RigOutcome, run: &Run) -> Result<Build, String> {
+        let (jobs, policy) = self.case(run.case);
+        let lines = clean_run(outcome, &run.label)?;
+        let build_s = build_seconds(&lines)?;
+        let measured = measure_window(&lines, &PowerModel::default())?;
+        Ok(Build {
+            policy: policy.to_string(),
+            jobs,
+            build_s,
+            window_s: measured.window_s,
+            package_idle: measured.package_idle,
+            energy_j: measured.energy_j,
+            migrations: measured.migrations,
+            kernel_migrations: measured.kernel_migrations,
+        })
+    }
+
+    fn summary(&self, b: &Build) -> String {
+        format!(
+            "build {:.1} s, window {:.1} s, {:.0} J, {} migrations",
+            b.build_s, b.window_s, b.energy_j, b.migrations
+        )
+    }
+
+    fn tables(&self, results: &[Measured<Build>]) -> String {
+        let policies = self.options.policies.len();
+        let mut out = String::new();
+        for (index, &jobs) in self.options.jobs.iter().enumerate() {
+            let section = grid_section(index, policies);
+            let builds = figures_of(results, |case| section.contains(&case));
+            let title = format!("N = {jobs}: make -j{jobs}");
+            let _ = writeln!(
+                out,
+                "{}",
+                format_table(&title, &self.options.policies, &builds)
+            );
+        }
+        out
+    }
 }
 
 /// What a kernbench run measured.
@@ -245,67 +330,34 @@ pub struct KernbenchResults {
     pub builds: Vec<Build>,
     /// The cases that gave no measurement.
     pub failures: Vec<Failure>,
-    /// Every L1 boot it took, in order: one, or more where L1 failed by itself
-    /// ([`resume_boots`]).
+    /// Every L1 boot it took, in order: one, or more where L1 failed by itself.
     pub outcomes: Vec<RigOutcome>,
 }
 
-/// Runs every case in one L1 boot, booting again for the cases left where L1 fails by itself
-/// mid-way ([`resume_boots`]), and measures each case in the boot where it ran.
+/// Runs every case in one L1 boot on the runner ([`Kernbench`]), booting again for the cases
+/// left where L1 fails by itself mid-way, and measures each case in the boot where it ran.
 pub fn run_kernbench(
     ws: &Workspace,
     images: &L1Images,
     options: &KernbenchOptions,
 ) -> Result<KernbenchResults, RigError> {
-    if images.kernbench.is_none() {
-        return Err(RigError::BadArgs(
-            "the L1 images were built without the kernbench disk".into(),
-        ));
-    }
-    let runs = runs(options);
-    crate::host::progress(&format!(
-        "{} builds of {TREE} in one L1 boot, a few minutes each (--verbose shows every line)",
-        runs.len()
-    ));
-    let boot = |pending: &[(String, u32, PvmmRun)]| {
-        let sequence = SequenceOptions {
-            topology: options.topology,
-            timeout: Duration::from_secs(L1_BOOT_SECS + RUN_BOOT_SECS * pending.len() as u64),
-            run_limit_secs: RUN_LIMIT_SECS,
-            echo: options.echo,
-            progress: true,
-            probe: Some(bench_probe()),
-            tuning: crate::tuning::L1Tuning::default(),
-            guest_kernel: crate::GuestKernel::default(),
-        };
-        let pvmm_runs: Vec<PvmmRun> = pending.iter().map(|(_, _, run)| run.clone()).collect();
-        run_pvmm_sequence(ws, images, &sequence, &pvmm_runs)
-    };
-    let ended = |outcome: &RigOutcome, (_, _, run): &(String, u32, PvmmRun)| {
-        outcome
-            .run(&run.label)
-            .is_some_and(|lines| lines.status.is_some())
-    };
-    let boots = resume_boots("bench-kernbench", runs, boot, ended)?;
-    let model = PowerModel::default();
-    let mut measured = KernbenchResults {
-        builds: Vec::new(),
-        failures: Vec::new(),
-        outcomes: Vec::new(),
-    };
-    for ResumedBoot { runs, outcome } in boots {
-        for (policy, jobs, run) in &runs {
-            match measure(&outcome, &run.label, policy, *jobs, &model) {
-                Ok(build) => measured.builds.push(build),
-                Err(reason) => measured.failures.push(Failure {
-                    label: run.label.clone(),
-                    reason,
-                }),
-            }
-        }
-        measured.outcomes.push(outcome);
-    }
-    Ok(measured)
+    let report = runner::run(&Kernbench::new(ws, images, options.clone())?)?;
+    let failures = report
+        .failures()
+        .map(|(run, why)| Failure {
+            label: run.label.clone(),
+            reason: why.to_string(),
+        })
+        .collect();
+    Ok(KernbenchResults {
+        builds: report
+            .results
+            .into_iter()
+            .filter_map(|m| m.figures.ok())
+            .collect(),
+        failures,
+        outcomes: report.boots,
+    })
 }
 
 /// One policy's medians over its rounds.
@@ -365,8 +417,7 @@ pub fn format_table(title: &str, policies: &[String], builds: &[&Build]) -> Stri
         "Energy(J)",
         "Migrations",
         "L1 migrations",
-    ]
-    .map(String::from);
+    ];
     let cells: Vec<[String; 10]> = rows
         .iter()
         .map(|r| {
@@ -389,7 +440,7 @@ pub fn format_table(title: &str, policies: &[String], builds: &[&Build]) -> Stri
             ]
         })
         .collect();
-    out.push_str(&aligned_columns(&headers, &cells));
+    out.push_str(&table(headers, &cells));
     let _ = writeln!(
         out,
         "(Time, Energy, Power: relative to {} = 1.00, medians over the runs; Energy is modelled \
@@ -477,15 +528,26 @@ mod tests {
             topology: Topology::default(),
             echo: false,
         };
-        let runs = runs(&options);
+        let sections = vec![options.policies.len(); options.jobs.len()];
+        let runs: Vec<_> = runner::plan(&sections, options.rounds)
+            .into_iter()
+            .map(|(case, round)| {
+                let (jobs, policy) = case_of(&options, case);
+                (
+                    label(policy, jobs, round),
+                    pvmm_args(&options, policy),
+                    jobs,
+                )
+            })
+            .collect();
         assert_eq!(runs.len(), 8);
-        assert_eq!(runs[0].2.label, "performance-j2-r0");
-        assert_eq!(runs[4].2.label, "none-j2-r1");
-        assert_eq!(runs[7].2.label, "performance-j8-r1");
-        let args = runs[4].2.pvmm_args.join(" ");
+        assert_eq!(runs[0].0, "performance-j2-r0");
+        assert_eq!(runs[4].0, "none-j2-r1");
+        assert_eq!(runs[7].0, "performance-j8-r1");
+        let args = runs[4].1.join(" ");
         assert!(args.contains("--disk /guest/kernbench.ext4,readonly=on"));
         assert!(args.contains("--policy none"));
-        assert!(runs[2].2.guest_command.contains("JOBS=8"));
+        assert!(guest_command(runs[2].2, "").contains("JOBS=8"));
     }
 
     /// The guest command fits the kernel command line and, with stubs for the programs it

@@ -27,6 +27,8 @@
 //! - [`soak`]: counting rig outcomes by kind over many boots (`cargo xtask rig-soak`).
 //! - [`guest_soak`]: many guests one after another in one L1, and what each leaves behind in
 //!   it (`cargo xtask rig-guest-soak`).
+//! - [`runner`]: the benchmarks' one runner: cases, rounds, shared boots, resuming after L1
+//!   fails, progress lines and tables.
 //! - [`retry`]: booting the rig again when it fails by itself, and a boot's whole log.
 //! - [`vmlinux`]: the uncompressed kernel inside a bzImage, for PVH boots.
 //! - [`figures`]: medians and aligned tables for the benchmarks' reports.
@@ -56,6 +58,7 @@ pub mod probe;
 pub mod retry;
 pub mod rig;
 pub mod root_disk;
+pub mod runner;
 pub mod scripts;
 pub mod sequence;
 pub mod soak;

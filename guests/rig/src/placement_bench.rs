@@ -4,7 +4,9 @@
 //! "Re: [PATCH v7 0/8] Tunable sched_mc_power_savings=n" (Vaidyanathan Srinivasan, LKML, 2008-12-30)).
 //!
 //! One L1 boot (2 packages x 2 cores by default) runs a 4-vCPU guest under pvmm once per
-//! (thread count N, policy). The guest runs `pvmm-load --threads N` with a kernbench-like
+//! (thread count N, policy) and round, on the benchmark runner ([`crate::runner`]: each round
+//! turns the policies' order within each N, and L1 failing by itself costs only the runs it
+//! cut off). The guest runs `pvmm-load --threads N` with a kernbench-like
 //! duty cycle between two `pvmm-mark:` lines, which L1 timestamps ([`crate::scripts`]). A probe
 //! pinned to L1 CPU 0 samples L1's `/proc/stat` per CPU; everything is measured over the load
 //! window only:
@@ -13,7 +15,8 @@
 //!   busy, per sample interval `1 - max(busy share of its CPUs)` (the CPUs' busy time is
 //!   assumed to overlap, the same assumption as the simulator's `thread_overlap`);
 //! - **Work**: pvmm-load's total iterations;
-//! - **Migrations**: pvmm's `migrations_total` (stats) over the window;
+//! - **Migrations**: pvmm's `migrations_total` over the window, from its `--stats` lines, which
+//!   the probe prints whole and the benchmark reads as the stats schema's type;
 //! - **L1 migrations**: the same window counted by L1's kernel: the sum of the vCPU threads'
 //!   `se.nr_migrations` (`/proc/<pid>/task/<tid>/sched`), every move of a vCPU thread from one
 //!   L1 CPU to another, whoever made it (pvmm's pinning, or L1's scheduler within a set of
@@ -31,7 +34,8 @@
 //!   figures), so `Energy` = modelled joules per unit of work relative to `performance`.
 //!
 //! The probe's own sampling (a few shell builtins every 0.2 s) lands on package 0 under every
-//! policy alike.
+//! policy alike. With several rounds, each figure of a table's row is its median over the
+//! rounds.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -40,13 +44,16 @@ use std::time::Duration;
 use pvmm_scheduler::power::PowerModel;
 
 use crate::activity::Activity;
+use crate::figures::{median, table};
 use crate::images::L1Images;
-use crate::probe::ProbeLine;
+use crate::probe::{read_stats, ProbeLine};
 use crate::rig::{RigError, RigOutcome, RunLines, Topology};
+use crate::runner::{
+    clean_run, figures_of, grid_case, grid_section, Benchmark, Boots, Measured, Run,
+};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
-use pvmm_sim::report::aligned_columns;
 
 /// The kernbench thread busy fraction of the simulator's scenario, 1 - sqrt(0.5086) = 0.287,
 /// as a pvmm-load duty in percent (pvmm-sim's `kernbench_busy_fraction`: 50.86 % is the packed
@@ -112,6 +119,8 @@ pub struct PlacementBenchOptions {
     pub period_ms: u32,
     /// pvmm policies (`none` included), each maybe with [`SHARE_SUFFIX`] ([`policy_args`]).
     pub policies: Vec<String>,
+    /// Rounds: every (N, policy) case once per round.
+    pub rounds: u32,
     /// L1 topology.
     pub topology: Topology,
     /// Print every rig line.
@@ -167,20 +176,10 @@ impl CaseResult {
     }
 }
 
-/// A case that produced no measurement, and why.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CaseFailure {
-    /// pvmm's `--policy`.
-    pub policy: String,
-    /// Busy guest threads.
-    pub threads: u32,
-    /// Why.
-    pub reason: String,
-}
-
 /// The L1 probe: pins itself to CPU 0, prints the CPU topology, then samples `/proc/stat`
 /// (and every `KERNEL_COUNT_EVERY` samples the vCPU threads' `se.nr_migrations`, a `K` line)
-/// until pvmm exits; prints the samples, the guest's marks and pvmm's migration counts.
+/// until pvmm exits; prints the samples, the guest's marks and pvmm's `--stats` lines whole
+/// (read as [`pvmm_api::stats::VmStats`] by [`read_stats`]).
 pub fn bench_probe() -> String {
     scripts::assemble(
         &[
@@ -190,10 +189,6 @@ pub fn bench_probe() -> String {
         ],
         &[scripts::CPU_ACTIVITY_LIB, scripts::BENCH_PROBE],
     )
-}
-
-fn label(policy: &str, threads: u32) -> String {
-    format!("{policy}-n{threads}")
 }
 
 /// What a `--policies` entry with this suffix adds to its policy: `--share-package`.
@@ -239,82 +234,196 @@ pub fn guest_command(options: &PlacementBenchOptions, threads: u32) -> String {
     )
 }
 
-/// Runs every case in one L1 boot; returns the measured cases, the failed ones and the rig's
-/// outcome.
-pub fn run_placement_bench(
-    ws: &Workspace,
-    images: &L1Images,
-    options: &PlacementBenchOptions,
-) -> Result<(Vec<CaseResult>, Vec<CaseFailure>, RigOutcome), RigError> {
-    let mut runs = Vec::new();
-    for &threads in &options.threads {
-        for policy in &options.policies {
-            let mut pvmm_args = vec!["--vcpus".to_string(), options.vcpus.to_string()];
-            pvmm_args.extend(policy_args(policy));
-            pvmm_args.extend(["--stats".to_string(), STATS_PATH.to_string()]);
-            runs.push(PvmmRun {
-                label: label(policy, threads),
-                pvmm_args,
-                guest_command: guest_command(options, threads),
-            });
+/// The benchmark on the runner ([`crate::runner::run`]): one section per N, its cases the
+/// policies, every run in one L1 boot.
+pub struct PlacementBench<'a> {
+    ws: &'a Workspace,
+    images: &'a L1Images,
+    options: PlacementBenchOptions,
+}
+
+impl<'a> PlacementBench<'a> {
+    /// The benchmark of `options` on these images.
+    pub fn new(ws: &'a Workspace, images: &'a L1Images, options: PlacementBenchOptions) -> Self {
+        PlacementBench {
+            ws,
+            images,
+            options,
         }
     }
-    let per_run = RUN_OVERHEAD_SECS
-        + u64::from(SETTLE_SECS + IDLE_TAIL_SECS)
-        + LOAD_TIME_FACTOR * u64::from(options.seconds);
-    let sequence = SequenceOptions {
-        topology: options.topology,
-        timeout: Duration::from_secs(
-            L1_BOOT_SECS + SEQUENCE_SLACK_FACTOR * per_run * runs.len() as u64,
-        ),
-        run_limit_secs: per_run,
-        echo: options.echo,
-        progress: false,
-        probe: Some(bench_probe()),
-        tuning: crate::tuning::L1Tuning::default(),
-        guest_kernel: options.guest_kernel,
+
+    /// Case `case`'s busy thread count and policy entry.
+    fn case(&self, case: usize) -> (u32, &str) {
+        let (section, place) = grid_case(case, self.options.policies.len());
+        (self.options.threads[section], &self.options.policies[place])
+    }
+
+    /// A run's limit in L1: its load, settling and idle tail, with room.
+    fn per_run_secs(&self) -> u64 {
+        RUN_OVERHEAD_SECS
+            + u64::from(SETTLE_SECS + IDLE_TAIL_SECS)
+            + LOAD_TIME_FACTOR * u64::from(self.options.seconds)
+    }
+
+    /// The table title of N = `threads`.
+    fn title(&self, threads: u32) -> String {
+        let o = &self.options;
+        let load = match threads {
+            0 => format!("idle guest (sleep {})", o.seconds),
+            n => format!(
+                "pvmm-load --threads {n} --duty {} --period-ms {} --seconds {}",
+                o.duty_percent, o.period_ms, o.seconds
+            ),
+        };
+        format!(
+            "N = {threads}: {load}, {} vCPUs, L1 {}, guest kernel {}, {} round(s)",
+            o.vcpus, o.topology, o.guest_kernel, o.rounds
+        )
+    }
+}
+
+impl Benchmark for PlacementBench<'_> {
+    type Figures = CaseResult;
+
+    fn name(&self) -> &str {
+        "bench-placement"
+    }
+
+    fn sections(&self) -> Vec<usize> {
+        vec![self.options.policies.len(); self.options.threads.len()]
+    }
+
+    fn rounds(&self) -> u32 {
+        self.options.rounds
+    }
+
+    fn boots(&self) -> Boots {
+        Boots::Shared
+    }
+
+    fn label(&self, case: usize, round: u32) -> String {
+        let (threads, policy) = self.case(case);
+        format!("{policy}-n{threads}-r{round}")
+    }
+
+    fn boot(&self, runs: &[Run]) -> Result<RigOutcome, RigError> {
+        let o = &self.options;
+        let pvmm_runs: Vec<PvmmRun> = runs
+            .iter()
+            .map(|run| {
+                let (threads, policy) = self.case(run.case);
+                let mut pvmm_args = vec!["--vcpus".to_string(), o.vcpus.to_string()];
+                pvmm_args.extend(policy_args(policy));
+                pvmm_args.extend(["--stats".to_string(), STATS_PATH.to_string()]);
+                PvmmRun {
+                    label: run.label.clone(),
+                    pvmm_args,
+                    guest_command: guest_command(o, threads),
+                }
+            })
+            .collect();
+        let per_run = self.per_run_secs();
+        let sequence = SequenceOptions {
+            topology: o.topology,
+            timeout: Duration::from_secs(
+                L1_BOOT_SECS + SEQUENCE_SLACK_FACTOR * per_run * runs.len() as u64,
+            ),
+            run_limit_secs: per_run,
+            echo: o.echo,
+            progress: false,
+            probe: Some(bench_probe()),
+            tuning: crate::tuning::L1Tuning::default(),
+            guest_kernel: o.guest_kernel,
+        };
+        let quiet_secs =
+            u64::from(o.seconds + SETTLE_SECS + IDLE_TAIL_SECS) + PER_RUN_QUIET_OVERHEAD_SECS;
+        crate::host::progress(&format!(
+            "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",
+            runs.len(),
+            o.seconds,
+            (runs.len() as u64 * quiet_secs).div_ceil(60),
+            sequence.timeout.as_secs().div_ceil(60)
+        ));
+        run_pvmm_sequence(self.ws, self.images, &sequence, &pvmm_runs)
+    }
+
+    fn measure(&self, outcome: &RigOutcome, run: &Run) -> Result<CaseResult, String> {
+        let (threads, policy) = self.case(run.case);
+        let (work, measured) = measure_case(outcome, &run.label, threads, &PowerModel::default())?;
+        Ok(CaseResult {
+            policy: policy.to_string(),
+            threads,
+            window_s: measured.window_s,
+            work,
+            package_idle: measured.package_idle,
+            energy_j: measured.energy_j,
+            migrations: measured.migrations,
+            kernel_migrations: measured.kernel_migrations,
+            package1_idle_after_start_s: measured.package1_idle_after_start_s,
+            package1_idle_after_end_s: measured.package1_idle_after_end_s,
+        })
+    }
+
+    fn summary(&self, r: &CaseResult) -> String {
+        format!(
+            "window {:.1} s, {} iterations, {:.1} J, {} migrations",
+            r.window_s, r.work, r.energy_j, r.migrations
+        )
+    }
+
+    fn tables(&self, results: &[Measured<CaseResult>]) -> String {
+        let policies = self.options.policies.len();
+        let mut out = String::new();
+        for (index, &threads) in self.options.threads.iter().enumerate() {
+            let section = grid_section(index, policies);
+            let runs = figures_of(results, |case| section.contains(&case));
+            let rows: Vec<CaseResult> = self
+                .options
+                .policies
+                .iter()
+                .filter_map(|p| median_case(p, &runs))
+                .collect();
+            let rows: Vec<&CaseResult> = rows.iter().collect();
+            let _ = writeln!(out, "{}", format_bench_table(&self.title(threads), &rows));
+        }
+        out
+    }
+}
+
+/// The medians of `policy`'s runs among `runs`, figure by figure; None when it has none.
+pub fn median_case(policy: &str, runs: &[&CaseResult]) -> Option<CaseResult> {
+    let mine: Vec<&&CaseResult> = runs.iter().filter(|r| r.policy == policy).collect();
+    let first = mine.first()?;
+    let of = |f: &dyn Fn(&CaseResult) -> Option<f64>| median(mine.iter().map(|r| f(r)));
+    // The median of counts is a count again: a median of non-negative whole numbers (below
+    // 2^53, exact as f64) is one of them or the mean of two, rounded back into the range.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let count = |f: &dyn Fn(&CaseResult) -> Option<u64>| {
+        of(&|r| f(r).map(|n| n as f64)).map(|m| m.round() as u64)
     };
-    crate::host::progress(&format!(
-        "{} pvmm runs of {} s load in one L1 boot: about {} min on a quiet 2-CPU host, at most {} min (--verbose shows every line)",
-        runs.len(),
-        options.seconds,
-        (runs.len() as u64 * (u64::from(options.seconds + SETTLE_SECS + IDLE_TAIL_SECS) + PER_RUN_QUIET_OVERHEAD_SECS)).div_ceil(60),
-        sequence.timeout.as_secs().div_ceil(60)
-    ));
-    let outcome = run_pvmm_sequence(ws, images, &sequence, &runs)?;
-    let model = PowerModel::default();
-    let mut results = Vec::new();
-    let mut failures = Vec::new();
-    for &threads in &options.threads {
-        for policy in &options.policies {
-            let label = label(policy, threads);
-            match measure_case(&outcome, &label, threads, &model) {
-                Ok((work, measured)) => results.push(CaseResult {
-                    policy: policy.clone(),
-                    threads,
-                    window_s: measured.window_s,
-                    work,
-                    package_idle: measured.package_idle,
-                    energy_j: measured.energy_j,
-                    migrations: measured.migrations,
-                    kernel_migrations: measured.kernel_migrations,
-                    package1_idle_after_start_s: measured.package1_idle_after_start_s,
-                    package1_idle_after_end_s: measured.package1_idle_after_end_s,
-                }),
-                Err(reason) => failures.push(CaseFailure {
-                    policy: policy.clone(),
-                    threads,
-                    reason,
-                }),
-            }
-        }
-    }
-    Ok((results, failures, outcome))
+    Some(CaseResult {
+        policy: policy.to_string(),
+        threads: first.threads,
+        window_s: of(&|r| Some(r.window_s))?,
+        work: count(&|r| Some(r.work))?,
+        package_idle: (0..first.package_idle.len())
+            .map(|p| of(&|r| r.package_idle.get(p).copied()).unwrap_or(0.0))
+            .collect(),
+        energy_j: of(&|r| Some(r.energy_j))?,
+        migrations: count(&|r| Some(r.migrations))?,
+        kernel_migrations: count(&|r| r.kernel_migrations),
+        package1_idle_after_start_s: of(&|r| r.package1_idle_after_start_s),
+        package1_idle_after_end_s: of(&|r| r.package1_idle_after_end_s),
+    })
 }
 
 /// What one run measured over its load window ([`CaseResult`] without the case's name and
 /// work).
-pub(crate) struct Measured {
+pub(crate) struct LoadWindow {
     pub(crate) window_s: f64,
     pub(crate) package_idle: Vec<f64>,
     pub(crate) energy_j: f64,
@@ -343,19 +452,14 @@ fn measure_case(
     label: &str,
     threads: u32,
     model: &PowerModel,
-) -> Result<(u64, Measured), String> {
-    let run = outcome
-        .run(label)
-        .ok_or_else(|| "the run never started".to_string())?;
-    if run.status != Some(0) {
-        return Err(format!("pvmm exit status {:?}", run.status));
-    }
+) -> Result<(u64, LoadWindow), String> {
+    let run = clean_run(outcome, label)?;
     Ok((work(&run, threads)?, measure_window(&run, model)?))
 }
 
 /// Measures a run of [`bench_probe`] between its guest's `load-begin` and `load-end` marks
 /// (and its idle tail up to `idle-end`).
-pub(crate) fn measure_window(run: &RunLines, model: &PowerModel) -> Result<Measured, String> {
+pub(crate) fn measure_window(run: &RunLines, model: &PowerModel) -> Result<LoadWindow, String> {
     let mut start = None;
     let mut activity = Activity::default();
     let mut marks: BTreeMap<String, f64> = BTreeMap::new();
@@ -365,12 +469,15 @@ pub(crate) fn measure_window(run: &RunLines, model: &PowerModel) -> Result<Measu
         if activity.parse_line(line) {
             continue;
         }
+        if let Some(tick) = read_stats(line) {
+            stats.push((tick.t_ms, tick.migrations_total));
+            continue;
+        }
         match ProbeLine::parse(line) {
             Ok(Some(ProbeLine::Start(t))) => start = Some(t),
             Ok(Some(ProbeLine::Mark(t, text))) => {
                 marks.insert(text, t);
             }
-            Ok(Some(ProbeLine::Migrations { t_ms, total })) => stats.push((t_ms, total)),
             Ok(Some(ProbeLine::KernelMigrations { up, total })) => kernel_counts.push((up, total)),
             _ => {}
         }
@@ -402,7 +509,7 @@ pub(crate) fn measure_window(run: &RunLines, model: &PowerModel) -> Result<Measu
     let package1_idle_after_end_s = marks
         .get("idle-end")
         .and_then(|&idle_end| activity.idle_for_good_after(1, end, idle_end, IDLE_MAX_BUSY));
-    Ok(Measured {
+    Ok(LoadWindow {
         window_s: window.seconds,
         package_idle: window.package_idle,
         energy_j: window.energy_j,
@@ -469,10 +576,9 @@ pub fn format_bench_table(title: &str, results: &[&CaseResult]) -> String {
         "Work/J",
         "Pkg1 idle after start(s)",
         "after end(s)",
-    ]
-    .map(String::from);
+    ];
     let rows: Vec<[String; 12]> = results.iter().map(|r| bench_row(r, reference)).collect();
-    out.push_str(&aligned_columns(&headers, &rows));
+    out.push_str(&table(headers, &rows));
     let _ = writeln!(
         out,
         "(Energy, Power: relative to {} = 1.00; Energy is modelled joules per iteration)",
@@ -528,32 +634,55 @@ mod tests {
         assert!(lines[4].contains("relative to performance"));
     }
 
+    /// A whole `--stats` line of one 1-vCPU tick.
+    fn stats_line(t_ms: u64, migrations_total: u64) -> String {
+        format!(
+            r#"{{"capacity_notifications":0,"cppc_enabled":0,"external":false,"guest_register_errors":0,"migrations":0,"migrations_total":{migrations_total},"packages":[],"policy":"powersaving:1","policy_changes":0,"t_ms":{t_ms},"vcpus":[{{"busy":true,"capacity":1024,"cpus":"1","desired":null,"package":0,"tid":1,"util":0.5,"vcpu":0,"waited":0.0}}]}}"#
+        )
+    }
+
+    #[test]
+    fn the_window_reads_pvmms_migrations_from_whole_stats_lines() {
+        let mut probe: Vec<String> = ["PKG 0 0 0", "PKG 1 1 0", "START 9.0"]
+            .map(String::from)
+            .to_vec();
+        for s in 0..6u64 {
+            probe.push(format!("T {}", 10 + s));
+            probe.push(format!("C cpu0 {} 0 0 {} 0 0 0 0", 50 * s, 50 * s));
+            probe.push(format!("C cpu1 0 0 0 {} 0 0 0 0", 100 * s));
+        }
+        probe.extend(
+            [
+                "M 10.0 load-begin",
+                "M 13.0 load-end",
+                "K 9.8 5",
+                "K 12.9 9",
+            ]
+            .map(String::from),
+        );
+        // pvmm's clock starts with the probe (9.0 s): the window is 1000-4000 ms.
+        for (t_ms, total) in [(500, 2), (1000, 3), (2500, 7), (4000, 10), (4500, 12)] {
+            probe.push(stats_line(t_ms, total));
+        }
+        let run = RunLines {
+            guest: &[],
+            vmm: &[],
+            probe: &probe,
+            status: Some(0),
+        };
+        let measured = measure_window(&run, &PowerModel::default()).expect("a window");
+        assert_eq!(measured.migrations, 7);
+        assert_eq!(measured.kernel_migrations, Some(4));
+        assert!((measured.window_s - 3.0).abs() < 1e-9);
+    }
+
     #[test]
     fn probe_and_command_mention_what_the_parser_reads() {
         let probe = bench_probe();
-        assert!(probe.contains("migrations_total") && probe.contains("rig-marks"));
-        // pvmm's stats keys come in either order (serde_json sorts them); the sed script
-        // handles both.
-        let script = probe
-            .lines()
-            .find(|l| l.starts_with("sed -n"))
-            .expect("the stats extraction");
-        let sh = |line: &str| {
-            let out = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(format!(
-                    "printf '%s\\n' '{line}' > \"$STATS_PATH\"; {script}"
-                ))
-                .env("STATS_PATH", "/tmp/pvmm-bench-sed-test")
-                .output()
-                .expect("sh runs");
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        };
-        assert_eq!(sh(r#"{"migrations_total":24,"t_ms":18330}"#), "S 18330 24");
-        assert_eq!(
-            sh(r#"{"t_ms":18330,"migrations":1,"migrations_total":24}"#),
-            "S 18330 24"
-        );
+        assert!(probe.contains("rig-marks") && probe.contains("nr_migrations"));
+        // pvmm's stats come whole, for the typed read; no shell parses them.
+        assert!(probe.contains("\ncat \"$STATS_PATH\"\n"), "{probe}");
+        assert!(!probe.contains("migrations_total"), "{probe}");
         let options = PlacementBenchOptions {
             threads: vec![2],
             vcpus: 4,
@@ -561,6 +690,7 @@ mod tests {
             duty_percent: 29,
             period_ms: 70,
             policies: vec!["none".into()],
+            rounds: 1,
             topology: Topology::default(),
             echo: false,
             guest_kernel: crate::GuestKernel::default(),

@@ -11,12 +11,12 @@
 //! - `F <tid> <seccomp mode> <name>`: a pvmm thread's `Seccomp:` field (2: a filter), each
 //!   distinct line once per run;
 //! - `M <L1 uptime> TEXT`: the guest printed `pvmm-mark: TEXT` then (see [`crate::scripts`]);
-//! - `S <t_ms> <migrations_total>`: a pvmm `--stats` line, reduced to its migrations;
-//! - `{...}`: a pvmm `--stats` line (JSON).
+//! - `{...}`: a pvmm `--stats` line (JSON), whole, read as the stats schema's type
+//!   ([`read_stats`]).
 //!
-//! The placement tests' probe ([`placement_probe`]) and its [`PlacementTrace`] use all but `S`;
+//! The placement tests' probe ([`placement_probe`]) and its [`PlacementTrace`] use all of them;
 //! the placement benchmark's probe ([`crate::placement_bench::bench_probe`]) prints `START`,
-//! `M` and `S` lines, and its CPU samples go to [`crate::activity`].
+//! `M`, `K` and stats lines, and its CPU samples go to [`crate::activity`].
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -195,13 +195,6 @@ pub enum ProbeLine {
     Seccomp(ThreadSeccomp),
     /// `M`: a guest mark, its L1 uptime and text.
     Mark(f64, String),
-    /// `S`: pvmm's `migrations_total` at its stats clock `t_ms`.
-    Migrations {
-        /// Milliseconds since pvmm's scheduler started.
-        t_ms: u64,
-        /// Migrations so far.
-        total: u64,
-    },
     /// `K`: the vCPU threads' `se.nr_migrations` summed, as L1's kernel counts them, at an L1
     /// uptime.
     KernelMigrations {
@@ -282,10 +275,6 @@ impl ProbeLine {
             Some("M") if words.len() >= 3 => {
                 ProbeLine::Mark(field(&words, 1, line)?, words[2..].join(" "))
             }
-            Some("S") if words.len() == 3 => ProbeLine::Migrations {
-                t_ms: field(&words, 1, line)?,
-                total: field(&words, 2, line)?,
-            },
             Some("K") if words.len() == 3 => ProbeLine::KernelMigrations {
                 up: field(&words, 1, line)?,
                 total: field(&words, 2, line)?,
@@ -300,10 +289,15 @@ impl ProbeLine {
     }
 }
 
-/// A pvmm `--stats` line, read as the stats schema's one type ([`VmStats`]), reduced to the
-/// fields the tests read; None when it is not one.
+/// A pvmm `--stats` line as the stats schema's one type ([`VmStats`]); None when it is not one.
+pub fn read_stats(line: &str) -> Option<VmStats> {
+    serde_json::from_str(line).ok()
+}
+
+/// A pvmm `--stats` line ([`read_stats`]) reduced to the fields the tests read; None when it is
+/// not one.
 fn parse_stats_line(line: &str) -> Option<StatsTick> {
-    let stats: VmStats = serde_json::from_str(line).ok()?;
+    let stats = read_stats(line)?;
     let vcpus = stats
         .vcpus
         .iter()
@@ -370,7 +364,7 @@ impl PlacementTrace {
                 }
                 Some(ProbeLine::Stats(tick)) => trace.ticks.push(tick),
                 Some(ProbeLine::Seccomp(thread)) => trace.seccomp.push(thread),
-                Some(ProbeLine::Migrations { .. } | ProbeLine::KernelMigrations { .. }) | None => {}
+                Some(ProbeLine::KernelMigrations { .. }) | None => {}
             }
         }
         trace.samples.extend(current);

@@ -56,7 +56,9 @@ pub struct SequenceOptions {
     pub guest_kernel: GuestKernel,
 }
 
-fn valid_label(label: &str) -> bool {
+/// Whether `label` may label a run in L1: letters, digits, `-`, `_`, `.`, `:` (it names files
+/// and tags lines there).
+pub(crate) fn valid_label(label: &str) -> bool {
     !label.is_empty()
         && label
             .bytes()

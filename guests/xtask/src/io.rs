@@ -1,17 +1,18 @@
 //! `cargo xtask bench-io`: pvmm's virtio disk and network against QEMU's in one L1 boot
-//! ([`pvmm_rig::io_bench`]).
+//! ([`pvmm_rig::io_bench`], on the benchmark runner).
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
 use pvmm_rig::images::L1Needs;
-use pvmm_rig::io_bench::{run_io_bench, IoBenchOptions};
+use pvmm_rig::io_bench::{IoBench, IoBenchOptions, IoBenchReport};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::runner::Benchmark;
 use pvmm_rig::workspace::Workspace;
 use pvmm_rig::Topology;
 
-use super::{build_l1, rig_error_exit};
+use super::{build_l1, finish_benchmark, run_benchmark, ROUNDS_MAX};
 
 #[derive(Debug, Args)]
 pub struct IoBenchArgs {
@@ -31,8 +32,8 @@ pub struct IoBenchArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     net_mib: u64,
     /// Rounds: one pvmm and one QEMU VM each, their order swapped from round to round.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
-    rounds: u32,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
+    pub(crate) rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
@@ -63,29 +64,26 @@ pub fn run(ws: &Workspace, started: Instant, args: IoBenchArgs) -> ExitCode {
         topology: args.topology,
         echo: args.verbose,
     };
-    match run_io_bench(ws, &images, &options) {
-        Ok(report) => {
-            println!(
-                "\nI/O benchmark: pvmm vs qemu-system-x86_64 -enable-kvm in one L1 boot \
-                 ({} vCPUs, {} MiB, L1 {}), {:.0} s in all:\n",
-                options.vcpus,
-                options.memory_mib,
-                options.topology,
-                started.elapsed().as_secs_f64()
-            );
-            print!("{}", report.table(&options));
-            if report.all_measured() {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!(
-                    "xtask: some figures were not measured (see the rig's lines with --verbose)"
-                );
-                ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
-            }
-        }
-        Err(error) => {
-            eprintln!("xtask: error: {error}");
-            ExitCode::from(rig_error_exit(&error))
-        }
+    let bench = IoBench::new(ws, &images, options);
+    let report = match run_benchmark(&bench) {
+        Ok(report) => report,
+        Err(code) => return code,
+    };
+    let o = bench.options();
+    println!(
+        "\nI/O benchmark: pvmm vs qemu-system-x86_64 -enable-kvm in {} L1 boot(s) \
+         ({} vCPUs, {} MiB, L1 {}), {:.0} s in all:\n",
+        report.boots.len(),
+        o.vcpus,
+        o.memory_mib,
+        o.topology,
+        started.elapsed().as_secs_f64()
+    );
+    print!("{}", bench.tables(&report.results));
+    let code = finish_benchmark(&report, started);
+    if report.all_measured() && !IoBenchReport::of(&report.results).all_measured() {
+        eprintln!("xtask: some figures were not measured (see the rig's lines with --verbose)");
+        return ExitCode::from(crate::exit_byte(EXIT_RIG_FAILURE));
     }
+    code
 }

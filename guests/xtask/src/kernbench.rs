@@ -1,5 +1,6 @@
 //! `cargo xtask bench-kernbench`: a real `make -jN` in a pvmm guest under each policy, one L1
-//! boot for all cases, more where L1 fails by itself ([`pvmm_rig::kernbench`]), with the
+//! boot for all cases, more where L1 fails by itself ([`pvmm_rig::kernbench`], on the
+//! benchmark runner), with the
 //! simulator's kernbench rows for the same N beside each table.
 
 use std::process::ExitCode;
@@ -8,15 +9,14 @@ use std::time::Instant;
 use clap::Args;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::kernbench::{
-    format_table, run_kernbench, KernbenchOptions, KernbenchResults, DEFAULT_JOBS,
-    DEFAULT_MEMORY_MIB, DEFAULT_POLICIES,
+    Kernbench, KernbenchOptions, DEFAULT_JOBS, DEFAULT_MEMORY_MIB, DEFAULT_POLICIES,
 };
 use pvmm_rig::kernbench_disk::TREE;
-use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::runner::Benchmark;
 use pvmm_rig::workspace::Workspace;
 use pvmm_rig::Topology;
 
-use super::{build_l1, rig_error_exit};
+use super::{build_l1, finish_benchmark, rig_error_exit, run_benchmark, ROUNDS_MAX};
 
 #[derive(Debug, Args)]
 pub struct KernbenchArgs {
@@ -29,8 +29,8 @@ pub struct KernbenchArgs {
     #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_POLICIES.map(String::from))]
     policies: Vec<String>,
     /// Rounds: every (N, policy) case once per round; the tables give medians.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
-    rounds: u32,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
+    pub(crate) rounds: u32,
     /// Compiler flags after the tree's own `-O2 -Wall -Wextra` (its Makefile's MYCFLAGS):
     /// `-O0` builds in about half the time.
     #[arg(long, default_value = "", value_name = "FLAGS")]
@@ -107,12 +107,16 @@ pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
         topology: args.topology,
         echo: args.verbose,
     };
-    let measured = match run_kernbench(ws, &images, &options) {
-        Ok(measured) => measured,
+    let bench = match Kernbench::new(ws, &images, options.clone()) {
+        Ok(bench) => bench,
         Err(error) => {
             eprintln!("xtask: error: {error}");
             return ExitCode::from(rig_error_exit(&error));
         }
+    };
+    let report = match run_benchmark(&bench) {
+        Ok(report) => report,
+        Err(code) => return code,
     };
     println!(
         "\nKernbench: make -jN{} of {TREE} in a {}-vCPU pvmm guest ({} MiB), L1 {}, {} round(s) in {} L1 boot(s), {:.0} s in all\n",
@@ -121,27 +125,13 @@ pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
         options.memory_mib,
         options.topology,
         options.rounds,
-        measured.outcomes.len(),
+        report.boots.len(),
         started.elapsed().as_secs_f64()
     );
-    let KernbenchResults {
-        builds, failures, ..
-    } = measured;
-    for &jobs in &options.jobs {
-        let mine: Vec<_> = builds.iter().filter(|b| b.jobs == jobs).collect();
-        let title = format!("N = {jobs}: make -j{jobs}");
-        println!("{}", format_table(&title, &options.policies, &mine));
-    }
+    print!("{}", bench.tables(&report.results));
     if !args.no_sim {
         println!("The simulator's kernbench-like load for the same N (N busy vCPUs, one VM):\n");
         println!("{}", simulator_tables(&options.jobs, options.topology));
     }
-    for failure in &failures {
-        eprintln!("xtask: {} not measured: {}", failure.label, failure.reason);
-    }
-    if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
-    }
+    finish_benchmark(&report, started)
 }

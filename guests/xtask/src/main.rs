@@ -13,21 +13,25 @@
 //!   turns, and counts the outcomes by kind.
 //! - `cargo xtask rig-guest-soak [--guests N] [--load N]`: N guests one after another in one
 //!   L1, and L1's levels after each (what pvmm leaves behind).
-//! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--runs N] [--kernels bzimage,pvh]
-//!   [--qemu-only] [--guest-kernel 6.1|6.12]`: boot time to guest init, pvmm vs QEMU, each on the bzImage and through
-//!   PVH, in one L1 boot.
+//! - `cargo xtask bench-boot [--vcpus N] [--memory MIB] [--rounds K] [--kernels bzimage,pvh]
+//!   [--qemu-only] [--guest-kernel 6.1|6.12]`: boot time to guest init, pvmm vs QEMU, each on
+//!   the bzImage and through PVH, in one L1 boot.
 //! - `cargo xtask bench-placement [--threads 1,2,4] [--seconds S] [--duty PCT] [--period-ms P]
-//!   [--policies LIST]`: a kernbench-like load (the simulator's scenario of the
+//!   [--policies LIST] [--rounds K]`: a kernbench-like load (the simulator's scenario of the
 //!   sched_mc_power_savings kernbench tables) under every placement policy and `none`, one table per thread count (package idle, work, migrations, modelled energy).
-//! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S] [--build N]`:
+//! - `cargo xtask bench-host [--vms 1,2,4] [--regimes qemu,pvmm,pvmm-host] [--seconds S] [--build N]
+//!   [--rounds K]`:
 //!   several VMs under `pvmm host`, each pvmm on its own, and QEMU unpinned, one table per VM
 //!   count.
-//! - `cargo xtask bench-io [--rounds N] [--disk-mib M] [--net-mib M] [--random-secs S]`: pvmm's
+//! - `cargo xtask bench-io [--rounds K] [--disk-mib M] [--net-mib M] [--random-secs S]`: pvmm's
 //!   virtio disk and network against QEMU's in one L1 boot, as ratios.
 //! - `cargo xtask bench-kernbench [--jobs 2,4,8] [--policies LIST] [--rounds K]`: a real
 //!   compile in a pvmm guest under each policy in one L1 boot, one table per N (run time,
 //!   package idle, modelled energy and power), with the simulator's rows beside.
 //!
+//! Every benchmark runs on `pvmm_rig::runner`: `--rounds K` runs each case K times, the order
+//! of each table's cases turned by one place each round; a run's progress line as it is
+//! measured, then the tables; L1 failing by itself costs only the runs it cut off.
 //! Exit codes of the xtask itself: 2 bad flags, 1 build failure.
 
 use std::path::PathBuf;
@@ -41,13 +45,12 @@ mod placement;
 mod soak;
 
 use clap::{Args, Parser, Subcommand};
-use pvmm_rig::bench::{run_bench, BenchOptions};
-use pvmm_rig::host::progress;
-use pvmm_rig::host_bench::{self, HostBenchOptions, HostCase, Regime};
+use pvmm_rig::bench::{BenchOptions, BootBench};
+use pvmm_rig::host_bench::{HostBench, HostBenchOptions, Regime};
 use pvmm_rig::images::{self, L1Needs};
 use pvmm_rig::placement_bench::{KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS};
-use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
 use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::runner::{self, Benchmark, Report};
 use pvmm_rig::tuning::DEFAULT_VARIANT;
 use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, InnerVmm, KernelForm, L1Tuning, Rig, RigError, Topology, VmSpec};
@@ -58,6 +61,11 @@ const DEFAULT_GUEST_CMD: &str =
 
 /// Exit code for a failed build or an unusable setup.
 const EXIT_BUILD_FAILURE: u8 = 1;
+
+/// The most `--rounds` a benchmark takes: 20 rounds of the shortest one (bench-placement's
+/// defaults, 15 runs of about 40 s each) are already over three hours of L1 time on this rig;
+/// more is more likely a typo than a plan.
+const ROUNDS_MAX: i64 = 20;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -96,7 +104,7 @@ enum Task {
     BenchPlacement(placement::PlacementBenchArgs),
     /// Host-wide placement benchmark: 1, 2 and 4 VMs side by side in one L1, each guest with
     /// one kernbench-like thread, under `pvmm host` (pvmm-host), each pvmm on its own (pvmm)
-    /// and QEMU unpinned (qemu); one L1 boot per case, one table per VM count (package idle,
+    /// and QEMU unpinned (qemu); one L1 boot per run, one table per VM count (package idle,
     /// work, migrations, modelled energy per unit of work relative to qemu).
     BenchHost(HostBenchArgs),
     /// I/O benchmark: pvmm's virtio disk and network against QEMU's (same root disk, scratch
@@ -126,9 +134,11 @@ struct BootBenchArgs {
     /// Guest memory in MiB (both VMMs).
     #[arg(long, default_value_t = 512)]
     memory: u64,
-    /// Boots per VMM and kernel form.
-    #[arg(long, default_value_t = 5)]
-    runs: u32,
+    /// Rounds: boots per VMM and kernel form, all in one L1 boot, the contenders' order
+    /// turned by one place each round (`--runs` is the same flag).
+    #[arg(long, visible_alias = "runs", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
+    rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
@@ -177,9 +187,10 @@ struct HostBenchArgs {
     /// Makefile's MYCFLAGS); `-O0` builds in about half the time.
     #[arg(long, default_value = "", value_name = "FLAGS", requires = "build")]
     mycflags: String,
-    /// Runs of each case, one L1 boot each, the regimes' order turned by one place each
-    /// round; the tables give each regime's medians, and each run is printed as it ends.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    /// Rounds: every case once per round, one L1 boot each, the regimes' order turned by one
+    /// place each round; the tables give each regime's medians, and each run is printed as it
+    /// ends.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
     rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
@@ -198,9 +209,14 @@ fn parse_kernel_form(text: &str) -> Result<KernelForm, String> {
     }
 }
 
-/// `cargo xtask bench-host`: every (VM count, regime) case, one L1 boot each (booted again,
-/// up to three times, when L1 fails by itself), the tables as the cases finish.
-fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
+/// `cargo xtask bench-host`: every (VM count, regime) case once per round, one L1 boot each
+/// (booted again, up to three times, when L1 fails by itself before its VMs ended), then the
+/// tables.
+fn bench_host(ws: &Workspace, started: Instant, args: HostBenchArgs) -> ExitCode {
+    if args.regimes.is_empty() || args.vms.is_empty() {
+        eprintln!("xtask: error: --regimes and --vms need at least one value each");
+        return ExitCode::from(2);
+    }
     let needs = L1Needs {
         pvmm: true,
         qemu: args.regimes.contains(&Regime::Qemu),
@@ -224,78 +240,13 @@ fn bench_host(ws: &Workspace, args: HostBenchArgs) -> ExitCode {
         topology: args.topology,
         echo: args.verbose,
     };
-    let load = match options.build_jobs {
-        Some(jobs) => format!(
-            "make -j{jobs}{} of {}",
-            pvmm_rig::kernbench::mycflags_note(&options.mycflags),
-            pvmm_rig::kernbench_disk::TREE
-        ),
-        None => format!(
-            "pvmm-load --duty {} --period-ms {}",
-            options.duty_percent, options.period_ms
-        ),
+    let bench = HostBench::new(ws, &images, options);
+    let report = match run_benchmark(&bench) {
+        Ok(report) => report,
+        Err(code) => return code,
     };
-    let mut failed = false;
-    for &vms in &options.vms {
-        let mut cases = Vec::new();
-        let order = host_bench::run_order(&options.regimes, options.rounds);
-        for (run, &regime) in order.iter().enumerate() {
-            progress(&format!(
-                "bench-host: {vms} VM(s) under {} (run {} of {})",
-                regime.name(),
-                run + 1,
-                order.len()
-            ));
-            // Every boot's log is kept (with PVMM_RIG_DUMP): a failed L1 is what to look at.
-            let mut boot = 0;
-            let result = retry_boots(
-                &format!("bench-host {} x{vms}", regime.name()),
-                || {
-                    boot += 1;
-                    let result = host_bench::run_case(ws, &images, &options, regime, vms);
-                    if let Ok((_, outcome)) = &result {
-                        let name = format!(
-                            "bench-host-{}-{vms}-run{}-boot{boot}",
-                            regime.name(),
-                            run + 1
-                        );
-                        dump_outcome(&name, outcome);
-                    }
-                    result
-                },
-                |(_, outcome)| l1_failure_kind(outcome),
-            );
-            match result {
-                Ok((Ok(case), _)) => {
-                    progress(&format!("bench-host: {}", host_bench::run_summary(&case)));
-                    cases.push(case);
-                }
-                Ok((Err(why), outcome)) => {
-                    failed = true;
-                    eprintln!(
-                        "xtask: {} with {vms} VM(s) not measured: {why} ({})",
-                        regime.name(),
-                        outcome.summary(regime.name())
-                    );
-                }
-                Err(error) => {
-                    eprintln!("xtask: error: {error}");
-                    return ExitCode::from(rig_error_exit(&error));
-                }
-            }
-        }
-        let rows: Vec<&HostCase> = cases.iter().collect();
-        println!(
-            "{}",
-            host_bench::format_table(vms, &options.regimes, &rows)
-                .replace(":\n", &format!(" ({load}, L1 {}):\n", options.topology))
-        );
-    }
-    if failed {
-        ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
-    } else {
-        ExitCode::SUCCESS
-    }
+    print!("{}", bench.tables(&report.results));
+    finish_benchmark(&report, started)
 }
 
 #[derive(Debug, Args)]
@@ -357,7 +308,43 @@ struct RigArgs {
 fn rig_error_exit(error: &RigError) -> u8 {
     match error {
         RigError::BadArgs(_) | RigError::BadTopology(_) => 2,
-        _ => u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX),
+        _ => exit_byte(EXIT_RIG_FAILURE),
+    }
+}
+
+/// A rig exit status as the byte a process exits with: clamped to 0..=255, so that no status
+/// wraps round to another (a negative one, or one above 255, exits 0 or 255).
+fn exit_byte(code: i32) -> u8 {
+    u8::try_from(code.clamp(0, 255)).unwrap_or(u8::MAX)
+}
+
+/// Runs `bench` on the benchmark runner; the xtask's exit code (after saying why) when the rig
+/// could not run.
+fn run_benchmark<B: Benchmark>(bench: &B) -> Result<Report<B::Figures>, ExitCode> {
+    runner::run(bench).map_err(|error| {
+        eprintln!("xtask: error: {error}");
+        ExitCode::from(rig_error_exit(&error))
+    })
+}
+
+/// The end of a benchmark whose tables are printed: each run it could not measure and how its
+/// last L1 boot ended, on stderr; the xtask's exit code (a run not measured fails it).
+fn finish_benchmark<F>(report: &Report<F>, started: Instant) -> ExitCode {
+    for (run, why) in report.failures() {
+        eprintln!("xtask: {} not measured: {why}", run.label);
+    }
+    if let Some(last) = report.boots.last() {
+        eprintln!(
+            "xtask: {} L1 boot(s), the last: {} (bench took {:.0} s)",
+            report.boots.len(),
+            last.summary("last VMM"),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if report.all_measured() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(exit_byte(EXIT_RIG_FAILURE))
     }
 }
 
@@ -431,7 +418,7 @@ fn run_rig(ws: &Workspace, images: &images::L1Images, rig: &Rig, vms: &[VmSpec])
         eprintln!("xtask: QEMU thread when the rig gave up (tid:name state CPU-ms/s): {line}");
     }
     eprintln!("xtask: {}", outcome.summary(vms[0].vmm.name()));
-    ExitCode::from(u8::try_from(outcome.exit_code().clamp(0, 255)).unwrap_or(u8::MAX))
+    ExitCode::from(exit_byte(outcome.exit_code()))
 }
 
 /// `cargo xtask rig`.
@@ -534,7 +521,7 @@ fn guest_task(ws: &Workspace, started: Instant, args: GuestArgs) -> ExitCode {
 }
 
 /// `cargo xtask bench-boot`.
-fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
+fn bench_boot(ws: &Workspace, started: Instant, args: BootBenchArgs) -> ExitCode {
     if let Err(code) = check_guest_forms(args.guest_kernel, &args.kernels) {
         return code;
     }
@@ -553,7 +540,7 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
     let options = BenchOptions {
         vcpus: args.vcpus,
         memory_mib: args.memory,
-        runs: args.runs.max(1),
+        rounds: args.rounds,
         topology: args.topology,
         with_pvmm: !args.qemu_only,
         kernels: args.kernels,
@@ -561,25 +548,19 @@ fn bench_boot(ws: &Workspace, args: BootBenchArgs) -> ExitCode {
         quiet: !args.boot_log,
         guest_kernel: args.guest_kernel,
     };
-    match retry_boots(
-        "bench-boot",
-        || run_bench(ws, &images, &options),
-        |report| l1_failure_kind(&report.outcome),
-    ) {
-        Ok(report) => {
-            println!("{}", report.table(&options));
-            eprintln!("xtask: {}", report.outcome.summary("last VMM"));
-            if report.all_measured() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
-            }
-        }
+    let bench = match BootBench::new(ws, &images, options) {
+        Ok(bench) => bench,
         Err(error) => {
             eprintln!("xtask: error: {error}");
-            ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
+            return ExitCode::from(rig_error_exit(&error));
         }
-    }
+    };
+    let report = match run_benchmark(&bench) {
+        Ok(report) => report,
+        Err(code) => return code,
+    };
+    println!("{}", bench.tables(&report.results));
+    finish_benchmark(&report, started)
 }
 
 fn main() -> ExitCode {
@@ -597,8 +578,8 @@ fn main() -> ExitCode {
         Task::Rig(args) => rig_task(&ws, started, args),
         Task::RigSoak(args) => soak::run(&ws, args),
         Task::RigGuestSoak(args) => guest_soak::run(&ws, args),
-        Task::BenchBoot(args) => bench_boot(&ws, args),
-        Task::BenchHost(args) => bench_host(&ws, args),
+        Task::BenchBoot(args) => bench_boot(&ws, started, args),
+        Task::BenchHost(args) => bench_host(&ws, started, args),
         Task::BenchPlacement(args) => placement::run(&ws, started, args),
         Task::BenchIo(args) => io::run(&ws, started, args),
         Task::BenchKernbench(args) => kernbench::run(&ws, started, args),
@@ -644,6 +625,33 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn every_benchmark_takes_rounds() {
+        let rounds = |args: &[&str]| match parse(args) {
+            Ok(Task::BenchBoot(a)) => a.rounds,
+            Ok(Task::BenchHost(a)) => a.rounds,
+            Ok(Task::BenchPlacement(a)) => a.rounds,
+            Ok(Task::BenchIo(a)) => a.rounds,
+            Ok(Task::BenchKernbench(a)) => a.rounds,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        for bench in [
+            "bench-boot",
+            "bench-host",
+            "bench-placement",
+            "bench-io",
+            "bench-kernbench",
+        ] {
+            assert_eq!(rounds(&[bench, "--rounds", "3"]), 3, "{bench}");
+            assert!(parse(&[bench, "--rounds", "0"]).is_err(), "{bench}");
+            assert!(parse(&[bench, "--rounds", "21"]).is_err(), "{bench}");
+        }
+        // bench-boot's own name for its rounds stays.
+        assert_eq!(rounds(&["bench-boot", "--runs", "2"]), 2);
+        assert_eq!(rounds(&["bench-boot"]), 5);
+        assert_eq!(rounds(&["bench-placement"]), 1);
     }
 
     #[test]

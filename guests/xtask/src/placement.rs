@@ -1,5 +1,5 @@
 //! `cargo xtask bench-placement`: the kernbench-like load under every placement policy in one
-//! L1 boot ([`pvmm_rig::placement_bench`]).
+//! L1 boot ([`pvmm_rig::placement_bench`]), on the benchmark runner ([`pvmm_rig::runner`]).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -7,16 +7,14 @@ use std::time::Instant;
 use clap::Args;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::placement_bench::{
-    format_bench_table, run_placement_bench, PlacementBenchOptions, BENCH_POLICIES,
-    KERNBENCH_DUTY_PERCENT, KERNBENCH_PERIOD_MS,
+    PlacementBench, PlacementBenchOptions, BENCH_POLICIES, KERNBENCH_DUTY_PERCENT,
+    KERNBENCH_PERIOD_MS,
 };
-use pvmm_rig::rig::EXIT_RIG_FAILURE;
+use pvmm_rig::runner::Benchmark;
 use pvmm_rig::workspace::Workspace;
 use pvmm_rig::{GuestKernel, Topology};
 
-use pvmm_rig::retry::{dump_outcome, l1_failure_kind, retry_boots};
-
-use super::{build_l1, rig_error_exit};
+use super::{build_l1, finish_benchmark, run_benchmark, ROUNDS_MAX};
 
 #[derive(Debug, Args)]
 pub struct PlacementBenchArgs {
@@ -39,6 +37,10 @@ pub struct PlacementBenchArgs {
     /// --share-package).
     #[arg(long, value_delimiter = ',', default_values_t = BENCH_POLICIES.map(String::from))]
     policies: Vec<String>,
+    /// Rounds: every (N, policy) case once per round, in one L1 boot, the policies' order
+    /// turned by one place each round; the tables give medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=ROUNDS_MAX))]
+    pub(crate) rounds: u32,
     /// L1 CPU topology.
     #[arg(long, default_value = "2x2x1", value_name = "SxCxT")]
     topology: Topology,
@@ -55,6 +57,10 @@ pub struct PlacementBenchArgs {
 pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCode {
     if let Some(bad) = args.threads.iter().find(|&&n| n > 1024) {
         eprintln!("xtask: error: invalid --threads value {bad}: expected 0-1024");
+        return ExitCode::from(2);
+    }
+    if args.policies.is_empty() || args.threads.is_empty() {
+        eprintln!("xtask: error: --policies and --threads need at least one value each");
         return ExitCode::from(2);
     }
     let needs = L1Needs {
@@ -76,52 +82,16 @@ pub fn run(ws: &Workspace, started: Instant, args: PlacementBenchArgs) -> ExitCo
         duty_percent: args.duty,
         period_ms: args.period_ms,
         policies: args.policies,
+        rounds: args.rounds,
         topology: args.topology,
         echo: args.verbose,
         guest_kernel: args.guest_kernel,
     };
-    let measured = retry_boots(
-        "bench-placement",
-        || run_placement_bench(ws, &images, &options),
-        |(_, _, outcome)| l1_failure_kind(outcome),
-    );
-    let (results, failures, outcome) = match measured {
-        Ok(measured) => measured,
-        Err(error) => {
-            eprintln!("xtask: error: {error}");
-            return ExitCode::from(rig_error_exit(&error));
-        }
+    let bench = PlacementBench::new(ws, &images, options);
+    let report = match run_benchmark(&bench) {
+        Ok(report) => report,
+        Err(code) => return code,
     };
-    dump_outcome("bench-placement", &outcome);
-    for &n in &options.threads {
-        let rows: Vec<_> = results.iter().filter(|r| r.threads == n).collect();
-        let load = match n {
-            0 => format!("idle guest (sleep {})", options.seconds),
-            _ => format!(
-                "pvmm-load --threads {n} --duty {} --period-ms {} --seconds {}",
-                options.duty_percent, options.period_ms, options.seconds
-            ),
-        };
-        let title = format!(
-            "N = {n}: {load}, {} vCPUs, L1 {}, guest kernel {}",
-            options.vcpus, options.topology, options.guest_kernel
-        );
-        println!("{}", format_bench_table(&title, &rows));
-    }
-    for failure in &failures {
-        eprintln!(
-            "xtask: {} with N = {} not measured: {}",
-            failure.policy, failure.threads, failure.reason
-        );
-    }
-    eprintln!(
-        "xtask: {} (bench took {:.0} s)",
-        outcome.summary("last pvmm"),
-        started.elapsed().as_secs_f64()
-    );
-    if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(u8::try_from(EXIT_RIG_FAILURE).unwrap_or(u8::MAX))
-    }
+    print!("{}", bench.tables(&report.results));
+    finish_benchmark(&report, started)
 }

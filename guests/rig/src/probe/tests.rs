@@ -71,13 +71,6 @@ fn every_kind_parses() {
         Some(ProbeLine::Mark(20.25, "load-begin".into()))
     );
     assert_eq!(
-        parse("S 18330 24"),
-        Some(ProbeLine::Migrations {
-            t_ms: 18330,
-            total: 24
-        })
-    );
-    assert_eq!(
         parse("K 31.40 17"),
         Some(ProbeLine::KernelMigrations {
             up: 31.4,
@@ -102,17 +95,28 @@ fn every_kind_parses() {
 }
 
 #[test]
+fn a_whole_stats_line_reads_as_the_schema_type() {
+    let line = stats_line(18330, &[(0, "1", 1024, true)], 2, false)
+        .replace(r#""migrations_total":0"#, r#""migrations_total":24"#);
+    let stats = read_stats(&line).expect("a stats line");
+    assert_eq!((stats.t_ms, stats.migrations_total), (18330, 24));
+    assert_eq!(stats.vcpus.len(), 1);
+    assert!(read_stats(r#"{"not":"stats"}"#).is_none());
+    assert!(read_stats("S 18330 24").is_none());
+}
+
+#[test]
 fn other_lines_are_none_and_bad_fields_malformed() {
     assert_eq!(parse("probe: cannot pin to CPU 0"), None);
     assert_eq!(parse("M 20.25"), None);
     assert_eq!(parse("V vcpu1 120"), None);
+    assert_eq!(parse("S 18330 24"), None, "stats come whole, as JSON");
     assert_eq!(parse(r#"{"not":"stats"}"#), None);
     for bad in [
         "START",
         "START x",
         "T soon",
         "V cpu1 120 0 1 2 3",
-        "S 1 x",
         "K 31.40 -1",
         "C cpu1 a 0 0 0 0 0 0 0",
     ] {

@@ -11,6 +11,7 @@ use crate::images::L1Images;
 use crate::inside;
 use crate::root_disk::ROOT_DISK_MIB;
 use crate::scripts::shell_join;
+use crate::sequence::valid_label;
 use crate::tuning::L1Tuning;
 use crate::workspace::Workspace;
 
@@ -33,7 +34,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// With several VMs ([`Rig::with_vms`]) run `i` (from 0) is labelled `i`: its lines are in
+/// With several VMs ([`Rig::with_vms`]) run `i` (from 0) is labelled `i` (unless
+/// [`Rig::run_labels`] names them): its lines are in
 /// [`RigOutcome::run`]`("i")` and shown as `[guest i]`, `[pvmm i]` (without the space), and
 /// [`RigOutcome::vmm_status`] is the first non-zero VM status, 0 when all exited 0, None when
 /// one never reported.
@@ -54,6 +56,7 @@ pub struct Rig {
     setup: Option<String>,
     in_turn: bool,
     l1_extra_mib: u64,
+    labels: Option<Vec<String>>,
 }
 
 /// The label of the only run of a one-VM rig.
@@ -83,6 +86,7 @@ impl Rig {
             setup: None,
             in_turn: false,
             l1_extra_mib: 0,
+            labels: None,
         }
     }
 
@@ -215,8 +219,19 @@ impl Rig {
         self
     }
 
+    /// Names the VMs' runs, one label per VM in VM order (letters, digits, `-`, `_`, `.`, `:`),
+    /// instead of their indexes: a benchmark that boots L1 again for the VMs a failed L1 cut
+    /// off keeps each VM's label across its boots.
+    pub fn run_labels(mut self, labels: Vec<String>) -> Rig {
+        self.labels = Some(labels);
+        self
+    }
+
     /// The run labels, in VM order.
     pub fn labels(&self) -> Vec<String> {
+        if let Some(labels) = &self.labels {
+            return labels.clone();
+        }
         match self.vms.len() {
             1 => vec![SINGLE_RUN_LABEL.to_string()],
             n => (0..n).map(|i| i.to_string()).collect(),
@@ -233,6 +248,11 @@ impl Rig {
             )));
         }
         let labels = self.labels();
+        if labels.len() != self.vms.len() || !labels.iter().all(|l| valid_label(l)) {
+            return Err(RigError::BadArgs(format!(
+                "run labels {labels:?}: one per VM, of letters, digits, '-', '_', '.', ':'"
+            )));
+        }
         let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
         script.push_str(self.setup.as_deref().unwrap_or_default());
         for (index, (vm, label)) in self.vms.iter().zip(&labels).enumerate() {
@@ -278,10 +298,12 @@ impl Rig {
             if self.vms.len() == 1 || self.in_turn {
                 script.push_str(&format!("rig_run {label} 0 {command}\n"));
             } else {
+                // The VM's index, not its label, names its variable: a label may hold
+                // characters a shell name may not.
                 script.push_str(&format!(
-                    "rig_run {label} 0 {command} &\nrig_vm_{label}=$!\n"
+                    "rig_run {label} 0 {command} &\nrig_vm_{index}=$!\n"
                 ));
-                waits.push_str(&format!(" $rig_vm_{label}"));
+                waits.push_str(&format!(" $rig_vm_{index}"));
             }
         }
         if !waits.is_empty() {
@@ -403,6 +425,20 @@ mod tests {
         assert!(lines[2].starts_with(&format!("rig_run 1 0 {} ", inside::QEMU)));
         assert!(!lines[2].contains("--policy"));
         assert_eq!(lines[4], "wait $rig_vm_0 $rig_vm_1");
+        // Named runs keep their names; the shell's variables stay by index.
+        let named = rig
+            .clone()
+            .run_labels(vec!["pvmm-1".into(), "qemu-kvm-1".into()]);
+        assert_eq!(named.labels(), ["pvmm-1", "qemu-kvm-1"]);
+        let script = named.job().unwrap().script;
+        assert!(script.starts_with("rig_run pvmm-1 0 "), "{script}");
+        assert!(
+            script.contains("\nrig_vm_1=$!\nwait $rig_vm_0 $rig_vm_1\n"),
+            "{script}"
+        );
+        for bad in [vec!["a".to_string()], vec!["a b".into(), "c".into()]] {
+            assert!(rig.clone().run_labels(bad).job().is_err());
+        }
         let one = Rig::new(InnerVmm::Pvmm)
             .guest_command("nproc")
             .job()
