@@ -122,16 +122,7 @@ fn cgroup_available() -> Option<TestCgroup> {
     } else {
         make_cgroup()
     };
-    match made {
-        Ok(cgroup) => Some(cgroup),
-        Err(why) => {
-            if std::env::var("PVMM_REQUIRE_CGROUP").as_deref() == Ok("1") {
-                panic!("cgroup cpuset: {why} and PVMM_REQUIRE_CGROUP=1");
-            }
-            eprintln!("\n!!! SKIPPED cgroup cpuset: {why} !!!\n");
-            None
-        }
-    }
+    found_or_skip(Need::Cgroup, "cgroup", made)
 }
 
 /// Makes `command`'s process join the cgroup whose `cgroup.procs` is `procs` before it runs,

@@ -50,10 +50,7 @@ fn libvirt_available() -> bool {
     } else {
         "not root"
     };
-    if std::env::var("PVMM_REQUIRE_LIBVIRT").as_deref() == Ok("1") {
-        panic!("libvirt: {why} and PVMM_REQUIRE_LIBVIRT=1");
-    }
-    eprintln!("\n!!! SKIPPED libvirt: {why} !!!\n");
+    require_or_skip(Need::Libvirt, "libvirt", why);
     false
 }
 

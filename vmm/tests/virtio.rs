@@ -169,10 +169,11 @@ fn own_network_namespace(test: &str) -> bool {
         return true;
     }
     let why = std::io::Error::last_os_error();
-    if std::env::var("PVMM_REQUIRE_KVM").as_deref() == Ok("1") {
-        panic!("{test}: cannot make a network namespace ({why}) and PVMM_REQUIRE_KVM=1");
-    }
-    eprintln!("\n!!! SKIPPED {test}: cannot make a network namespace: {why} !!!\n");
+    require_or_skip(
+        Need::Kvm,
+        test,
+        &format!("cannot make a network namespace: {why}"),
+    );
     false
 }
 

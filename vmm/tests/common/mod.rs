@@ -5,6 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+// The skip-or-fail rule of every test that needs something of the machine (each test binary
+// uses a part of this module, as with its functions).
+#[allow(unused_imports)]
+pub use pvmm_testutil::{found_or_skip, require_or_skip, Need};
+
 /// Where the tiny kernel's code is loaded (and entered, through PVH).
 pub const TINY_LOAD_ADDR: u64 = 0x10_0000;
 
@@ -167,7 +172,7 @@ pub fn pvmm_with(args: &[&str], configure: impl FnOnce(&mut Command)) -> Output 
 }
 
 /// Whether /dev/kvm is usable here. Without it, KVM tests skip loudly, unless
-/// PVMM_REQUIRE_KVM=1 (CI), where they fail.
+/// PVMM_REQUIRE_KVM=1 (CI), where they fail ([`require_or_skip`]).
 pub fn kvm_available(test: &str) -> bool {
     let ok = std::fs::OpenOptions::new()
         .read(true)
@@ -175,10 +180,7 @@ pub fn kvm_available(test: &str) -> bool {
         .open("/dev/kvm")
         .is_ok();
     if !ok {
-        if std::env::var("PVMM_REQUIRE_KVM").as_deref() == Ok("1") {
-            panic!("{test}: /dev/kvm is not usable and PVMM_REQUIRE_KVM=1");
-        }
-        eprintln!("\n!!! SKIPPED {test}: /dev/kvm is not usable on this machine !!!\n");
+        require_or_skip(Need::Kvm, test, "/dev/kvm is not usable on this machine");
     }
     ok
 }
@@ -329,10 +331,7 @@ pub fn qemu_available(test: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        if std::env::var("PVMM_REQUIRE_RIG").as_deref() == Ok("1") {
-            panic!("{test}: qemu-system-x86_64 is missing and PVMM_REQUIRE_RIG=1");
-        }
-        eprintln!("\n!!! SKIPPED {test}: qemu-system-x86_64 is not installed !!!\n");
+        require_or_skip(Need::Rig, test, "qemu-system-x86_64 is not installed");
     }
     ok
 }
