@@ -1,6 +1,6 @@
 //! What the benchmarks' reports share: the median of repeated measurements. Their tables are
-//! written by the simulator's [`pvmm_sim::report::aligned_columns`], in the same format as its
-//! own.
+//! written by [`pvmm_scheduler::table::aligned_columns`], in the same format as the
+//! simulator's.
 
 /// The median of the measured values of `values` (None marks a measurement that failed);
 /// None when none was measured.

@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use pvmm_scheduler::power::PowerModel;
-use pvmm_sim::report::aligned_columns;
+use pvmm_scheduler::table::aligned_columns;
 
 use crate::activity::Activity;
 use crate::figures::median;

@@ -36,7 +36,7 @@ use crate::rig::{RigError, RigOutcome, RunLines, Topology};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
-use pvmm_sim::report::aligned_columns;
+use pvmm_scheduler::table::aligned_columns;
 
 /// The policies compared by default: `performance` first (the reference), the two
 /// power-saving levels, and `none` (L1's scheduler places the unpinned vCPU threads).

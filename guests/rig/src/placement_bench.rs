@@ -46,7 +46,7 @@ use crate::rig::{RigError, RigOutcome, RunLines, Topology};
 use crate::scripts;
 use crate::sequence::{run_pvmm_sequence, PvmmRun, SequenceOptions, L1_BOOT_SECS};
 use crate::workspace::Workspace;
-use pvmm_sim::report::aligned_columns;
+use pvmm_scheduler::table::aligned_columns;
 
 /// The kernbench thread busy fraction of the simulator's scenario, 1 - sqrt(0.5086) = 0.287,
 /// as a pvmm-load duty in percent (pvmm-sim's `kernbench_busy_fraction`: 50.86 % is the packed

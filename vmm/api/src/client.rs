@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use pvmm_scheduler::table::{columns, LEFT};
+
 use crate::stats::VmStats;
 
 use crate::http::{IO_TIMEOUT, MAX_BODY_BYTES, MAX_HEAD_BYTES};
@@ -231,29 +233,6 @@ fn cell(v: &Value) -> String {
     }
 }
 
-/// Formats rows as a left-aligned table under `headers`.
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        padded.join("  ").trim_end().to_string() + "\n"
-    };
-    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        out.push_str(&line(row.clone()));
-    }
-    out
-}
-
 /// The per-vCPU table of `GET /v1/vcpus` or `GET /v1/placement`.
 fn vcpu_table(vcpus: &[Value]) -> String {
     let keys = [
@@ -271,7 +250,7 @@ fn vcpu_table(vcpus: &[Value]) -> String {
         .into_iter()
         .map(|r| present.iter().map(|&i| r[i].clone()).collect())
         .collect();
-    table(&headers, &rows)
+    columns(LEFT, &headers, &rows)
 }
 
 /// `GET /v1/vcpus` for people: the vCPUs, then pvmm's own threads.
@@ -285,7 +264,7 @@ pub fn format_vcpus(body: &Value) -> String {
         .map(|t| vec![cell(&t["tid"]), cell(&t["name"])])
         .collect();
     out.push('\n');
-    out.push_str(&table(&["tid", "thread"], &threads));
+    out.push_str(&columns(LEFT, &["tid", "thread"], &threads));
     out
 }
 
@@ -321,14 +300,14 @@ pub fn format_placement(stats: &VmStats) -> String {
         })
         .collect();
     let headers = ["vcpu", "tid", "util", "busy", "cpus", "package", "capacity"];
-    out.push_str(&table(&headers, &vcpus));
+    out.push_str(&columns(LEFT, &headers, &vcpus));
     let packages: Vec<Vec<String>> = stats
         .packages
         .iter()
         .map(|p| vec![p.id.to_string(), p.util.to_string(), p.active.to_string()])
         .collect();
     out.push('\n');
-    out.push_str(&table(&["package", "util", "active"], &packages));
+    out.push_str(&columns(LEFT, &["package", "util", "active"], &packages));
     out
 }
 
