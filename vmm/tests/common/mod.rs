@@ -289,15 +289,15 @@ pub fn spawn_host(run: &Path, args: &[&str]) -> Child {
         .expect("start pvmm host")
 }
 
-/// The daemon's status (`pvmm host status --json`) on runtime directory `run`; `Null` while
-/// it does not answer.
-pub fn host_status(run: &Path) -> serde_json::Value {
+/// The daemon's status (`pvmm host status --json`) on runtime directory `run`; None while it
+/// does not answer.
+pub fn host_status(run: &Path) -> Option<pvmm_api::stats::HostStatus> {
     let out = host_command()
         .args(["status", "--json", "--runtime-dir"])
         .arg(run)
         .output()
         .expect("run pvmm host status");
-    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    serde_json::from_slice(&out.stdout).ok()
 }
 
 /// The daemon's Prometheus text, from its status socket on runtime directory `run`.
