@@ -226,6 +226,7 @@ pub fn parse_answer(raw: &[u8]) -> Result<Answer, ClientError> {
     Ok(Answer { status, body })
 }
 
+/// A JSON value as a table cell: `-` for null, a string without its quotes.
 fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
