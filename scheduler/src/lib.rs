@@ -11,7 +11,8 @@
 //! - [`placement`]: the [`Engine`] that turns loads into a [`Decision`];
 //! - [`executor`]: applying a decision with `sched_setaffinity`;
 //! - [`power`]: the package power model that turns package, core and thread
-//!   activity into watts (the simulator's and the rig benchmark's energy).
+//!   activity into watts (the simulator's and the rig benchmark's energy);
+//! - [`table`]: the text tables every program built on the engine prints.
 
 pub mod capacity;
 pub mod cpuset;
@@ -19,6 +20,7 @@ pub mod executor;
 pub mod placement;
 pub mod policy;
 pub mod power;
+pub mod table;
 pub mod topology;
 pub mod util;
 

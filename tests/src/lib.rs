@@ -4,11 +4,13 @@
 //! buildable pvmm. The Debian packages come through the rig's own check
 //! ([`pvmm_rig::packages::ensure`]: installed when the tests run as root, else named in the
 //! command to run). When something is still missing they skip with a loud message on stderr,
-//! unless `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail.
+//! unless `PVMM_REQUIRE_RIG=1` (CI sets it), in which case they fail
+//! ([`pvmm_testutil::require_or_skip`]).
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use pvmm_rig::RigOutcome;
+use pvmm_testutil::{require_or_skip, Need};
 
 pub mod scripts;
 
@@ -19,17 +21,9 @@ use pvmm_rig::images::{self, L1Images, L1Needs};
 use pvmm_rig::soak::{classify, BootKind};
 use pvmm_rig::workspace::Workspace;
 
-/// Environment variable that turns a rig test's skip into a failure.
-pub const REQUIRE_RIG_ENV: &str = "PVMM_REQUIRE_RIG";
-
 /// Serializes rig runs: each L1 already keeps both host CPUs busy, so parallel rigs only
 /// slow each other down (and would race on rebuilding the images).
 static RIG_LOCK: Mutex<()> = Mutex::new(());
-
-/// Whether rig tests must run (fail instead of skipping).
-pub fn rig_required() -> bool {
-    std::env::var(REQUIRE_RIG_ENV).is_ok_and(|v| v == "1")
-}
 
 /// One rig boot shared by every test of a test binary, held in a `static`: booted by the first
 /// test that asks for it, the others waiting for it; None for all when the rig is unavailable
@@ -64,39 +58,28 @@ pub fn rig_lock() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Reports that the rig is unavailable: panics when [`rig_required`], else prints a loud
-/// SKIPPED banner on stderr.
-pub fn rig_unavailable(test: &str, reason: &str) {
-    if rig_required() {
-        panic!("{test}: the QEMU-nested rig is required ({REQUIRE_RIG_ENV}=1) but unavailable: {reason}");
-    }
-    eprintln!(
-        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-         !!! SKIPPED {test}: QEMU-nested rig unavailable\n\
-         !!! {reason}\n\
-         !!! (set {REQUIRE_RIG_ENV}=1 to fail instead)\n\
-         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-    );
-}
-
 /// Builds (or reuses) the rig's images, or reports why it cannot and returns None.
 /// Call with the [`rig_lock`] held.
 pub fn prepare_rig(test: &str, needs: L1Needs) -> Option<(Workspace, L1Images)> {
     if let Err(error) = pvmm_rig::packages::ensure() {
-        rig_unavailable(test, &error.to_string());
+        require_or_skip(Need::Rig, test, &error.to_string());
         return None;
     }
     let ws = match Workspace::locate() {
         Ok(ws) => ws,
         Err(error) => {
-            rig_unavailable(test, &error.to_string());
+            require_or_skip(Need::Rig, test, &error.to_string());
             return None;
         }
     };
     match images::build_l1(&ws, needs) {
         Ok(l1) => Some((ws, l1)),
         Err(error) => {
-            rig_unavailable(test, &format!("building the rig images failed: {error}"));
+            require_or_skip(
+                Need::Rig,
+                test,
+                &format!("building the rig images failed: {error}"),
+            );
             None
         }
     }
@@ -390,7 +373,11 @@ mod tests {
     #[test]
     fn probe_sample_reads_vcpu_threads_and_cpus() {
         if !Path::new(BUSYBOX).is_file() {
-            rig_unavailable("probe_sample_reads_vcpu_threads_and_cpus", "no busybox");
+            require_or_skip(
+                Need::Rig,
+                "probe_sample_reads_vcpu_threads_and_cpus",
+                "no busybox",
+            );
             return;
         }
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();

@@ -5,6 +5,7 @@
 //! thread of the VM is ever allowed or run outside the cpuset, and the daemon places every vCPU
 //! inside it without a refused affinity change (the kernel refuses one outside the cpuset).
 
+use pvmm_api::stats::HostStatus;
 use pvmm_rig::images::L1Needs;
 use pvmm_rig::{InnerVmm, Rig, RigOutcome, VmSpec};
 use pvmm_tests::{boot_rig, exit_report, prepare_rig, rig_lock, scripts, CpuSet, SharedOutcome};
@@ -154,25 +155,22 @@ fn the_daemon_places_every_vcpu_inside_the_cpuset_without_a_refusal() {
         .iter()
         .find_map(|l| l.strip_prefix("STATUS "))
         .unwrap_or_else(|| panic!("no STATUS line: {probe:?}"));
-    let status: serde_json::Value = serde_json::from_str(json).expect("the daemon's JSON");
-    assert_eq!(status["apply_errors"], 0, "{status}");
-    let vm = status["vms"]
-        .as_array()
-        .and_then(|vms| vms.iter().find(|v| v["name"] == "vm0"))
-        .unwrap_or_else(|| panic!("the VM did not join the daemon: {status}"));
-    let vcpus = vm["vcpus"].as_array().expect("the VM's vCPUs");
-    assert_eq!(vcpus.len(), 4, "{vm}");
+    let status: HostStatus = serde_json::from_str(json).expect("the daemon's status");
+    assert_eq!(status.apply_errors, 0, "{status:?}");
+    let vm = status
+        .vm("vm0")
+        .unwrap_or_else(|| panic!("the VM did not join the daemon: {status:?}"));
+    assert_eq!(vm.vcpus.len(), 4, "{vm:?}");
     let allowed = cpuset();
-    for v in vcpus {
-        let cpus: CpuSet = v["cpus"]
-            .as_str()
-            .unwrap_or("?")
-            .parse()
-            .expect("a CPU list");
+    for v in &vm.vcpus {
+        let cpus = v
+            .cpus
+            .as_ref()
+            .unwrap_or_else(|| panic!("vCPU {} unplaced: {status:?}", v.vcpu));
         assert!(
             cpus.iter().all(|c| allowed.contains(c)),
-            "vCPU {} placed on {cpus}: {status}",
-            v["vcpu"]
+            "vCPU {} placed on {cpus}: {status:?}",
+            v.vcpu
         );
     }
 }

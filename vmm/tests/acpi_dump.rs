@@ -19,11 +19,10 @@ use pvmm_devices::cppc::CppcRegister;
 fn iasl_available() -> bool {
     let ok = Command::new("iasl").arg("-v").output().is_ok();
     if !ok {
-        if std::env::var("PVMM_REQUIRE_IASL").as_deref() == Ok("1") {
-            panic!("iasl (acpica-tools) is not installed and PVMM_REQUIRE_IASL=1");
-        }
-        eprintln!(
-            "\n!!! SKIPPED acpi_dump: iasl (Debian package acpica-tools) is not installed !!!\n"
+        require_or_skip(
+            Need::Iasl,
+            "acpi_dump",
+            "iasl (Debian package acpica-tools) is not installed",
         );
     }
     ok

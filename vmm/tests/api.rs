@@ -14,6 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pvmm::api::client::{request, Answer};
+use pvmm_api::messages::{VcpuEntry, VcpusAnswer};
+use pvmm_api::stats::VmStats;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// How long a started pvmm may take to create its socket.
@@ -67,13 +70,15 @@ impl Vmm {
         }
         // A thread names itself when it first runs, so on a busy host one just started may
         // still show its parent's name; the tests read names, so they wait for them.
-        vmm.until("/v1/vcpus", "pvmm's own threads named", |v| {
-            let names: Vec<&str> = v["threads"]
-                .as_array()
-                .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
-                .unwrap_or_default();
-            OWN_THREADS.iter().all(|want| names.contains(want))
-        });
+        vmm.until(
+            "/v1/vcpus",
+            "pvmm's own threads named",
+            |v: &VcpusAnswer| {
+                OWN_THREADS
+                    .iter()
+                    .all(|want| v.threads.iter().any(|t| t.name == *want))
+            },
+        );
         Some(vmm)
     }
 
@@ -87,15 +92,29 @@ impl Vmm {
         a.body
     }
 
-    /// Polls `GET path` until `cond` holds.
-    fn until(&self, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    /// `GET path`'s answer, read as the type that `path` answers.
+    fn get<T: DeserializeOwned>(&self, path: &str) -> T {
+        let body = self.ok("GET", path, None);
+        T::deserialize(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    /// Polls `GET path`, read as the type that `path` answers, until `cond` holds.
+    fn until<T: DeserializeOwned + std::fmt::Debug>(
+        &self,
+        path: &str,
+        what: &str,
+        cond: impl Fn(&T) -> bool,
+    ) -> T {
         let start = Instant::now();
         loop {
-            let body = self.ok("GET", path, None);
+            let body = self.get(path);
             if cond(&body) {
                 return body;
             }
-            assert!(start.elapsed() < TICKS_WAIT, "{what}: last {path}: {body}");
+            assert!(
+                start.elapsed() < TICKS_WAIT,
+                "{what}: last {path}: {body:?}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -135,7 +154,7 @@ impl Drop for Vmm {
     }
 }
 
-fn thread_state(tid: i64) -> String {
+fn thread_state(tid: i32) -> String {
     let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).unwrap_or_default();
     let after = stat.rsplit(')').next().unwrap_or_default();
     after.split_whitespace().next().unwrap_or("?").to_string()
@@ -174,29 +193,19 @@ fn query_change_policy_pause_resume_and_shut_down() {
         "the default --external-lease-ms"
     );
 
-    let vcpus = vmm.ok("GET", "/v1/vcpus", None);
-    let tids: Vec<i64> = vcpus["vcpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["tid"].as_i64().unwrap())
-        .collect();
-    assert_eq!(tids.len(), 2, "{vcpus}");
-    let names: Vec<&str> = vcpus["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
+    let vcpus: VcpusAnswer = vmm.get("/v1/vcpus");
+    let tids: Vec<i32> = vcpus.vcpus.iter().map(VcpuEntry::tid).collect();
+    assert_eq!(tids.len(), 2, "{vcpus:?}");
+    let names: Vec<&str> = vcpus.threads.iter().map(|t| t.name.as_str()).collect();
     for want in OWN_THREADS {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
 
     vmm.ok("PUT", "/v1/policy", Some(r#"{"policy":"performance"}"#));
-    let p = vmm.until("/v1/placement", "policy change", |p| {
-        p["policy"] == "performance"
+    let p = vmm.until("/v1/placement", "policy change", |p: &VmStats| {
+        p.policy.to_string() == "performance"
     });
-    assert_eq!(p["policy_changes"], 1, "{p}");
+    assert_eq!(p.policy_changes, 1, "{p:?}");
     assert_eq!(vmm.ok("GET", "/v1/vm", None)["policy"], "performance");
 
     vmm.ok("PUT", "/v1/vm/pause", None);
@@ -214,15 +223,8 @@ fn query_change_policy_pause_resume_and_shut_down() {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let v = vmm.ok("GET", "/v1/vcpus", None);
-    assert!(
-        v["vcpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|v| v["state"] == "paused"),
-        "{v}"
-    );
+    let v: VcpusAnswer = vmm.get("/v1/vcpus");
+    assert!(v.vcpus.iter().all(|v| v.state() == "paused"), "{v:?}");
     vmm.ok("PUT", "/v1/vm/resume", None);
     assert_eq!(vmm.ok("GET", "/v1/vm", None)["state"], "running");
 
@@ -292,8 +294,8 @@ fn bad_requests_are_4xx_and_change_nothing() {
     assert_eq!(after["policy"], before["policy"]);
     assert_eq!(after["state"], "running");
     assert_eq!(after["external_placement"], false);
-    let p = vmm.ok("GET", "/v1/placement", None);
-    assert_eq!(p["policy_changes"], 0, "{p}");
+    let p: VmStats = vmm.get("/v1/placement");
+    assert_eq!(p.policy_changes, 0, "{p:?}");
 }
 
 #[test]
@@ -307,22 +309,26 @@ fn external_placement_moves_threads_and_lapses_without_renewal() {
         r#"{{"assignments":[{{"vcpu":0,"cpus":"{target}","capacity":300}},{{"vcpu":1,"cpus":"{target}","capacity":301}}]}}"#
     );
     vmm.ok("PUT", "/v1/placement/external", Some(&body));
-    let p = vmm.until("/v1/placement", "external placement", |p| {
-        p["external"] == true && p["vcpus"][1]["capacity"] == 301
+    let p = vmm.until("/v1/placement", "external placement", |p: &VmStats| {
+        p.external && p.vcpus.get(1).is_some_and(|v| v.capacity == 301)
     });
-    for v in p["vcpus"].as_array().unwrap() {
-        let tid = v["tid"].as_i64().unwrap();
-        assert_eq!(cpus_allowed(tid), target, "vCPU thread {tid} (from /proc)");
+    for v in &p.vcpus {
+        let tid = v.tid;
+        assert_eq!(
+            cpus_allowed(tid.into()),
+            target,
+            "vCPU thread {tid} (from /proc)"
+        );
     }
-    assert_eq!(p["vcpus"][0]["capacity"], 300);
+    assert_eq!(p.vcpus[0].capacity, 300);
     assert_eq!(vmm.ok("GET", "/v1/vm", None)["external_placement"], true);
     // No renewal: pvmm takes placement back after the lease.
-    vmm.until("/v1/placement", "lease expiry", |p| p["external"] == false);
+    vmm.until("/v1/placement", "lease expiry", |p: &VmStats| !p.external);
     vmm.ok("PUT", "/v1/placement/external", Some(&body));
-    vmm.until("/v1/placement", "external again", |p| p["external"] == true);
+    vmm.until("/v1/placement", "external again", |p: &VmStats| p.external);
     let released = vmm.ok("DELETE", "/v1/placement/external", None);
     assert_eq!(released["was_external"], true);
-    vmm.until("/v1/placement", "released", |p| p["external"] == false);
+    vmm.until("/v1/placement", "released", |p: &VmStats| !p.external);
     vmm.ok("PUT", "/v1/vm/shutdown", Some(r#"{"timeout_ms":0}"#));
     let (status, err) = vmm.finish();
     assert_eq!(status, Some(6), "{err}");
@@ -472,7 +478,7 @@ fn listening_vmm(name: &str, code: &[u8], extra: &[&str]) -> Option<Vmm> {
     let vmm = Vmm::start_with(name, code, extra)?;
     // The guest unmasks its GED interrupt almost at once (a few emulated instructions); a
     // shutdown asked before that would stop the VM, so wait until it listens.
-    vmm.until("/v1/vm", "the guest listening to its GED", |v| {
+    vmm.until("/v1/vm", "the guest listening to its GED", |v: &Value| {
         v["power_button_listening"] == true
     });
     Some(vmm)

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use pvmm_api::stats::{HostStatus, HostVcpu};
 
 /// The CPUs the test's cgroup allows: CPU 1, package 1 under `2x1x1`, is left out.
 const CPUSET: &str = "0";
@@ -123,16 +123,7 @@ fn cgroup_available() -> Option<TestCgroup> {
     } else {
         make_cgroup()
     };
-    match made {
-        Ok(cgroup) => Some(cgroup),
-        Err(why) => {
-            if std::env::var("PVMM_REQUIRE_CGROUP").as_deref() == Ok("1") {
-                panic!("cgroup cpuset: {why} and PVMM_REQUIRE_CGROUP=1");
-            }
-            eprintln!("\n!!! SKIPPED cgroup cpuset: {why} !!!\n");
-            None
-        }
-    }
+    found_or_skip(Need::Cgroup, "cgroup", made)
 }
 
 /// Makes `command`'s process join the cgroup whose `cgroup.procs` is `procs` before it runs,
@@ -190,12 +181,14 @@ fn outside(pid: u32) -> Vec<String> {
         .collect()
 }
 
-/// The status's VM named `name`.
-fn vm<'a>(s: &'a Value, name: &str) -> &'a Value {
-    s["vms"]
-        .as_array()
-        .and_then(|vms| vms.iter().find(|v| v["name"] == name))
-        .unwrap_or(&Value::Null)
+/// The vCPUs of the status's VM named `name` (none when there is no such VM).
+fn vcpus<'a>(s: &'a HostStatus, name: &str) -> &'a [HostVcpu] {
+    s.vm(name).map_or(&[], |vm| &vm.vcpus)
+}
+
+/// Whether the daemon gave vCPU `v` exactly `cpus`.
+fn given(v: &HostVcpu, cpus: &str) -> bool {
+    v.cpus.as_ref().is_some_and(|c| c.to_string() == cpus)
 }
 
 fn until(what: &str, cond: impl Fn() -> bool, show: impl Fn() -> String) {
@@ -255,40 +248,37 @@ fn an_adopted_vm_never_leaves_its_cgroups_cpuset() {
         ],
     ));
     // Both VMs placed, every vCPU on CPU 0; the control VM's vCPUs spread onto package 1.
-    let placed = |s: &Value| {
+    let placed = |s: &HostStatus| {
         let within = VMS.iter().all(|name| {
-            vm(s, name)["vcpus"]
-                .as_array()
-                .is_some_and(|v| v.len() == 2 && v.iter().all(|c| c["cpus"] == CPUSET))
+            let v = vcpus(s, name);
+            v.len() == 2 && v.iter().all(|c| given(c, CPUSET))
         });
-        let control_on_1 = vm(s, "control")["vcpus"]
-            .as_array()
-            .is_some_and(|v| v.iter().any(|c| c["cpus"] == "1"));
+        let control_on_1 = vcpus(s, "control").iter().any(|c| given(c, "1"));
         within && control_on_1
     };
+    let answer = || host_status(&run).expect("the daemon answers its status");
     until(
         "the VMs placed within their cpuset, the control VM on package 1",
-        || placed(&host_status(&run)),
-        || host_status(&run).to_string(),
+        || host_status(&run).is_some_and(|s| placed(&s)),
+        || format!("{:?}", host_status(&run)),
     );
     // The control VM's vCPU on package 1, as /proc has it.
-    let s = host_status(&run);
-    let on_1 = vm(&s, "control")["vcpus"].as_array().map_or(0, |v| {
-        v.iter()
-            .filter(|c| cpus_allowed(c["tid"].as_i64().unwrap_or(0)) == "1")
-            .count()
-    });
-    assert!(on_1 > 0, "the policy spreads onto package 1: {s}");
+    let s = answer();
+    let on_1 = vcpus(&s, "control")
+        .iter()
+        .filter(|c| cpus_allowed(c.tid.into()) == "1")
+        .count();
+    assert!(on_1 > 0, "the policy spreads onto package 1: {s:?}");
     // Many ticks: no thread of either VM ever allowed or running outside the cpuset.
     for _ in 0..50 {
         let out: Vec<String> = pids.iter().flat_map(|&pid| outside(pid)).collect();
         assert!(out.is_empty(), "outside the cpuset {CPUSET}: {out:?}");
-        let s = host_status(&run);
-        assert!(placed(&s), "{s}");
-        assert_eq!(s["apply_errors"], 0, "{s}");
+        let s = answer();
+        assert!(placed(&s), "{s:?}");
+        assert_eq!(s.apply_errors, 0, "{s:?}");
         for name in VMS {
-            for v in vm(&s, name)["vcpus"].as_array().into_iter().flatten() {
-                assert_eq!(v["pinned"], false, "a cpuset is no operator's pin: {s}");
+            for v in vcpus(&s, name) {
+                assert!(!v.pinned, "a cpuset is no operator's pin: {s:?}");
             }
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -52,8 +52,8 @@ fn bus_misses_and_ignored_power_writes_are_counted() {
         let last = std::fs::read_to_string(&stats)
             .ok()
             .and_then(|t| t.lines().last().map(str::to_string))
-            .and_then(|l| serde_json::from_str::<serde_json::Value>(&l).ok());
-        let errors = last.and_then(|v| v["guest_register_errors"].as_u64());
+            .and_then(|l| serde_json::from_str::<pvmm_api::stats::VmStats>(&l).ok());
+        let errors = last.and_then(|v| v.guest_register_errors);
         if errors == Some(4) || start.elapsed() > WAIT {
             break errors;
         }

@@ -17,7 +17,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pvmm::api::client::request;
-use serde_json::Value;
+use pvmm_api::stats::VmStats;
+use serde::Deserialize as _;
 
 /// Long enough for several daemon ticks on a loaded machine.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -56,22 +57,23 @@ fn start_daemon(dir: &Path, extra: &[&str]) -> Proc {
     )
 }
 
-fn placement(socket: &Path) -> Value {
-    request(socket, "GET", "/v1/placement", None)
-        .map(|a| a.body)
-        .unwrap_or(Value::Null)
+/// The VM's latest tick (`GET /v1/placement`); None while it does not answer one.
+fn placement(socket: &Path) -> Option<VmStats> {
+    let answer = request(socket, "GET", "/v1/placement", None).ok()?;
+    VmStats::deserialize(&answer.body).ok()
+}
+
+/// Whether the VM's latest tick says an outside balancer (the daemon) places it: `Some(true)`
+/// or `Some(false)`, None while it answers no tick.
+fn external(socket: &Path) -> Option<bool> {
+    placement(socket).map(|p| p.external)
 }
 
 /// Each vCPU thread's `Cpus_allowed_list`, from /proc.
 fn allowed(socket: &Path) -> Vec<String> {
-    let p = placement(socket);
-    let empty = Vec::new();
-    p["vcpus"]
-        .as_array()
-        .unwrap_or(&empty)
-        .iter()
-        .map(|v| cpus_allowed(v["tid"].as_i64().unwrap_or(0)))
-        .collect()
+    placement(socket).map_or_else(Vec::new, |p| {
+        p.vcpus.iter().map(|v| cpus_allowed(v.tid.into())).collect()
+    })
 }
 
 fn wait_for(what: &str, cond: impl Fn() -> bool, show: impl Fn() -> String) {
@@ -103,15 +105,15 @@ fn two_busy_vms_are_spread_where_each_alone_would_stack_them() {
         "spread by pvmm-host",
         || {
             let (a, b) = (allowed(&sa), allowed(&sb));
-            placement(&sa)["external"] == true
-                && placement(&sb)["external"] == true
+            external(&sa) == Some(true)
+                && external(&sb) == Some(true)
                 && a.len() == 1
                 && b.len() == 1
                 && a != b
         },
         || {
             format!(
-                "{:?} {:?} {} {}",
+                "{:?} {:?} {:?} {:?}",
                 allowed(&sa),
                 allowed(&sb),
                 placement(&sa),
@@ -135,8 +137,8 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
     wait_for(
         "idle VMs packed on package 0",
         || {
-            placement(&sa)["external"] == true
-                && placement(&sb)["external"] == true
+            external(&sa) == Some(true)
+                && external(&sb) == Some(true)
                 && allowed(&sa) == ["0", "0"]
                 && allowed(&sb) == ["0", "0"]
         },
@@ -209,22 +211,22 @@ fn a_killed_daemon_leaves_each_vm_to_its_lease() {
     let mut daemon = start_daemon(&dir, &[]);
     wait_for(
         "adopted",
-        || placement(&sa)["external"] == true,
-        || placement(&sa).to_string(),
+        || external(&sa) == Some(true),
+        || format!("{:?}", placement(&sa)),
     );
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
     wait_for(
         "the VM places itself after its lease",
-        || placement(&sa)["external"] == false,
-        || placement(&sa).to_string(),
+        || external(&sa) == Some(false),
+        || format!("{:?}", placement(&sa)),
     );
     // A restarted daemon adopts it again.
     let _again = start_daemon(&dir, &[]);
     wait_for(
         "adopted again",
-        || placement(&sa)["external"] == true,
-        || placement(&sa).to_string(),
+        || external(&sa) == Some(true),
+        || format!("{:?}", placement(&sa)),
     );
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -267,7 +269,7 @@ fn a_qemu_vm_is_adopted_packed_with_pvmm_and_restored_at_sigterm() {
             let t = threads();
             !t.is_empty()
                 && t.iter().all(|(_, a)| a == "0")
-                && placement(&socket)["external"] == true
+                && external(&socket) == Some(true)
                 && allowed(&socket) == ["0"]
         },
         || format!("QEMU {:?}, pvmm {:?}", threads(), allowed(&socket)),

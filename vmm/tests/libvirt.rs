@@ -23,7 +23,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use pvmm_api::stats::{HostStatus, HostVcpu};
 
 /// libvirt's system connection.
 const URI: &str = "qemu:///system";
@@ -51,10 +51,7 @@ fn libvirt_available() -> bool {
     } else {
         "not root"
     };
-    if std::env::var("PVMM_REQUIRE_LIBVIRT").as_deref() == Ok("1") {
-        panic!("libvirt: {why} and PVMM_REQUIRE_LIBVIRT=1");
-    }
-    eprintln!("\n!!! SKIPPED libvirt: {why} !!!\n");
+    require_or_skip(Need::Libvirt, "libvirt", why);
     false
 }
 
@@ -141,48 +138,56 @@ fn domain_xml(name: &str, kernel: &Path) -> String {
 }
 
 /// Polls `cond` on the daemon's status until it holds.
-fn until(run: &Path, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+fn until(run: &Path, what: &str, cond: impl Fn(&HostStatus) -> bool) -> HostStatus {
     let start = Instant::now();
     loop {
-        let s = host_status(run);
-        if cond(&s) {
-            return s;
+        match host_status(run) {
+            Some(s) if cond(&s) => return s,
+            last => assert!(start.elapsed() < SETTLE, "{what}: {last:?}"),
         }
-        assert!(start.elapsed() < SETTLE, "{what}: {s}");
         std::thread::sleep(Duration::from_millis(250));
     }
 }
 
-/// The status's vCPU `vcpu` of VM `name`.
-fn vcpu<'a>(s: &'a Value, name: &str, index: u64) -> &'a Value {
-    let vm = s["vms"]
-        .as_array()
-        .and_then(|vms| vms.iter().find(|v| v["name"] == name));
-    let vcpus = vm.and_then(|vm| vm["vcpus"].as_array());
-    vcpus
-        .and_then(|v| v.iter().find(|c| c["vcpu"] == index))
-        .unwrap_or(&Value::Null)
+/// The daemon's status, which it answers once [`until`] has seen it.
+fn status(run: &Path) -> HostStatus {
+    host_status(run).expect("the daemon answers its status")
+}
+
+/// The status's vCPU `index` of VM `name`.
+fn vcpu<'a>(s: &'a HostStatus, name: &str, index: u32) -> Option<&'a HostVcpu> {
+    s.vm(name)?.vcpu(index)
+}
+
+/// Whether the status places vCPU `index` of VM `name` on a package.
+fn placed(s: &HostStatus, name: &str, index: u32) -> bool {
+    vcpu(s, name, index).is_some_and(|v| v.package.is_some())
+}
+
+/// The CPUs the status gives vCPU `index` of VM `name`.
+fn given(s: &HostStatus, name: &str, index: u32) -> Option<String> {
+    Some(vcpu(s, name, index)?.cpus.as_ref()?.to_string())
 }
 
 /// A thread's `Cpus_allowed_list`, from /proc.
-fn affinity(tid: &Value) -> String {
-    cpus_allowed(tid.as_i64().unwrap_or(0))
+fn affinity(tid: i32) -> String {
+    cpus_allowed(tid.into())
 }
 
 /// The package every vCPU but `pinned_tid` is on, if it is one package and each of those
 /// threads' affinity in /proc is the CPU status gives it (with `--host-topology 2x1x1`,
 /// package N is CPU N).
-fn packed_package(s: &Value, pinned_tid: &Value) -> Option<u64> {
+fn packed_package(s: &HostStatus, pinned_tid: i32) -> Option<u32> {
     let mut packages = Vec::new();
     for d in DOMAINS {
         for i in 0..2 {
-            let v = vcpu(s, d, i);
-            if v["tid"] == *pinned_tid {
+            let v = vcpu(s, d, i)?;
+            if v.tid == pinned_tid {
                 continue;
             }
-            let package = v["package"].as_u64()?;
-            let cpus = v["cpus"].as_str()?;
-            if affinity(&v["tid"]) != cpus || cpus.parse::<u64>().ok() != Some(package) {
+            let package = v.package?;
+            let cpus = v.cpus.as_ref()?.to_string();
+            if affinity(v.tid) != cpus || cpus.parse::<u32>().ok() != Some(package) {
                 return None;
             }
             packages.push(package);
@@ -225,11 +230,9 @@ fn pvmm_host_names_libvirt_domains_and_never_fights_an_operators_pin() {
     ));
     // Named by their domain names, every vCPU placed.
     let s = until(&run, "both domains adopted under their names", |s| {
-        DOMAINS
-            .iter()
-            .all(|d| (0..2).all(|i| vcpu(s, d, i)["package"].is_u64()))
+        DOMAINS.iter().all(|d| (0..2).all(|i| placed(s, d, i)))
     });
-    assert_eq!(s["apply_errors"], 0, "{s}");
+    assert_eq!(s.apply_errors, 0, "{s:?}");
     let metrics = host_metrics(&run);
     for d in DOMAINS {
         assert!(
@@ -238,19 +241,25 @@ fn pvmm_host_names_libvirt_domains_and_never_fights_an_operators_pin() {
         );
     }
     // The operator pins vCPU 0 of the first domain to CPU 1.
-    let (name, pinned_tid) = (DOMAINS[0], vcpu(&s, DOMAINS[0], 0)["tid"].clone());
+    let name = DOMAINS[0];
+    let pinned_tid = vcpu(&s, name, 0).expect("a placed vCPU 0").tid;
     virsh(&["vcpupin", name, "0", "1"]);
-    let s = until(&run, "the pin seen", |s| vcpu(s, name, 0)["pinned"] == true);
-    assert_eq!(affinity(&pinned_tid), "1", "the operator's pin stays");
-    assert_eq!(vcpu(&s, name, 0)["cpus"], "1", "status matches /proc: {s}");
-    std::thread::sleep(Duration::from_secs(2));
-    let s = host_status(&run);
+    let pinned = |s: &HostStatus| vcpu(s, name, 0).is_some_and(|v| v.pinned);
+    let s = until(&run, "the pin seen", pinned);
+    assert_eq!(affinity(pinned_tid), "1", "the operator's pin stays");
     assert_eq!(
-        affinity(&pinned_tid),
+        given(&s, name, 0).as_deref(),
+        Some("1"),
+        "status matches /proc: {s:?}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let s = status(&run);
+    assert_eq!(
+        affinity(pinned_tid),
         "1",
         "still the operator's, ticks later"
     );
-    assert_eq!(s["apply_errors"], 0, "{s}");
+    assert_eq!(s.apply_errors, 0, "{s:?}");
     // The other vCPUs stay packed. QEMU's firmware keeps a domain's vCPU 0 busy for a while
     // after start, and the engine may then move the others to join the pinned vCPU's package;
     // once the load settles, every other vCPU is on one package and stays there, sample after
@@ -258,37 +267,37 @@ fn pvmm_host_names_libvirt_domains_and_never_fights_an_operators_pin() {
     let start = Instant::now();
     let (mut package, mut streak) = (None, 0);
     while streak < 20 {
-        let s = host_status(&run);
-        assert_eq!(affinity(&pinned_tid), "1", "the operator's pin stays");
-        assert_eq!(vcpu(&s, name, 0)["pinned"], true, "{s}");
-        assert_eq!(s["apply_errors"], 0, "{s}");
-        let now = packed_package(&s, &pinned_tid);
+        let s = status(&run);
+        assert_eq!(affinity(pinned_tid), "1", "the operator's pin stays");
+        assert!(pinned(&s), "{s:?}");
+        assert_eq!(s.apply_errors, 0, "{s:?}");
+        let now = packed_package(&s, pinned_tid);
         streak = if now.is_some() && now == package {
             streak + 1
         } else {
             0
         };
         package = now;
-        assert!(start.elapsed() < SETTLE, "the other vCPUs not packed: {s}");
+        assert!(
+            start.elapsed() < SETTLE,
+            "the other vCPUs not packed: {s:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("the other vCPUs packed on package {package:?}");
     // Widened to both CPUs again: the daemon takes the vCPU back.
     virsh(&["vcpupin", name, "0", "0-1"]);
     let s = until(&run, "the vCPU taken back", |s| {
-        let v = vcpu(s, name, 0);
-        v["pinned"] == false && affinity(&pinned_tid) == v["cpus"].as_str().unwrap_or("?")
+        !pinned(s) && given(s, name, 0) == Some(affinity(pinned_tid))
     });
-    assert_eq!(s["apply_errors"], 0, "{s}");
+    assert_eq!(s.apply_errors, 0, "{s:?}");
     // The operator destroys the second domain: the daemon drops it.
     let (gone, kept) = (DOMAINS[1], DOMAINS[0]);
     virsh(&["destroy", gone]);
     let s = until(&run, "the destroyed domain dropped", |s| {
-        s["vms"]
-            .as_array()
-            .is_some_and(|vms| vms.iter().all(|v| v["name"] != gone))
+        s.vm(gone).is_none()
     });
-    assert!(vcpu(&s, kept, 1)["package"].is_u64(), "{s}");
+    assert!(placed(&s, kept, 1), "{s:?}");
     let label = format!("vm=\"{gone}\"");
     let start = Instant::now();
     while host_metrics(&run).contains(&label) {

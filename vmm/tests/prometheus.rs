@@ -38,11 +38,10 @@ fn prometheus_available() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        if std::env::var("PVMM_REQUIRE_PROMTOOL").as_deref() == Ok("1") {
-            panic!("prometheus is not installed and PVMM_REQUIRE_PROMTOOL=1");
-        }
-        eprintln!(
-            "\n!!! SKIPPED prometheus: prometheus (Debian package prometheus) is not installed !!!\n"
+        require_or_skip(
+            Need::Promtool,
+            "prometheus",
+            "prometheus (Debian package prometheus) is not installed",
         );
     }
     ok

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use pvmm::api::client::request;
 use pvmm::layout::virtio_slots;
+use pvmm_api::messages::{ThreadEntry, VcpusAnswer};
+use serde::Deserialize as _;
 
 /// How long a started pvmm may take to answer on its control socket.
 const START_LIMIT: Duration = Duration::from_secs(30);
@@ -117,12 +119,13 @@ fn device_threads_are_listed_and_run_under_their_filter() {
     let socket = dir.join("api.sock");
     let disk = image(&dir, "a.img");
     let vm = start(&kernel, &socket, &["--disk", &disk, "--rng"]);
-    let answer = request(&socket, "GET", "/v1/vcpus", None).unwrap();
-    let threads = answer.body["threads"].as_array().unwrap().clone();
+    let threads = own_threads(&socket);
     let pid = vm.0.id();
     for name in ["pvmm-blk0", "pvmm-rng0"] {
-        let t = threads.iter().find(|t| t["name"] == name);
-        let tid = t.unwrap_or_else(|| panic!("{name} not listed: {threads:?}"))["tid"].clone();
+        let t = threads.iter().find(|t| t.name == name);
+        let tid = t
+            .unwrap_or_else(|| panic!("{name} not listed: {threads:?}"))
+            .tid;
         let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
         let mode = status.lines().find(|l| l.starts_with("Seccomp:")).unwrap();
         assert_eq!(mode.split_whitespace().nth(1), Some("2"), "{name}: {mode}");
@@ -163,6 +166,14 @@ fn bad_disks_end_pvmm_with_one_line_and_status_2() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// pvmm's own threads, from `GET /v1/vcpus` on its control socket.
+fn own_threads(socket: &Path) -> Vec<ThreadEntry> {
+    let answer = request(socket, "GET", "/v1/vcpus", None).expect("GET /v1/vcpus");
+    VcpusAnswer::deserialize(&answer.body)
+        .unwrap_or_else(|e| panic!("not a vcpus answer ({e}): {}", answer.body))
+        .threads
+}
+
 /// Moves this test's thread into a network namespace of its own, which the processes it starts
 /// inherit, so that the taps it makes are no one else's and no traffic reaches the machine's
 /// network. False where that is not allowed (not root): the test skips loudly, or fails
@@ -173,10 +184,11 @@ fn own_network_namespace(test: &str) -> bool {
         return true;
     }
     let why = std::io::Error::last_os_error();
-    if std::env::var("PVMM_REQUIRE_KVM").as_deref() == Ok("1") {
-        panic!("{test}: cannot make a network namespace ({why}) and PVMM_REQUIRE_KVM=1");
-    }
-    eprintln!("\n!!! SKIPPED {test}: cannot make a network namespace: {why} !!!\n");
+    require_or_skip(
+        Need::Kvm,
+        test,
+        &format!("cannot make a network namespace: {why}"),
+    );
     false
 }
 
@@ -194,12 +206,8 @@ fn a_network_card_opens_its_tap_and_bad_taps_are_refused() {
     let kernel = write_kernel(&dir, &HALT_LOOP);
     let socket = dir.join("api.sock");
     let vm = start(&kernel, &socket, &["--net", "tap=pvmmtap0"]);
-    let answer = request(&socket, "GET", "/v1/vcpus", None).unwrap();
-    let threads = answer.body["threads"].as_array().unwrap();
-    assert!(
-        threads.iter().any(|t| t["name"] == "pvmm-net0"),
-        "{threads:?}"
-    );
+    let threads = own_threads(&socket);
+    assert!(threads.iter().any(|t| t.name == "pvmm-net0"), "{threads:?}");
     drop(vm);
     for (net, needle) in [
         ("tap=pvmmtap9", "no such tap device"),

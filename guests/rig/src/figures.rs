@@ -15,10 +15,10 @@ pub fn median(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 /// `headers` and `rows` as aligned columns, the first left-aligned and the rest right-aligned:
-/// the simulator's format ([`pvmm_sim::report::aligned_columns`]), so the rig's tables and the
-/// simulator's read alike and change together.
+/// the simulator's format ([`pvmm_scheduler::table::aligned_columns`]), so the rig's tables
+/// and the simulator's read alike and change together.
 pub fn table<const N: usize>(headers: [&str; N], rows: &[[String; N]]) -> String {
-    pvmm_sim::report::aligned_columns(&headers.map(String::from), rows)
+    pvmm_scheduler::table::aligned_columns(&headers.map(String::from), rows)
 }
 
 #[cfg(test)]

@@ -10,8 +10,9 @@
 //! that fails counts by its kind ([`crate::soak::BootKind`]); the rig's own failures (a guest
 //! triple fault, L1's) are reported as such, anything else as a failure of pvmm.
 
-use std::fmt::Write as _;
 use std::time::Duration;
+
+use pvmm_scheduler::table::{columns, Align};
 
 use crate::images::L1Images;
 use crate::rig::{InnerVmm, RigError, RigOutcome, Topology, VmSpec};
@@ -279,12 +280,10 @@ pub fn findings(runs: &[GuestRun]) -> Vec<String> {
         .collect()
 }
 
-/// The soak's table: one row per guest, then the verdict.
+/// The soak's table: one row per guest, its name and outcome left, its figures right, then
+/// the slab caches that grew, as text.
 pub fn format_report(soak: &GuestSoak) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<10} {:<14} {:>6} {:>8} {:>12} {:>10} {:>6} {:>8} {:>6} {:>4} {:>4}  slab growth since guest 1 (KiB)",
+    let headers = [
         "guest",
         "outcome",
         "exit",
@@ -296,28 +295,35 @@ pub fn format_report(soak: &GuestSoak) -> String {
         "files",
         "VMs",
         "tmp",
-    );
-    for run in &soak.runs {
-        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-        let s = run.after;
-        let _ = writeln!(
-            out,
-            "{:<10} {:<14} {:>6} {:>8} {:>12} {:>10} {:>6} {:>8} {:>6} {:>4} {:>4}  {}",
-            run.label,
-            run.kind.name(),
-            opt(run.status.map(|v| v.to_string())),
-            opt(run.boot_seconds.map(|v| format!("{v:.1}"))),
-            opt(s.map(|s| s.mem_available_kib.to_string())),
-            opt(s.map(|s| s.slab_unreclaim_kib.to_string())),
-            opt(s.map(|s| s.processes.to_string())),
-            opt(s.map(|s| s.threads.to_string())),
-            opt(s.map(|s| s.open_files.to_string())),
-            opt(s.map(|s| s.kvm_vms.to_string())),
-            opt(s.map(|s| s.tmp_entries.to_string())),
-            run.slab_growth,
-        );
-    }
-    out
+        "slab growth since guest 1 (KiB)",
+    ];
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let rows: Vec<Vec<String>> = soak
+        .runs
+        .iter()
+        .map(|run| {
+            let s = run.after;
+            vec![
+                run.label.clone(),
+                run.kind.name().to_string(),
+                opt(run.status.map(|v| v.to_string())),
+                opt(run.boot_seconds.map(|v| format!("{v:.1}"))),
+                opt(s.map(|s| s.mem_available_kib.to_string())),
+                opt(s.map(|s| s.slab_unreclaim_kib.to_string())),
+                opt(s.map(|s| s.processes.to_string())),
+                opt(s.map(|s| s.threads.to_string())),
+                opt(s.map(|s| s.open_files.to_string())),
+                opt(s.map(|s| s.kvm_vms.to_string())),
+                opt(s.map(|s| s.tmp_entries.to_string())),
+                run.slab_growth.clone(),
+            ]
+        })
+        .collect();
+    let mut align = [Align::Right; 12];
+    align[0] = Align::Left;
+    align[1] = Align::Left;
+    align[11] = Align::Left;
+    columns(&align, &headers, &rows)
 }
 
 #[cfg(test)]

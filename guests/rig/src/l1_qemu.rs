@@ -1,7 +1,7 @@
 //! Which QEMU runs L1.
 //!
 //! The rig's L1 needs QEMU's TCG emulation of AMD SVM. The `qemu10` variant runs L1 on a newer
-//! QEMU than Debian 12's 7.2, to compare the two (guests/README.md, "Rig reliability": measured side by
+//! QEMU than Debian 12's 7.2, to compare the two (docs/rig.md, "Rig reliability": measured side by
 //! side, it was no more reliable and no faster, so it is not the default). Debian 12 ships
 //! QEMU 10.0 in `bookworm-backports`, built against its own libraries, so the rig fetches it
 //! there when the host's QEMU is older: `apt-get download` with a private sources list and

@@ -5,7 +5,7 @@ use crate::rig::RigOutcome;
 use crate::soak::{l1_kind, BootKind};
 
 /// Where the rig's failure rates and their causes are described.
-pub const RELIABILITY_DOC: &str = "guests/README.md, Rig reliability";
+pub const RELIABILITY_DOC: &str = "docs/rig.md, Rig reliability";
 
 /// Rig boots one outcome may use. The nested rig itself (QEMU TCG emulating SVM for L1's KVM)
 /// now and then crashes a guest mid-boot: a triple fault under pvmm, a reset (QEMU exits 0

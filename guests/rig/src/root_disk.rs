@@ -138,7 +138,11 @@ mod tests {
     #[test]
     fn the_userland_becomes_a_readable_reproducible_image() {
         if Command::new(MKE2FS).arg("-V").output().is_err() {
-            eprintln!("SKIPPED: no mke2fs (install e2fsprogs)");
+            pvmm_testutil::require_or_skip(
+                pvmm_testutil::Need::Rig,
+                "the_userland_becomes_a_readable_reproducible_image",
+                "no mke2fs (Debian package e2fsprogs)",
+            );
             return;
         }
         let dir = std::env::temp_dir().join(format!("pvmm-root-disk-{}", std::process::id()));

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use pvmm_scheduler::table::{piped, Align};
+
 use crate::guest_kernel::GuestKernel;
 use crate::images::L1Images;
 use crate::rig::{InnerVmm, KernelForm, Rig, RigEnd, RigError, RigOutcome, Topology, VmSpec};
@@ -430,7 +432,7 @@ pub fn format_tallies(tallies: &[Tally]) -> String {
     let mut header = vec!["variant".to_string(), "boots".to_string()];
     header.extend(BootKind::ALL.iter().map(|k| k.name().to_string()));
     header.extend(["boot-to-init s".to_string(), "rig s".to_string()]);
-    let mut rows = vec![header];
+    let mut rows = Vec::new();
     for tally in tallies {
         let mut row = vec![tally.variant.clone(), tally.boots.to_string()];
         row.extend(BootKind::ALL.iter().map(|&k| tally.count(k).to_string()));
@@ -439,19 +441,7 @@ pub fn format_tallies(tallies: &[Tally]) -> String {
         }
         rows.push(row);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, &w)| format!("{cell:>w$}"))
-            .collect();
-        let _ = writeln!(out, "| {} |", cells.join(" | "));
-    }
-    out
+    piped(&[Align::Right], &header, &rows)
 }
 
 /// Busy loops on the host (`sh -c 'while ...; do :; done'`), the load under which the rig

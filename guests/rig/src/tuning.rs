@@ -31,7 +31,7 @@ const ZEN2_MODEL: &str = "EPYC-Rome";
 
 /// The preset the rig uses when none is named (`cargo xtask rig`, the rig tests, the
 /// benchmarks): L1's KVM shadows L2's page tables instead of using the emulated CPU's nested
-/// paging. Measured side by side with `base` (guests/README.md, "Rig reliability"): no guest triple
+/// paging. Measured side by side with `base` (docs/rig.md, "Rig reliability"): no guest triple
 /// fault where `base` had them, and guests reach init sooner.
 pub const DEFAULT_VARIANT: &str = "npt0";
 

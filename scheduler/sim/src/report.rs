@@ -37,6 +37,7 @@ use std::fmt::Write as _;
 use super::bound::Bound;
 use super::run::{Placement, RunResult};
 use pvmm_scheduler::policy::Policy;
+use pvmm_scheduler::table::aligned_columns;
 
 /// Index of the reference row: the `performance` row, else the first.
 pub fn reference_index(results: &[RunResult]) -> usize {
@@ -206,48 +207,9 @@ fn bound_row(
     ]
 }
 
-/// `headers` and `rows` as lines of columns two spaces apart, each as wide as its widest cell
-/// (in characters): the first column (the policy) left-aligned, the numbers right-aligned, no
-/// trailing spaces. The rig's benchmarks print their tables, in the same format, through it.
-pub fn aligned_columns<const N: usize>(headers: &[String; N], rows: &[[String; N]]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for cells in std::iter::once(headers).chain(rows) {
-        let mut line = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i == 0 {
-                let _ = write!(line, "{cell:<w$}");
-            } else {
-                let _ = write!(line, "  {cell:>w$}");
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn columns_align_to_their_widest_cell_in_characters() {
-        let headers = ["Policy".to_string(), "Idle(%)".to_string()];
-        let rows = [
-            ["performance".to_string(), "1.00".to_string()],
-            ["bound".to_string(), "≤0.5".to_string()],
-        ];
-        assert_eq!(
-            aligned_columns(&headers, &rows),
-            "Policy       Idle(%)\nperformance     1.00\nbound           ≤0.5\n"
-        );
-    }
 
     fn result(placement: Placement, time: f64, energy: f64, idle: [f64; 2]) -> RunResult {
         RunResult {

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::stats::VmStats;
+use pvmm_scheduler::table::{columns, LEFT};
+
+use crate::messages::VcpusAnswer;
+use crate::stats::{VcpuStats, VmStats};
 
 use crate::http::{IO_TIMEOUT, MAX_BODY_BYTES, MAX_HEAD_BYTES};
 
@@ -223,6 +226,7 @@ pub fn parse_answer(raw: &[u8]) -> Result<Answer, ClientError> {
     Ok(Answer { status, body })
 }
 
+/// A JSON value as a table cell: `-` for null, a string without its quotes.
 fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
@@ -231,61 +235,45 @@ fn cell(v: &Value) -> String {
     }
 }
 
-/// Formats rows as a left-aligned table under `headers`.
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        padded.join("  ").trim_end().to_string() + "\n"
-    };
-    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        out.push_str(&line(row.clone()));
-    }
-    out
+/// A placed vCPU's cells after its index and thread: util, busy, cpus, package, capacity
+/// (the columns of [`PLACED_COLUMNS`]).
+fn placed_cells(v: &VcpuStats) -> [String; 5] {
+    [
+        v.util.to_string(),
+        v.busy.to_string(),
+        v.cpus.to_string(),
+        v.package.map_or_else(|| "-".to_string(), |p| p.to_string()),
+        v.capacity.to_string(),
+    ]
 }
 
-/// The per-vCPU table of `GET /v1/vcpus` or `GET /v1/placement`.
-fn vcpu_table(vcpus: &[Value]) -> String {
-    let keys = [
-        "vcpu", "tid", "state", "util", "busy", "cpus", "package", "capacity",
-    ];
-    let rows: Vec<Vec<String>> = vcpus
-        .iter()
-        .map(|v| keys.iter().map(|k| cell(&v[*k])).collect())
-        .collect();
-    let present: Vec<usize> = (0..keys.len())
-        .filter(|&i| vcpus.iter().any(|v| !v[keys[i]].is_null()))
-        .collect();
-    let headers: Vec<&str> = present.iter().map(|&i| keys[i]).collect();
-    let rows: Vec<Vec<String>> = rows
-        .into_iter()
-        .map(|r| present.iter().map(|&i| r[i].clone()).collect())
-        .collect();
-    table(&headers, &rows)
-}
+/// The headers of [`placed_cells`].
+const PLACED_COLUMNS: [&str; 5] = ["util", "busy", "cpus", "package", "capacity"];
 
-/// `GET /v1/vcpus` for people: the vCPUs, then pvmm's own threads.
-pub fn format_vcpus(body: &Value) -> String {
-    let empty = Vec::new();
-    let mut out = vcpu_table(body["vcpus"].as_array().unwrap_or(&empty));
-    let threads: Vec<Vec<String>> = body["threads"]
-        .as_array()
-        .unwrap_or(&empty)
+/// `GET /v1/vcpus` for people: the vCPUs (before the first tick only their threads and run
+/// states), then pvmm's own threads.
+pub fn format_vcpus(answer: &VcpusAnswer) -> String {
+    let mut headers = vec!["vcpu", "tid", "state"];
+    if answer.vcpus.iter().any(|v| v.stats().is_some()) {
+        headers.extend(PLACED_COLUMNS);
+    }
+    let vcpus: Vec<Vec<String>> = answer
+        .vcpus
         .iter()
-        .map(|t| vec![cell(&t["tid"]), cell(&t["name"])])
+        .map(|v| {
+            let mut row = vec![v.vcpu().to_string(), v.tid().to_string(), v.state().into()];
+            row.extend(v.stats().into_iter().flat_map(placed_cells));
+            row
+        })
         .collect();
+    let threads: Vec<[String; 2]> = answer
+        .threads
+        .iter()
+        .map(|t| [t.tid.to_string(), t.name.clone()])
+        .collect();
+    let mut out = columns(LEFT, &headers, &vcpus);
     out.push('\n');
-    out.push_str(&table(&["tid", "thread"], &threads));
+    out.push_str(&columns(LEFT, &["tid", "thread"], &threads));
     out
 }
 
@@ -304,31 +292,25 @@ pub fn format_placement(stats: &VmStats) -> String {
         stats.migrations_total,
         stats.policy_changes,
     );
-    let or_dash = |v: Option<u32>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let vcpus: Vec<Vec<String>> = stats
         .vcpus
         .iter()
         .map(|v| {
-            vec![
-                v.vcpu.to_string(),
-                v.tid.to_string(),
-                v.util.to_string(),
-                v.busy.to_string(),
-                v.cpus.to_string(),
-                or_dash(v.package),
-                v.capacity.to_string(),
-            ]
+            let mut row = vec![v.vcpu.to_string(), v.tid.to_string()];
+            row.extend(placed_cells(v));
+            row
         })
         .collect();
-    let headers = ["vcpu", "tid", "util", "busy", "cpus", "package", "capacity"];
-    out.push_str(&table(&headers, &vcpus));
+    let mut headers = vec!["vcpu", "tid"];
+    headers.extend(PLACED_COLUMNS);
+    out.push_str(&columns(LEFT, &headers, &vcpus));
     let packages: Vec<Vec<String>> = stats
         .packages
         .iter()
         .map(|p| vec![p.id.to_string(), p.util.to_string(), p.active.to_string()])
         .collect();
     out.push('\n');
-    out.push_str(&table(&["package", "util", "active"], &packages));
+    out.push_str(&columns(LEFT, &["package", "util", "active"], &packages));
     out
 }
 
@@ -360,20 +342,37 @@ mod tests {
     }
 
     #[test]
-    fn tables_align_and_leave_out_empty_columns() {
-        let body = json!({
-            "vcpus": [
-                {"vcpu": 0, "tid": 101, "state": "running", "cpus": "0-1", "capacity": 512},
-                {"vcpu": 1, "tid": 102, "state": "paused", "cpus": "2", "capacity": 1024},
-            ],
-            "threads": [{"tid": 100, "name": "pvmm"}],
-        });
-        let text = format_vcpus(&body);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "vcpu  tid  state    cpus  capacity");
-        assert_eq!(lines[1], "0     101  running  0-1   512");
-        assert_eq!(lines[2], "1     102  paused   2     1024");
+    fn vcpu_tables_align_and_show_placement_columns_once_a_tick_placed() {
+        let answer = |vcpus: Value| -> VcpusAnswer {
+            serde_json::from_value(
+                json!({"vcpus": vcpus, "threads": [{"tid": 100, "name": "pvmm"}]}),
+            )
+            .unwrap()
+        };
+        let before = format_vcpus(&answer(json!([
+            {"vcpu": 0, "tid": 101, "state": "running"},
+            {"vcpu": 1, "tid": 102, "state": "paused"},
+        ])));
+        let lines: Vec<&str> = before.lines().collect();
+        assert_eq!(lines[0], "vcpu  tid  state");
+        assert_eq!(lines[1], "0     101  running");
+        assert_eq!(lines[2], "1     102  paused");
         assert_eq!(lines[4], "tid  thread");
         assert_eq!(lines[5], "100  pvmm");
+        let placed = format_vcpus(&answer(json!([
+            {"vcpu": 0, "tid": 101, "state": "running", "busy": true, "capacity": 512,
+             "cpus": "0-1", "desired": null, "package": 0, "util": 0.75, "waited": 0.0},
+            {"vcpu": 1, "tid": 102, "state": "paused"},
+        ])));
+        let lines: Vec<&str> = placed.lines().collect();
+        assert_eq!(
+            lines[0],
+            "vcpu  tid  state    util  busy  cpus  package  capacity"
+        );
+        assert_eq!(
+            lines[1],
+            "0     101  running  0.75  true  0-1   0        512"
+        );
+        assert_eq!(lines[2], "1     102  paused");
     }
 }

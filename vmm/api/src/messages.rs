@@ -167,6 +167,39 @@ pub enum VcpuEntry {
     },
 }
 
+impl VcpuEntry {
+    /// vCPU index.
+    pub fn vcpu(&self) -> u32 {
+        match self {
+            Self::Placed { stats, .. } => stats.vcpu,
+            Self::Unplaced { vcpu, .. } => *vcpu,
+        }
+    }
+
+    /// Its thread id.
+    pub fn tid(&self) -> i32 {
+        match self {
+            Self::Placed { stats, .. } => stats.tid,
+            Self::Unplaced { tid, .. } => *tid,
+        }
+    }
+
+    /// `running` or `paused`.
+    pub fn state(&self) -> &str {
+        match self {
+            Self::Placed { state, .. } | Self::Unplaced { state, .. } => state,
+        }
+    }
+
+    /// Its latest tick, once a tick has placed it.
+    pub fn stats(&self) -> Option<&crate::stats::VcpuStats> {
+        match self {
+            Self::Placed { stats, .. } => Some(stats),
+            Self::Unplaced { .. } => None,
+        }
+    }
+}
+
 /// `GET /v1/vcpus`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VcpusAnswer {

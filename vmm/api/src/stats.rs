@@ -135,6 +135,13 @@ pub struct HostStatus {
     pub vms: Vec<HostVm>,
 }
 
+impl HostStatus {
+    /// The VM named `name`, if the daemon places one.
+    pub fn vm(&self, name: &str) -> Option<&HostVm> {
+        self.vms.iter().find(|vm| vm.name == name)
+    }
+}
+
 /// One package in the daemon's tick.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostPackage {
@@ -192,6 +199,13 @@ pub struct HostVm {
     pub pid: i32,
     /// Every vCPU.
     pub vcpus: Vec<HostVcpu>,
+}
+
+impl HostVm {
+    /// Its vCPU of index `vcpu`, if it has one.
+    pub fn vcpu(&self, vcpu: u32) -> Option<&HostVcpu> {
+        self.vcpus.iter().find(|v| v.vcpu == vcpu)
+    }
 }
 
 /// One vCPU in the daemon's tick.

@@ -13,9 +13,9 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 
 use pvmm_scheduler::power::{thread_overlap, PowerModel};
+use pvmm_scheduler::table::{columns, LEFT};
 use pvmm_scheduler::HostTopology;
 
-use comfy_table::{presets, Table};
 use prometheus::{CounterVec, Encoder, GaugeVec, Opts, Registry, TextEncoder};
 use pvmm_api::http::{read_request, write_response, HttpResponse, ReadFailure, IO_TIMEOUT};
 use pvmm_api::stats::{EnergySource, HostStatus};
@@ -294,19 +294,7 @@ impl Acceptor for std::os::unix::net::UnixListener {
 
 /// `pvmm-host status` for people: packages, then every vCPU of every VM, in aligned columns.
 pub fn format_status(status: &HostStatus) -> String {
-    let table = |header: &[&str], rows: Vec<Vec<String>>| {
-        let mut t = Table::new();
-        t.load_preset(presets::NOTHING)
-            .set_header(header.iter().map(|h| h.to_string()))
-            .add_rows(rows);
-        // Columns start at the margin, two spaces apart.
-        for column in t.column_iter_mut() {
-            column.set_padding((0, 2));
-        }
-        t.lines()
-            .map(|l| l.trim_end().to_string() + "\n")
-            .collect::<String>()
-    };
+    let table = |header: &[&str], rows: Vec<Vec<String>>| columns(LEFT, header, &rows);
     let packages = status
         .packages
         .iter()

@@ -7,15 +7,15 @@ use std::process::{Command, Stdio};
 
 use pvmm_api::stats::{EnergySource, HostStatus};
 use pvmm_host::metrics::prometheus_text;
+use pvmm_testutil::{require_or_skip, Need};
 
 fn promtool_available() -> bool {
     let ok = Command::new("promtool").arg("--version").output().is_ok();
     if !ok {
-        if std::env::var("PVMM_REQUIRE_PROMTOOL").as_deref() == Ok("1") {
-            panic!("promtool is not installed and PVMM_REQUIRE_PROMTOOL=1");
-        }
-        eprintln!(
-            "\n!!! SKIPPED promtool: promtool (Debian package prometheus) is not installed !!!\n"
+        require_or_skip(
+            Need::Promtool,
+            "promtool",
+            "promtool (Debian package prometheus) is not installed",
         );
     }
     ok

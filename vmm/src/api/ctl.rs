@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::client::{format_object, format_placement, format_vcpus, request, Answer};
 use clap::{Parser, Subcommand};
-use pvmm_api::messages::{PolicyBody, ShutdownBody};
+use pvmm_api::messages::{PolicyBody, ShutdownBody, VcpusAnswer};
 use pvmm_api::stats::VmStats;
 
 /// Exit status when pvmm refused the request (a 4xx or 5xx answer) or could not be reached.
@@ -124,12 +124,22 @@ fn show(command: &Command, answer: &Answer, json: bool) -> String {
         return format!("{}\n", answer.body);
     }
     match command {
-        Command::Vcpus => format_vcpus(&answer.body),
-        Command::Placement => match serde_json::from_value::<VmStats>(answer.body.clone()) {
-            Ok(stats) => format_placement(&stats),
-            Err(e) => format!("not a placement answer ({e}): {}\n", answer.body),
-        },
+        Command::Vcpus => typed::<VcpusAnswer>(&answer.body, "vcpus", format_vcpus),
+        Command::Placement => typed::<VmStats>(&answer.body, "placement", format_placement),
         _ => format_object(&answer.body),
+    }
+}
+
+/// `body` read as the `T` that `what` answers, then formatted; else the body as it came
+/// after one line saying why it is not one.
+fn typed<T: serde::de::DeserializeOwned>(
+    body: &serde_json::Value,
+    what: &str,
+    format: fn(&T) -> String,
+) -> String {
+    match T::deserialize(body) {
+        Ok(answer) => format(&answer),
+        Err(e) => format!("not a {what} answer ({e}): {body}\n"),
     }
 }
 

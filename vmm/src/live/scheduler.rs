@@ -215,10 +215,10 @@ impl LiveScheduler {
 
     /// The `--stats` line of the state at `now_ns` with `moved` moves, parsed.
     #[cfg(test)]
-    fn snapshot(&self, now_ns: u64, moved: u64) -> serde_json::Value {
+    fn snapshot(&self, now_ns: u64, moved: u64) -> pvmm_api::stats::VmStats {
         let mut line = Vec::new();
         self.write_snapshot(&mut line, now_ns, moved);
-        serde_json::from_slice(&line).expect("the snapshot is JSON")
+        serde_json::from_slice(&line).expect("the snapshot is a stats line")
     }
 
     /// The `--stats` line of the state at `now_ns` with `moved` moves, into `out`.

@@ -8,6 +8,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+// The skip-or-fail rule of every test that needs something of the machine (each test binary
+// uses a part of this module, as with its functions).
+#[allow(unused_imports)]
+pub use pvmm_testutil::{found_or_skip, require_or_skip, Need};
+
 /// Where the tiny kernel's code is loaded (and entered, through PVH).
 pub const TINY_LOAD_ADDR: u64 = 0x10_0000;
 
@@ -170,7 +175,7 @@ pub fn pvmm_with(args: &[&str], configure: impl FnOnce(&mut Command)) -> Output 
 }
 
 /// Whether /dev/kvm is usable here. Without it, KVM tests skip loudly, unless
-/// PVMM_REQUIRE_KVM=1 (CI), where they fail.
+/// PVMM_REQUIRE_KVM=1 (CI), where they fail ([`require_or_skip`]).
 pub fn kvm_available(test: &str) -> bool {
     let ok = std::fs::OpenOptions::new()
         .read(true)
@@ -178,10 +183,7 @@ pub fn kvm_available(test: &str) -> bool {
         .open("/dev/kvm")
         .is_ok();
     if !ok {
-        if std::env::var("PVMM_REQUIRE_KVM").as_deref() == Ok("1") {
-            panic!("{test}: /dev/kvm is not usable and PVMM_REQUIRE_KVM=1");
-        }
-        eprintln!("\n!!! SKIPPED {test}: /dev/kvm is not usable on this machine !!!\n");
+        require_or_skip(Need::Kvm, test, "/dev/kvm is not usable on this machine");
     }
     ok
 }
@@ -290,15 +292,15 @@ pub fn spawn_host(run: &Path, args: &[&str]) -> Child {
         .expect("start pvmm host")
 }
 
-/// The daemon's status (`pvmm host status --json`) on runtime directory `run`; `Null` while
-/// it does not answer.
-pub fn host_status(run: &Path) -> serde_json::Value {
+/// The daemon's status (`pvmm host status --json`) on runtime directory `run`; None while it
+/// does not answer.
+pub fn host_status(run: &Path) -> Option<pvmm_api::stats::HostStatus> {
     let out = host_command()
         .args(["status", "--json", "--runtime-dir"])
         .arg(run)
         .output()
         .expect("run pvmm host status");
-    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    serde_json::from_slice(&out.stdout).ok()
 }
 
 /// The daemon's Prometheus text, from its status socket on runtime directory `run`.
@@ -332,10 +334,7 @@ pub fn qemu_available(test: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        if std::env::var("PVMM_REQUIRE_RIG").as_deref() == Ok("1") {
-            panic!("{test}: qemu-system-x86_64 is missing and PVMM_REQUIRE_RIG=1");
-        }
-        eprintln!("\n!!! SKIPPED {test}: qemu-system-x86_64 is not installed !!!\n");
+        require_or_skip(Need::Rig, test, "qemu-system-x86_64 is not installed");
     }
     ok
 }

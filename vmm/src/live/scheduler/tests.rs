@@ -71,16 +71,16 @@ fn idle_vcpus_are_packed_and_reported() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let text = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
-    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let last: pvmm_api::stats::VmStats =
+        serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(text.lines().count(), 3);
-    let vcpus = last["vcpus"].as_array().unwrap();
-    assert_eq!(vcpus.len(), 4);
-    for v in vcpus {
-        assert_eq!(v["package"], 0, "{last}");
-        assert!(v["capacity"].as_u64().unwrap() >= 1);
+    assert_eq!(last.vcpus.len(), 4);
+    for v in &last.vcpus {
+        assert_eq!(v.package, Some(0), "{last:?}");
+        assert!(v.capacity >= 1);
     }
-    assert_eq!(last["packages"][1]["active"], false);
-    assert_eq!(last["packages"][0]["active"], true);
+    assert!(!last.packages[1].active);
+    assert!(last.packages[0].active);
 }
 
 /// A fresh directory named after `name` holding a sysfs-like `online` file listing `cpus`:
@@ -276,13 +276,13 @@ fn package_util_is_over_its_capacity() {
             .iter()
             .map(|v| f64::from(v.tracker.util().util()))
             .sum();
-    assert!(demand > 0.0, "{snap}");
-    let util = snap["packages"][0]["util"].as_f64().unwrap();
+    assert!(demand > 0.0, "{snap:?}");
+    let util = snap.packages[0].util;
     assert!(
         (util - round3(demand / (2.0 * 1178.0))).abs() < 1e-9,
-        "{snap}"
+        "{snap:?}"
     );
-    assert_eq!(snap["guest_register_errors"], 1);
+    assert_eq!(snap.guest_register_errors, Some(1));
 }
 
 /// The snapshot as `serde_json` renders it from a `Value` tree of the same fields: the text
@@ -541,6 +541,6 @@ fn a_busy_device_thread_takes_room_from_the_vcpus() {
     let snap = s.snapshot(s.now_ns(), 0);
     drop(stop);
     device.join().unwrap();
-    assert!(spread, "{snap}");
-    assert!(snap["housekeeping"].as_f64().unwrap() > 0.0, "{snap}");
+    assert!(spread, "{snap:?}");
+    assert!(snap.housekeeping > 0.0, "{snap:?}");
 }
