@@ -1,8 +1,8 @@
 #!/bin/sh
 # rig_host's L1 probe of each VM, its beginning (then the placement probe, then
 # host-probe-end.sh). The first probe to start launches the daemon (`pvmm host`, the static
-# pvmm's daemon, its pid in /tmp/pvmm-host.pid) and, when $L1_JOB is `restart`, the
-# kill-and-restart job in the background (its output discarded: the rig reads the probe's
+# pvmm's daemon, its pid in /tmp/pvmm-host.pid), the job that starts the guests' loads together
+# and, when $L1_JOB is `restart`, the kill-and-restart job in the background (its output discarded: the rig reads the probe's
 # output until every writer has closed it). Each probe samples its own VM into its own file and
 # keeps the marks file shared with the other probes.
 
@@ -10,6 +10,22 @@
 start_daemon() {
     /bin/pvmm host --runtime-dir "$RUNTIME_DIR" --adopt auto --tick-ms 100 -v >> /tmp/pvmm-host.log 2>&1 &
     echo $! > /tmp/pvmm-host.pid
+}
+
+# start_loads: once each of the boot's $VMS guests has marked `ready-N`, writes `go` to every
+# guest's console (rig_send's fifo; the VMs run with console input), which starts their loads.
+# Gives up waiting after 10 minutes and sends `go` to whoever is there.
+start_loads() {
+    n=0
+    until [ "$(grep -c ' ready-' /tmp/rig-marks 2>/dev/null)" -ge "$VMS" ]; do
+        n=$((n + 1))
+        [ $n -gt 3000 ] && break
+        sleep 0.2
+    done
+    for fifo in /tmp/rig-run-*/in; do
+        # In the background: a VM that already exited has no reader, and the write would wait.
+        (echo go > "$fifo") &
+    done
 }
 
 # tick_before: pvmm's --stats line of a tick that ended before now (the last whole line: the
@@ -45,6 +61,7 @@ kill_and_restart() {
 taskset -p 1 $$ >/dev/null 2>&1
 if mkdir /tmp/pvmm-host-started 2>/dev/null; then
     start_daemon
+    (start_loads) > /dev/null 2>&1 &
     if [ "$L1_JOB" = restart ]; then
         (kill_and_restart) > /dev/null 2>&1 &
     fi

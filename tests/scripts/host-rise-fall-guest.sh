@@ -1,7 +1,9 @@
 #!/bin/sh
-# rig_host's rise-and-fall guest command: idle $LEAD_SECS, four busy threads for $RISE_SECS,
-# then idle $FALL_SECS, between marks.
-sleep "$LEAD_SECS"
+# rig_host's rise-and-fall guest command: marks itself ready and waits for L1's `go` on its
+# console (host-probe-begin.sh: the daemon has been running since pvmm started), four busy
+# threads for $RISE_SECS, then idle $FALL_SECS, between marks.
+echo "pvmm-mark: ready-0"
+read -r _ < /dev/ttyS0
 echo pvmm-mark: rise
 pvmm-load --threads 4 --duty 100 --seconds "$RISE_SECS"
 echo pvmm-mark: fall

@@ -17,11 +17,12 @@ use pvmm_tests::{
 
 /// The runtime directory in L1: pvmm VMs' sockets and the daemon's lock.
 const RUNTIME_DIR: &str = "/tmp";
-/// Seconds each guest waits after init before its load: both VMs up and joined.
-const LEAD_SECS: u32 = 8;
-/// Seconds of load: long enough that the two loads overlap by more than the window needs
-/// even when the VMs reach init far apart (in a loaded CI-like run, 40 s apart).
-const LOAD_SECS: u32 = 70;
+/// Seconds of load. The guests' loads start together, at L1's `go` once every guest is ready
+/// (however far apart they booted: up to 40 s in a loaded CI-like run), so they overlap for all
+/// but the second or two their marks and `go` lines take; the window judged is the overlap less
+/// [`SETTLE_SECS`] and the loads' ending edges ([`BUSY_SPAN_SECS`] and a second), and must
+/// last 10 s: 25 s leaves 8 s for a loaded L1's delays.
+const LOAD_SECS: u32 = 25;
 /// The guest CPU each guest's busy thread is pinned to: left to itself, the guest's scheduler
 /// moves the thread between its vCPUs, and the busy vCPU changes under the daemon.
 const BUSY_VCPU: u32 = 0;
@@ -43,13 +44,12 @@ const BUSY_MIN_TICKS: u64 = 40;
 /// Hard limit for the rig boot.
 const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
 
-/// VM `n`'s guest command: one busy thread on vCPU [`BUSY_VCPU`] for [`LOAD_SECS`] after
-/// [`LEAD_SECS`] (`tests/scripts/host-guest.sh`).
+/// VM `n`'s guest command: one busy thread on vCPU [`BUSY_VCPU`] for [`LOAD_SECS`] once L1
+/// says `go` (`tests/scripts/host-guest.sh`).
 fn guest(n: usize) -> String {
     pvmm_rig::scripts::guest_command(
         &[
             ("VM", &n.to_string()),
-            ("LEAD_SECS", &LEAD_SECS.to_string()),
             ("BUSY_VCPU", &BUSY_VCPU.to_string()),
             ("LOAD_SECS", &LOAD_SECS.to_string()),
         ],
@@ -67,11 +67,11 @@ enum L1Job {
     KillAndRestart,
 }
 
-/// The probe of each VM: the first to start launches the daemon and runs `l1_job` in the
-/// background; each samples its own VM with the placement probe (its own sample file; the
+/// The probe of each VM: the first to start launches the daemon, the job that says `go` to
+/// every guest once all `vms` are ready, and `l1_job`, in the background; each samples its own VM with the placement probe (its own sample file; the
 /// shared marks file kept for the other probe); the last to end stops the daemon and prints
 /// its log.
-fn probe(l1_job: L1Job) -> String {
+fn probe(l1_job: L1Job, vms: usize) -> String {
     let job = if l1_job == L1Job::KillAndRestart {
         "restart"
     } else {
@@ -80,6 +80,7 @@ fn probe(l1_job: L1Job) -> String {
     pvmm_rig::scripts::assemble(
         &[
             ("RUNTIME_DIR", RUNTIME_DIR),
+            ("VMS", &vms.to_string()),
             ("L1_JOB", job),
             ("KILL_AFTER_FALL_SECS", &KILL_AFTER_FALL_SECS.to_string()),
             (
@@ -125,7 +126,8 @@ fn boot(test: &str, vms: Vec<VmSpec>, l1_job: L1Job) -> Option<RigOutcome> {
     let (ws, images) = prepare_rig(test, needs)?;
     let rig = Rig::with_vms(vms.clone())
         .timeout(RIG_TIMEOUT)
-        .l1_probe(probe(l1_job))
+        .console_input(true)
+        .l1_probe(probe(l1_job, vms.len()))
         .echo(std::env::var_os("PVMM_RIG_ECHO").is_some());
     Some(boot_rig(test, &ws, &images, &rig, &vms))
 }
@@ -360,7 +362,6 @@ const RESTART_AFTER_KILL_SECS: u32 = 5;
 fn rise_and_fall_vm() -> VmSpec {
     let command = pvmm_rig::scripts::guest_command(
         &[
-            ("LEAD_SECS", &LEAD_SECS.to_string()),
             ("RISE_SECS", &RISE_SECS.to_string()),
             ("FALL_SECS", &FALL_SECS.to_string()),
         ],

@@ -27,6 +27,9 @@ rig_tag() {
 # alongside it when present (with PVMM_PID set to the VMM's pid and RIG_LABEL to LABEL, its
 # output tagged "probe/LABEL"), and reports the VMM's exit status. Runs with different labels may run at
 # the same time (`rig_run a 0 ... & rig_run b 0 ... &`): each has its own pipes.
+# The VMM's stdin (its guest's serial console input) is /dev/null, or, when $RIG_CONSOLE_INPUT
+# is set, the fifo /tmp/rig-run-LABEL/in, held open for writing for the run's life so that
+# the VMM never reads its end: a line written there (rig_send) reaches the guest's console.
 rig_run() {
     RIG_LABEL=$1
     rig_limit=$2
@@ -43,13 +46,22 @@ rig_run() {
     rig_tag "vmm/$RIG_LABEL" < "$rig_dir/err" &
     rig_tag_err=$!
     taskset -p 1 $rig_tag_err > /dev/null 2>&1
+    rig_in=/dev/null
+    rig_in_holder=
+    if [ -n "$RIG_CONSOLE_INPUT" ]; then
+        rig_in=$rig_dir/in
+        mkfifo "$rig_in"
+        # Opening a fifo waits for its other end: this writer and the VMM's stdin open together.
+        sleep 100000 > "$rig_in" &
+        rig_in_holder=$!
+    fi
     read -r up _ < /proc/uptime
     echo "@@rig@@ vmm-start $RIG_LABEL $up"
     # busybox timeout execs the command in its own process, so $! is the VMM's pid.
     if [ "$rig_limit" -gt 0 ]; then
-        timeout -s KILL "$rig_limit" "$@" > "$rig_dir/out" 2> "$rig_dir/err" < /dev/null &
+        timeout -s KILL "$rig_limit" "$@" > "$rig_dir/out" 2> "$rig_dir/err" < "$rig_in" &
     else
-        "$@" > "$rig_dir/out" 2> "$rig_dir/err" < /dev/null &
+        "$@" > "$rig_dir/out" 2> "$rig_dir/err" < "$rig_in" &
     fi
     RIG_VMM_PID=$!
     rig_probe_pid=
@@ -71,12 +83,21 @@ rig_run() {
     fi
     wait $RIG_VMM_PID
     rig_status=$?
+    if [ -n "$rig_in_holder" ]; then
+        kill "$rig_in_holder" 2> /dev/null
+    fi
     wait $rig_tag_out
     wait $rig_tag_err
     if [ -n "$rig_probe_pid" ]; then
         wait $rig_probe_pid
     fi
     echo "@@rig@@ vmm-exit $RIG_LABEL $rig_status"
+}
+
+# rig_send LABEL TEXT: writes the line TEXT to the guest console of run LABEL (started with
+# $RIG_CONSOLE_INPUT set). Probes, which run in shells of their own, write to the same fifo.
+rig_send() {
+    echo "$2" > "/tmp/rig-run-$1/in"
 }
 
 # rig_tap NAME ADDRESS/PREFIX: creates the tap NAME (loading L1's tap driver the first time)

@@ -55,6 +55,7 @@ pub struct Rig {
     tap: bool,
     setup: Option<String>,
     in_turn: bool,
+    console_input: bool,
     l1_extra_mib: u64,
     labels: Option<Vec<String>>,
 }
@@ -85,6 +86,7 @@ impl Rig {
             tap: false,
             setup: None,
             in_turn: false,
+            console_input: false,
             l1_extra_mib: 0,
             labels: None,
         }
@@ -219,6 +221,14 @@ impl Rig {
         self
     }
 
+    /// Give each VM's guest console an input from L1: the fifo `/tmp/rig-run-LABEL/in`, which a
+    /// probe writes lines to (`rig_send` in the L1 scripts), e.g. to start the guests' loads at
+    /// once when all of them are up. Without it the VMMs' stdin is `/dev/null`.
+    pub fn console_input(mut self, console_input: bool) -> Rig {
+        self.console_input = console_input;
+        self
+    }
+
     /// Names the VMs' runs, one label per VM in VM order (letters, digits, `-`, `_`, `.`, `:`),
     /// instead of their indexes: a benchmark that boots L1 again for the VMs a failed L1 cut
     /// off keeps each VM's label across its boots.
@@ -254,6 +264,9 @@ impl Rig {
             )));
         }
         let (mut script, mut waits, mut memory) = (String::new(), String::new(), 0);
+        if self.console_input {
+            script.push_str("RIG_CONSOLE_INPUT=1\n");
+        }
         script.push_str(self.setup.as_deref().unwrap_or_default());
         for (index, (vm, label)) in self.vms.iter().zip(&labels).enumerate() {
             let mut args = vm.args.clone();
@@ -439,6 +452,13 @@ mod tests {
         for bad in [vec!["a".to_string()], vec!["a b".into(), "c".into()]] {
             assert!(rig.clone().run_labels(bad).job().is_err());
         }
+        // Console input is asked of L1's rig_run for every run of the boot, before the first.
+        let fed = rig.clone().console_input(true).job().unwrap().script;
+        assert!(
+            fed.starts_with("RIG_CONSOLE_INPUT=1\nrig_run 0 0 "),
+            "{fed}"
+        );
+        assert!(!script.contains("RIG_CONSOLE_INPUT"), "{script}");
         let one = Rig::new(InnerVmm::Pvmm)
             .guest_command("nproc")
             .job()
