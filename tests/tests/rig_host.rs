@@ -17,12 +17,14 @@ use pvmm_tests::{
 
 /// The runtime directory in L1: pvmm VMs' sockets and the daemon's lock.
 const RUNTIME_DIR: &str = "/tmp";
-/// Seconds of load. The guests' loads start together, at L1's `go` once every guest is ready
-/// (however far apart they booted: up to 40 s in a loaded CI-like run), so they overlap for all
-/// but the second or two their marks and `go` lines take; the window judged is the overlap less
-/// [`SETTLE_SECS`] and the loads' ending edges ([`BUSY_SPAN_SECS`] and a second), and must
-/// last 10 s: 25 s leaves 8 s for a loaded L1's delays.
-const LOAD_SECS: u32 = 25;
+/// Seconds between L1's `go` (sent once every guest is ready, however far apart they booted:
+/// up to 40 s in a loaded CI-like run) and VM `n`'s load: `n` times this. One VM's vCPU is busy
+/// before the other's, so the daemon places them in turn, each time with one busy vCPU more.
+const STAGGER_SECS: u32 = 6;
+/// Seconds of each VM's load: they overlap for this less [`STAGGER_SECS`]; the window judged is
+/// the overlap less [`SETTLE_SECS`] and the loads' ending edges ([`BUSY_SPAN_SECS`] and a
+/// second), and must last 10 s: 28 s leaves 5 s for a loaded L1's delays.
+const LOAD_SECS: u32 = 28;
 /// The guest CPU each guest's busy thread is pinned to: left to itself, the guest's scheduler
 /// moves the thread between its vCPUs, and the busy vCPU changes under the daemon.
 const BUSY_VCPU: u32 = 0;
@@ -44,12 +46,16 @@ const BUSY_MIN_TICKS: u64 = 40;
 /// Hard limit for the rig boot.
 const RIG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(480);
 
-/// VM `n`'s guest command: one busy thread on vCPU [`BUSY_VCPU`] for [`LOAD_SECS`] once L1
-/// says `go` (`tests/scripts/host-guest.sh`).
+/// VM `n`'s guest command: one busy thread on vCPU [`BUSY_VCPU`] for [`LOAD_SECS`], from
+/// `n` x [`STAGGER_SECS`] after L1 says `go` (`tests/scripts/host-guest.sh`).
 fn guest(n: usize) -> String {
     pvmm_rig::scripts::guest_command(
         &[
             ("VM", &n.to_string()),
+            (
+                "START_SECS",
+                &(STAGGER_SECS * u32::try_from(n).unwrap_or(0)).to_string(),
+            ),
             ("BUSY_VCPU", &BUSY_VCPU.to_string()),
             ("LOAD_SECS", &LOAD_SECS.to_string()),
         ],
