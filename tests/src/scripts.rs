@@ -19,7 +19,7 @@ pub const API_GUEST: &str = include_str!("../scripts/api-guest.sh");
 pub const API_PROBE: &str = include_str!("../scripts/api-probe.sh");
 /// `rig_asym_packing`'s guest command.
 pub const ASYM_GUEST: &str = include_str!("../scripts/asym-guest.sh");
-/// `rig_boot`'s probe of a QEMU run's vCPU threads.
+/// `rig_boot`'s probe beside each VMM: the most QEMU vCPU threads it saw at once.
 pub const BOOT_QEMU_PROBE: &str = include_str!("../scripts/boot-qemu-probe.sh");
 /// `rig_boot`'s probe that fakes an L1 soft lockup.
 pub const BOOT_LOCKUP_PROBE: &str = include_str!("../scripts/boot-lockup-probe.sh");
