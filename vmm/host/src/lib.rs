@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod names;
 pub mod operator;
 pub mod qmp;
+pub mod threads;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
@@ -45,7 +46,7 @@ use self::cgroup::thread_cpuset;
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
 use self::energy::{EnergyLedger, POWERCAP_ROOT};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember, VcpuPlacement};
-use self::operator::OperatorPins;
+use self::threads::Threads;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
 pub const LOCK_FILE: &str = "pvmm-host.lock";
@@ -159,12 +160,9 @@ struct HostMembers {
     vms: BTreeMap<i32, Managed>,
     next_id: u32,
     stats: Option<Box<dyn Write>>,
-    /// Affinity each foreign thread had before the daemon touched it, restored at stop.
-    original: HashMap<i32, CpuSet>,
-    /// What the daemon last applied to each foreign thread.
-    applied: HashMap<i32, CpuSet>,
-    /// Threads whose affinity the host refused (reported once).
-    refused: HashSet<i32>,
+    /// Each thread's bookkeeping: its affinity before, what was applied, refusals, bounds and
+    /// operators' pins.
+    threads: Threads,
     /// The CPU the engine chose for each vCPU in its last decision: what a fresh engine is told
     /// the vCPU runs on, also when its thread may run on its whole package (`share_package`).
     homes: HashMap<VcpuId, u32>,
@@ -176,10 +174,6 @@ struct HostMembers {
     own: OwnThreads,
     /// Energy by VM and package since start.
     energy: EnergyLedger,
-    /// Operators' pins, and the limits the engine holds.
-    pins: OperatorPins,
-    /// Each vCPU thread's cgroup cpuset within the daemon's CPUs, where narrower.
-    bounds: HashMap<i32, CpuSet>,
     _lock: std::fs::File,
 }
 
@@ -239,17 +233,13 @@ impl HostDaemon {
                 vms: BTreeMap::new(),
                 next_id: 0,
                 stats,
-                original: HashMap::new(),
+                threads: Threads::default(),
                 homes: HashMap::new(),
-                applied: HashMap::new(),
-                refused: HashSet::new(),
                 refusals: 0,
                 scan: ScanSchedule::default(),
                 latest: Default::default(),
                 own: OwnThreads::new(Vec::new()),
                 energy: EnergyLedger::new(PathBuf::from(POWERCAP_ROOT)),
-                pins: OperatorPins::default(),
-                bounds: HashMap::new(),
                 _lock: lock,
             },
             start: Instant::now(),
@@ -362,8 +352,7 @@ impl Members for HostMembers {
         let mut wanted = HashMap::new();
         for m in self.vms.values() {
             for v in &m.vcpus {
-                let bound = self.bounds.get(&v.tid).unwrap_or(&all);
-                if let Some(set) = self.pins.limit(v.tid, bound, &all) {
+                if let Some(set) = self.threads.limit(v.tid, &all) {
                     let id = VcpuId {
                         vm: m.id,
                         vcpu: v.vcpu,
@@ -372,7 +361,7 @@ impl Members for HostMembers {
                 }
             }
         }
-        self.pins.tell(fresh, wanted, limit);
+        self.threads.tell_limits(fresh, wanted, limit);
     }
 
     fn topology_changed(&mut self, topology: &HostTopology) {
@@ -539,7 +528,7 @@ impl HostMembers {
         let all = self.config.topology.cpu_set();
         let roots = &self.config.roots;
         let mut live = HashSet::new();
-        self.bounds.clear();
+        self.threads.clear_bounds();
         for (pid, m) in &self.vms {
             let foreign = matches!(m.member, Member::Foreign(_));
             for v in &m.vcpus {
@@ -547,45 +536,18 @@ impl HostMembers {
                 let bound = cpuset
                     .map(|set| set.intersection(&all))
                     .filter(|set| !set.is_empty() && *set != all);
-                if !foreign {
-                    self.bounds.extend(bound.map(|b| (v.tid, b)));
-                    continue;
+                if foreign {
+                    live.insert(v.tid);
+                    let affinity = self.executor.read(v.tid).ok();
+                    let within = bound.as_ref().unwrap_or(&all);
+                    self.threads.observe_pin(v.tid, affinity.as_ref(), within);
                 }
-                live.insert(v.tid);
-                let affinity = self.executor.read(v.tid).ok();
-                let within = bound.as_ref().unwrap_or(&all);
-                self.pins
-                    .observe(v.tid, affinity.as_ref(), within, &mut self.applied);
                 if let Some(bound) = bound {
-                    self.bounds.insert(v.tid, bound);
+                    self.threads.set_bound(v.tid, bound);
                 }
             }
         }
-        self.pins.retain(|tid| live.contains(&tid));
-    }
-
-    /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
-    /// affinity (`inherited` when the thread was created while its VM was placed); a refusal
-    /// is reported once.
-    fn pin_foreign(&mut self, tid: i32, cpus: &CpuSet, inherited: Option<CpuSet>) {
-        if self.applied.get(&tid) == Some(cpus) || self.refused.contains(&tid) {
-            return;
-        }
-        if !self.original.contains_key(&tid) {
-            if let Some(before) = inherited.or_else(|| self.executor.read(tid).ok()) {
-                self.original.insert(tid, before);
-            }
-        }
-        match self.executor.apply(tid, cpus) {
-            Ok(()) => {
-                self.applied.insert(tid, cpus.clone());
-            }
-            Err(e) => {
-                eprintln!("pvmm-host: cannot place thread {tid}: {e} (not tried again)");
-                self.refused.insert(tid);
-                self.refusals += 1;
-            }
-        }
+        self.threads.retain_pins(|tid| live.contains(&tid));
     }
 
     /// Applies `decision`, whose assignments follow the loads' order: the VMs in `self.vms`
@@ -621,7 +583,8 @@ impl HostMembers {
                     }
                 }
                 Member::Foreign(f) => {
-                    let unplaced = |tid: &i32, cpus: &CpuSet| self.applied.get(tid) != Some(cpus);
+                    let unplaced =
+                        |tid: &i32, cpus: &CpuSet| self.threads.applied(*tid) != Some(cpus);
                     let inherited = m.inherited.clone().filter(|_| m.placed);
                     for a in &mine {
                         match f.found.vcpu_tids.get(&a.id.vcpu) {
@@ -644,9 +607,14 @@ impl HostMembers {
         }
         for (tid, cpus, inherited) in foreign_pins {
             // An operator's pin is left alone; a cpuset is never stepped out of.
-            let outside = self.bounds.get(&tid).is_some_and(|b| !cpus.is_subset(b));
-            if !self.pins.is_pinned(tid) && !outside {
-                self.pin_foreign(tid, &cpus, inherited);
+            let outside = self.threads.outside_bound(tid, &cpus);
+            if !self.threads.is_pinned(tid)
+                && !outside
+                && !self
+                    .threads
+                    .place(tid, &cpus, inherited, self.executor.as_mut())
+            {
+                self.refusals += 1;
             }
         }
         self.refusals += failed.len() as u64;
@@ -698,7 +666,7 @@ impl HostMembers {
                             capacity: a.map(|a| a.capacity),
                             cpus: a.map(|a| a.cpus.clone()),
                             package: a.map(|a| a.package),
-                            pinned: self.pins.is_pinned(v.tid),
+                            pinned: self.threads.is_pinned(v.tid),
                             tid: v.tid,
                             util: share(v.util),
                             vcpu: v.vcpu,
@@ -789,10 +757,7 @@ impl HostMembers {
                 }
             }
         }
-        for (tid, cpus) in std::mem::take(&mut self.original) {
-            // A thread that has ended needs nothing.
-            let _ = self.executor.apply(tid, &cpus);
-        }
+        self.threads.restore(self.executor.as_mut());
     }
 }
 
