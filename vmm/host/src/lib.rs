@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod names;
 pub mod operator;
 pub mod qmp;
+pub mod status;
 pub mod threads;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -30,22 +31,19 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pvmm_api::stats::{
-    round3, round_watts, share, EnergySource, HostPackage, HostStatus, HostVcpu, HostVm, TickUs,
-    VmKind,
-};
+use pvmm_api::stats::{TickUs, VmKind};
 use pvmm_scheduler::{
     Assignment, CpuSet, Decision, EngineConfig, Executor, HostTopology, LinuxExecutor, PlaceError,
     PlacementPolicy, Policy, VcpuId, VcpuLoad,
 };
 use pvmm_tick::hotplug::OnlineCpus;
 use pvmm_tick::own_threads::OwnThreads;
-use pvmm_tick::{Applied, Members, PhaseClock, PhaseTimes, Tick, TickReport};
+use pvmm_tick::{Applied, Members, PhaseClock, Tick, TickReport};
 
 use self::cgroup::thread_cpuset;
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
-use self::energy::{EnergyLedger, POWERCAP_ROOT};
 use self::members::{ForeignMember, MemberVcpu, PvmmMember, VcpuPlacement};
+use self::status::{tick_us, StatusOutput, VmView};
 use self::threads::Threads;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
@@ -132,18 +130,6 @@ struct Managed {
     placed: bool,
 }
 
-/// Where one tick's time went, in microseconds (the stats schema's `tick_us`): finding VMs,
-/// reading their vCPUs' utilization, deciding, applying (sockets and affinity).
-fn tick_us(t: &PhaseTimes) -> TickUs {
-    let us = |ns: u64| ns / 1000;
-    TickUs {
-        discover: us(t.discover_ns),
-        read: us(t.read_ns),
-        decide: us(t.decide_ns),
-        apply: us(t.apply_ns),
-    }
-}
-
 /// The daemon: the placement loop ([`Tick`], the loop pvmm and `pvmm-sim` run) over every VM
 /// on the host.
 pub struct HostDaemon {
@@ -159,7 +145,8 @@ struct HostMembers {
     /// By pid.
     vms: BTreeMap<i32, Managed>,
     next_id: u32,
-    stats: Option<Box<dyn Write>>,
+    /// Where each tick's snapshot goes.
+    status: StatusOutput,
     /// Each thread's bookkeeping: its affinity before, what was applied, refusals, bounds and
     /// operators' pins.
     threads: Threads,
@@ -169,11 +156,8 @@ struct HostMembers {
     /// Affinity changes refused while applying this tick.
     refusals: u64,
     scan: ScanSchedule,
-    latest: metrics::Latest,
     /// The daemon's own threads, kept on the lowest active package like pvmm's.
     own: OwnThreads,
-    /// Energy by VM and package since start.
-    energy: EnergyLedger,
     _lock: std::fs::File,
 }
 
@@ -232,14 +216,12 @@ impl HostDaemon {
                 executor,
                 vms: BTreeMap::new(),
                 next_id: 0,
-                stats,
+                status: StatusOutput::new(stats),
                 threads: Threads::default(),
                 homes: HashMap::new(),
                 refusals: 0,
                 scan: ScanSchedule::default(),
-                latest: Default::default(),
                 own: OwnThreads::new(Vec::new()),
-                energy: EnergyLedger::new(PathBuf::from(POWERCAP_ROOT)),
                 _lock: lock,
             },
             start: Instant::now(),
@@ -282,7 +264,9 @@ impl HostDaemon {
             vmm_sys_util::signal::register_signal_handler(signal, on_stop)
                 .map_err(|e| format!("signal handler: {e}"))?;
         }
-        self.host.start_servers()?;
+        let host = &self.host;
+        host.status
+            .serve(&host.config.runtime_dir, host.config.metrics)?;
         let mut next = Instant::now();
         while !STOP.load(Ordering::Relaxed) {
             self.tick()?;
@@ -624,127 +608,24 @@ impl HostMembers {
         }
     }
 
+    /// Reports the tick's status ([`status`]).
     fn report_line(&mut self, tick: &TickReport<'_>, decision: &Decision) {
-        let mut line = self.snapshot(tick, decision);
-        self.energy
-            .account(tick.now_ns, &self.config.topology, &mut line);
-        if let Some(out) = self.stats.as_mut() {
-            let written = serde_json::to_writer(&mut *out, &line)
-                .map_err(std::io::Error::from)
-                .and_then(|_| writeln!(out))
-                .and_then(|_| out.flush());
-            if written.is_err() {
-                self.stats = None;
+        let vms = self.vms.iter().map(|(pid, m)| {
+            let (kind, name) = match &m.member {
+                Member::Pvmm(p) => (VmKind::Pvmm, p.name.as_str()),
+                Member::Foreign(f) => (VmKind::Foreign, f.found.name.as_str()),
+            };
+            VmView {
+                pid: *pid,
+                id: m.id,
+                kind,
+                name,
+                vcpus: &m.vcpus,
             }
-        }
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
-    }
-
-    /// This tick's status: every VM's vCPUs (utilization, placement, capacity) and every
-    /// package (vCPUs, utilization, modelled power).
-    fn snapshot(&self, tick: &TickReport<'_>, decision: &Decision) -> HostStatus {
-        let by_id: HashMap<VcpuId, &pvmm_scheduler::Assignment> =
-            decision.assignments.iter().map(|a| (a.id, a)).collect();
-        let mut cpu_load: HashMap<u32, f64> = HashMap::new();
-        let vms = self
-            .vms
-            .iter()
-            .map(|(pid, m)| {
-                let vcpus = m
-                    .vcpus
-                    .iter()
-                    .map(|v| {
-                        let a = by_id.get(&VcpuId {
-                            vm: m.id,
-                            vcpu: v.vcpu,
-                        });
-                        if let Some(a) = a {
-                            *cpu_load.entry(a.cpu).or_default() += f64::from(v.util) / 1024.0;
-                        }
-                        HostVcpu {
-                            busy: v.busy,
-                            capacity: a.map(|a| a.capacity),
-                            cpus: a.map(|a| a.cpus.clone()),
-                            package: a.map(|a| a.package),
-                            pinned: self.threads.is_pinned(v.tid),
-                            tid: v.tid,
-                            util: share(v.util),
-                            vcpu: v.vcpu,
-                            waited: share(v.waited),
-                        }
-                    })
-                    .collect();
-                let (kind, name) = match &m.member {
-                    Member::Pvmm(p) => (VmKind::Pvmm, p.name.clone()),
-                    Member::Foreign(f) => (VmKind::Foreign, f.found.name.clone()),
-                };
-                HostVm {
-                    energy_joules: 0.0,
-                    id: m.id,
-                    kind,
-                    name,
-                    pid: *pid,
-                    vcpus,
-                }
-            })
-            .collect();
-        let topology = &self.config.topology;
-        let load = |cpu: u32| cpu_load.get(&cpu).copied().unwrap_or(0.0).min(1.0);
-        let power: HashMap<u32, f64> = metrics::package_power_model(topology, &load)
-            .into_iter()
-            .collect();
-        let packages = topology
-            .packages()
-            .iter()
-            .map(|p| {
-                let cpus = p.cpus();
-                let on = decision
-                    .assignments
-                    .iter()
-                    .filter(|a| a.package == p.id)
-                    .count();
-                let util: f64 = cpus.iter().map(load).sum::<f64>() / cpus.len().max(1) as f64;
-                HostPackage {
-                    active: on > 0,
-                    energy_joules: 0.0,
-                    id: p.id,
-                    idle_energy_joules: 0.0,
-                    power_w_model: round_watts(power.get(&p.id).copied().unwrap_or(0.0)),
-                    util: round3(util),
-                    vcpus: u32::try_from(on).unwrap_or(u32::MAX),
-                }
-            })
-            .collect();
-        HostStatus {
-            apply_errors: tick.totals.apply_errors,
-            energy_source: EnergySource::Model,
-            migrations: decision.migrations.len() as u64,
-            migrations_total: tick.totals.migrations,
-            packages,
-            policy: self.config.policy,
-            t_ms: tick.now_ns / 1_000_000,
-            tick_us: tick_us(&tick.totals.last),
-            vms,
-        }
-    }
-
-    /// Starts the status socket in the runtime directory and, with `--metrics`, the TCP
-    /// metrics endpoint.
-    fn start_servers(&self) -> Result<(), String> {
-        let path = self.config.runtime_dir.join(STATUS_SOCKET);
-        // The lock is held: a socket file left here is a dead daemon's.
-        let _ = std::fs::remove_file(&path);
-        let unix = std::os::unix::net::UnixListener::bind(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        metrics::spawn_server("pvmm-host-api", unix, self.latest.clone())
-            .map_err(|e| format!("status thread: {e}"))?;
-        if let Some(addr) = self.config.metrics {
-            let tcp =
-                std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
-            metrics::spawn_server("pvmm-host-metrics", tcp, self.latest.clone())
-                .map_err(|e| format!("metrics thread: {e}"))?;
-        }
-        Ok(())
+        });
+        let pinned = |tid| self.threads.is_pinned(tid);
+        let line = status::snapshot(vms, &pinned, &self.config, tick, decision);
+        self.status.publish(tick.now_ns, &self.config, line);
     }
 
     /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the

@@ -298,7 +298,7 @@ impl Shared {
 
 /// The latest status's vCPU `vcpu` of the only VM.
 fn vcpu_status(d: &HostDaemon, vcpu: u32) -> pvmm_api::stats::HostVcpu {
-    let status = d.host.latest.lock().unwrap().clone().unwrap();
+    let status = d.host.status.latest().lock().unwrap().clone().unwrap();
     status.vms[0].vcpus[vcpu as usize].clone()
 }
 
