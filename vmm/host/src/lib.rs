@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pvmm_api::stats::{TickUs, VmKind};
+use pvmm_api::stats::TickUs;
 use pvmm_scheduler::{
     Assignment, CpuSet, Decision, EngineConfig, Executor, HostTopology, LinuxExecutor, PlaceError,
     PlacementPolicy, Policy, VcpuId, VcpuLoad,
@@ -42,7 +42,7 @@ use pvmm_tick::{Applied, Members, PhaseClock, Tick, TickReport};
 
 use self::cgroup::thread_cpuset;
 use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
-use self::members::{ForeignMember, MemberVcpu, PvmmMember, VcpuPlacement};
+use self::members::{ForeignMember, Member, MemberVcpu, Placer, PvmmMember, VcpuPlacement};
 use self::status::{tick_us, StatusOutput, VmView};
 use self::threads::Threads;
 
@@ -109,16 +109,10 @@ extern "C" fn on_stop(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
     STOP.store(true, Ordering::Relaxed);
 }
 
-/// A managed VM.
-enum Member {
-    Pvmm(PvmmMember),
-    Foreign(ForeignMember),
-}
-
 struct Managed {
     /// The engine's VM number.
     id: u32,
-    member: Member,
+    member: Box<dyn Member>,
     /// vCPUs read at this tick.
     vcpus: Vec<MemberVcpu>,
     /// A foreign VM's affinity (its main thread's) when it was adopted: what a thread it
@@ -128,6 +122,46 @@ struct Managed {
     /// Its vCPUs have been placed by this daemon. Until then, where they run now is told to
     /// the engine first.
     placed: bool,
+}
+
+/// A thread's placement to apply: (thread, CPUs, its affinity before when it inherited the
+/// daemon's).
+type ThreadPin = (i32, CpuSet, Option<CpuSet>);
+
+impl Managed {
+    /// The threads of a VM the daemon places by affinity that are not where they belong: each
+    /// vCPU thread on the CPUs of its assignment in `mine`, each housekeeping thread on the
+    /// `active` packages (as `threads` last saw them), pushed to `pins`.
+    fn thread_pins(
+        &self,
+        mine: &[&Assignment],
+        active: &CpuSet,
+        threads: &Threads,
+        pins: &mut Vec<ThreadPin>,
+    ) {
+        let unplaced = |tid: i32, cpus: &CpuSet| threads.applied(tid) != Some(cpus);
+        let inherited = self.inherited.clone().filter(|_| self.placed);
+        for a in mine {
+            let tid = self
+                .vcpus
+                .iter()
+                .find(|v| v.vcpu == a.id.vcpu)
+                .map(|v| v.tid);
+            match tid {
+                Some(tid) if unplaced(tid, &a.cpus) => {
+                    pins.push((tid, a.cpus.clone(), inherited.clone()))
+                }
+                _ => {}
+            }
+        }
+        if !active.is_empty() {
+            for tid in self.member.housekeeping() {
+                if unplaced(tid, active) {
+                    pins.push((tid, active.clone(), inherited.clone()));
+                }
+            }
+        }
+    }
 }
 
 /// The daemon: the placement loop ([`Tick`], the loop pvmm and `pvmm-sim` run) over every VM
@@ -318,9 +352,9 @@ impl Members for HostMembers {
                     vcpu: v.vcpu,
                 };
                 let home = self.homes.get(&id).copied().or_else(|| {
-                    let cpus = match &m.member {
-                        Member::Pvmm(_) => v.cpus.clone(),
-                        Member::Foreign(_) => self.executor.read(v.tid).ok(),
+                    let cpus = match m.member.placer() {
+                        Placer::Vmm => v.cpus.clone(),
+                        Placer::Daemon => self.executor.read(v.tid).ok(),
                     };
                     cpus.filter(|c| c.len() == 1).and_then(|c| c.first())
                 });
@@ -384,10 +418,10 @@ impl HostMembers {
     fn find_vms(&mut self) {
         let mut seen: HashSet<i32> = HashSet::new();
         for socket in pvmm_sockets(&self.config.runtime_dir) {
-            let known = self.vms.iter().find_map(|(pid, m)| match &m.member {
-                Member::Pvmm(p) if p.socket == socket => Some(*pid),
-                _ => None,
-            });
+            let known = self
+                .vms
+                .iter()
+                .find_map(|(pid, m)| (m.member.socket() == Some(&socket)).then_some(*pid));
             match known {
                 Some(pid) => {
                     seen.insert(pid);
@@ -396,7 +430,7 @@ impl HostMembers {
                     // A socket nobody answers on is a VM that ended (or has not started).
                     if let Ok(member) = PvmmMember::join(&socket) {
                         seen.insert(member.pid);
-                        self.add(member.pid, Member::Pvmm(member));
+                        self.add(member.pid, Box::new(member));
                     }
                 }
             }
@@ -424,9 +458,10 @@ impl HostMembers {
         let (_, mut examine) = self.scan.next(&alive);
         // An adopted VM whose threads are those it had is the VM it was: its file descriptors
         // need no second look (a vCPU added or gone comes with its thread).
-        examine.retain(|pid| match self.vms.get(pid).map(|m| &m.member) {
-            Some(Member::Foreign(f)) => !f.unchanged(&proc),
-            _ => true,
+        let vms = &mut self.vms;
+        examine.retain(|pid| {
+            let foreign = vms.get_mut(pid).and_then(|m| m.member.as_foreign_mut());
+            !foreign.is_some_and(|f| f.unchanged(&proc))
         });
         let mut skip: Vec<i32> = seen.iter().copied().collect();
         // Linux pids are at most PID_MAX_LIMIT (2^22): the fallback is never taken.
@@ -436,13 +471,14 @@ impl HostMembers {
             let pid = found.pid;
             seen.insert(pid);
             examined.remove(&pid);
-            match self.vms.get_mut(&pid).map(|m| &mut m.member) {
-                Some(Member::Foreign(f)) => f.update(found, &proc),
-                _ => self.add(pid, Member::Foreign(ForeignMember::adopt(found, &proc))),
+            let known = self.vms.get_mut(&pid);
+            match known.and_then(|m| m.member.as_foreign_mut()) {
+                Some(f) => f.update(found, &proc),
+                None => self.add(pid, Box::new(ForeignMember::adopt(found, &proc))),
             }
         }
         for (pid, m) in &self.vms {
-            let kept = matches!(m.member, Member::Foreign(_))
+            let kept = m.member.socket().is_none()
                 && !examined.contains(pid)
                 && alive.binary_search(pid).is_ok();
             if kept {
@@ -451,25 +487,13 @@ impl HostMembers {
         }
     }
 
-    fn add(&mut self, pid: i32, member: Member) {
-        let what = match &member {
-            Member::Pvmm(p) => format!("pvmm VM {} pid {pid} ({})", p.name, p.socket.display()),
-            Member::Foreign(f) => format!(
-                "{} VM {} pid {pid} ({} vCPUs{})",
-                f.found.comm,
-                f.found.name,
-                f.found.vcpu_tids.len(),
-                if f.found.unmapped.is_empty() {
-                    String::new()
-                } else {
-                    format!(", vCPUs {:?} without a known thread", f.found.unmapped)
-                }
-            ),
-        };
-        self.log(format!("joined {what}"));
-        let inherited = match &member {
-            Member::Foreign(_) => self.executor.read(pid).ok(),
-            Member::Pvmm(_) => None,
+    fn add(&mut self, pid: i32, member: Box<dyn Member>) {
+        self.log(format!("joined {}", member.describe(pid)));
+        // A thread the VM creates while placed inherits the affinity the daemon gave its
+        // creator: it gets the process's own back at release.
+        let inherited = match member.placer() {
+            Placer::Daemon => self.executor.read(pid).ok(),
+            Placer::Vmm => None,
         };
         let id = self.next_id;
         self.next_id += 1;
@@ -489,15 +513,12 @@ impl HostMembers {
     fn read(&mut self, now_ns: u64) {
         let mut lost = Vec::new();
         for (pid, m) in &mut self.vms {
-            m.vcpus = match &mut m.member {
-                Member::Pvmm(p) => match p.read() {
-                    Ok(v) => v,
-                    Err(_) => {
-                        lost.push(*pid);
-                        Vec::new()
-                    }
-                },
-                Member::Foreign(f) => f.read(now_ns),
+            m.vcpus = match m.member.read(now_ns) {
+                Ok(v) => v,
+                Err(_) => {
+                    lost.push(*pid);
+                    Vec::new()
+                }
             };
         }
         for pid in lost {
@@ -506,15 +527,16 @@ impl HostMembers {
     }
 
     /// Reads each vCPU thread's cgroup cpuset, and each foreign one's affinity, noting the
-    /// operators' pins among those ([`OperatorPins`]). A pvmm VM sets its threads' affinity
-    /// itself, as the daemon asks: its cpuset bounds it, and nothing else is an operator's pin.
+    /// operators' pins among those ([`operator`]). A VM whose VMM places it sets its threads'
+    /// affinity itself, as the daemon asks: its cpuset bounds it, and nothing else is an
+    /// operator's pin.
     fn observe_operators(&mut self) {
         let all = self.config.topology.cpu_set();
         let roots = &self.config.roots;
         let mut live = HashSet::new();
         self.threads.clear_bounds();
         for (pid, m) in &self.vms {
-            let foreign = matches!(m.member, Member::Foreign(_));
+            let foreign = m.member.placer() == Placer::Daemon;
             for v in &m.vcpus {
                 let cpuset = thread_cpuset(&roots.proc, &roots.cgroup, *pid, v.tid);
                 let bound = cpuset
@@ -547,7 +569,7 @@ impl HostMembers {
             .iter()
             .map(|&p| self.config.topology.package_cpus(p))
             .fold(CpuSet::default(), |acc, cpus| acc.union(&cpus));
-        let mut foreign_pins: Vec<(i32, CpuSet, Option<CpuSet>)> = Vec::new();
+        let mut pins = Vec::new();
         let mut failed = Vec::new();
         let mut next = decision.assignments.iter();
         for (pid, m) in &mut self.vms {
@@ -556,40 +578,21 @@ impl HostMembers {
                 .take(m.vcpus.len())
                 .filter(|a| a.id.vm == m.id)
                 .collect();
-            match &mut m.member {
-                Member::Pvmm(p) => {
+            match m.member.placer() {
+                Placer::Vmm => {
                     let list: Vec<VcpuPlacement> = mine
                         .iter()
                         .map(|a| (a.id.vcpu, a.cpus.clone(), a.capacity))
                         .collect();
-                    if !list.is_empty() && p.place(&list).is_err() {
+                    if !list.is_empty() && m.member.place(&list).is_err() {
                         failed.push(*pid);
                     }
                 }
-                Member::Foreign(f) => {
-                    let unplaced =
-                        |tid: &i32, cpus: &CpuSet| self.threads.applied(*tid) != Some(cpus);
-                    let inherited = m.inherited.clone().filter(|_| m.placed);
-                    for a in &mine {
-                        match f.found.vcpu_tids.get(&a.id.vcpu) {
-                            Some(tid) if unplaced(tid, &a.cpus) => {
-                                foreign_pins.push((*tid, a.cpus.clone(), inherited.clone()))
-                            }
-                            _ => {}
-                        }
-                    }
-                    if !active.is_empty() {
-                        for tid in f.housekeeping() {
-                            if unplaced(&tid, &active) {
-                                foreign_pins.push((tid, active.clone(), inherited.clone()));
-                            }
-                        }
-                    }
-                }
+                Placer::Daemon => m.thread_pins(&mine, &active, &self.threads, &mut pins),
             }
             m.placed |= !mine.is_empty();
         }
-        for (tid, cpus, inherited) in foreign_pins {
+        for (tid, cpus, inherited) in pins {
             // An operator's pin is left alone; a cpuset is never stepped out of.
             let outside = self.threads.outside_bound(tid, &cpus);
             if !self.threads.is_pinned(tid)
@@ -610,18 +613,12 @@ impl HostMembers {
 
     /// Reports the tick's status ([`status`]).
     fn report_line(&mut self, tick: &TickReport<'_>, decision: &Decision) {
-        let vms = self.vms.iter().map(|(pid, m)| {
-            let (kind, name) = match &m.member {
-                Member::Pvmm(p) => (VmKind::Pvmm, p.name.as_str()),
-                Member::Foreign(f) => (VmKind::Foreign, f.found.name.as_str()),
-            };
-            VmView {
-                pid: *pid,
-                id: m.id,
-                kind,
-                name,
-                vcpus: &m.vcpus,
-            }
+        let vms = self.vms.iter().map(|(pid, m)| VmView {
+            pid: *pid,
+            id: m.id,
+            kind: m.member.kind(),
+            name: m.member.name(),
+            vcpus: &m.vcpus,
         });
         let pinned = |tid| self.threads.is_pinned(tid);
         let line = status::snapshot(vms, &pinned, &self.config, tick, decision);
@@ -632,10 +629,8 @@ impl HostMembers {
     /// affinity it had before.
     fn release(&mut self) {
         for m in self.vms.values_mut() {
-            if let Member::Pvmm(p) = &mut m.member {
-                if let Err(e) = p.release() {
-                    eprintln!("pvmm-host: {e}");
-                }
+            if let Err(e) = m.member.release() {
+                eprintln!("pvmm-host: {e}");
             }
         }
         self.threads.restore(self.executor.as_mut());
