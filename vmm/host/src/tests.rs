@@ -2,7 +2,7 @@
 
 use super::discover::fake::FakeHost;
 use super::*;
-use pvmm_scheduler::RecordingExecutor;
+use pvmm_scheduler::{CpuSet, RecordingExecutor, VcpuId};
 
 fn daemon(host: &FakeHost, policy: &str) -> HostDaemon {
     daemon_with(host, policy, RecordingExecutor::new())
@@ -225,12 +225,12 @@ fn placement_follows_host_cpus_going_offline_and_coming_back() {
     // CPU 0 goes offline: nothing stays on it, and package 0 keeps CPU 1.
     std::fs::write(&host.roots.cpu_online, "1-3\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.host.config.topology.cpu_set().to_string(), "1-3");
+    assert_eq!(d.host.config().topology.cpu_set().to_string(), "1-3");
     assert_eq!(on(&d).to_string(), "1", "{}", on(&d));
     // It comes back: the placement may use it again.
     std::fs::write(&host.roots.cpu_online, "0-3\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.host.config.topology.cpu_set().to_string(), "0-3");
+    assert_eq!(d.host.config().topology.cpu_set().to_string(), "0-3");
 }
 
 /// With `--share-package`, CPUs going offline move only the vCPUs the engine had chosen them
@@ -265,7 +265,7 @@ fn sharing_vcpus_keep_their_cpus_when_other_cpus_go_offline() {
     // Package 1 goes offline: no vCPU was there, none moves.
     std::fs::write(&host.roots.cpu_online, "0-1\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.host.config.topology.cpu_set().to_string(), "0-1");
+    assert_eq!(d.host.config().topology.cpu_set().to_string(), "0-1");
     assert_eq!(homes(&d), [1, 0]);
 }
 
