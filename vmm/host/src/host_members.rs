@@ -32,9 +32,9 @@ pub(crate) struct Managed {
     member: Box<dyn Member>,
     /// vCPUs read at this tick.
     pub(crate) vcpus: Vec<MemberVcpu>,
-    /// A foreign VM's affinity (its main thread's) when it was adopted: what a thread it
-    /// creates while placed gets back at release, since such a thread inherits the affinity
-    /// the daemon gave its creator.
+    /// The affinity of a VM the daemon places by affinity (its main thread's) when it joined:
+    /// what a thread it creates while placed gets back at release, since such a thread
+    /// inherits the affinity the daemon gave its creator.
     inherited: Option<CpuSet>,
     /// Its vCPUs have been placed by this daemon. Until then, where they run now is told to
     /// the engine first.
@@ -320,8 +320,6 @@ impl HostMembers {
 
     fn add(&mut self, pid: i32, member: Box<dyn Member>) {
         self.log(format!("joined {}", member.describe(pid)));
-        // A thread the VM creates while placed inherits the affinity the daemon gave its
-        // creator: it gets the process's own back at release.
         let inherited = match member.placer() {
             Placer::Daemon => self.executor.read(pid).ok(),
             Placer::Vmm => None,
@@ -357,23 +355,23 @@ impl HostMembers {
         }
     }
 
-    /// Reads each vCPU thread's cgroup cpuset, and each foreign one's affinity, noting the
-    /// operators' pins among those ([`operator`]). A VM whose VMM places it sets its threads'
-    /// affinity itself, as the daemon asks: its cpuset bounds it, and nothing else is an
-    /// operator's pin.
+    /// Reads each vCPU thread's cgroup cpuset, and the affinity of each the daemon places,
+    /// noting the operators' pins among those ([`crate::operator`]). A VM whose VMM places it
+    /// sets its threads' affinity itself, as the daemon asks: its cpuset bounds it, and nothing
+    /// else is an operator's pin.
     fn observe_operators(&mut self) {
         let all = self.config.topology.cpu_set();
         let roots = &self.config.roots;
         let mut live = HashSet::new();
         self.threads.clear_bounds();
         for (pid, m) in &self.vms {
-            let foreign = m.member.placer() == Placer::Daemon;
+            let by_daemon = m.member.placer() == Placer::Daemon;
             for v in &m.vcpus {
                 let cpuset = thread_cpuset(&roots.proc, &roots.cgroup, *pid, v.tid);
                 let bound = cpuset
                     .map(|set| set.intersection(&all))
                     .filter(|set| !set.is_empty() && *set != all);
-                if foreign {
+                if by_daemon {
                     live.insert(v.tid);
                     let affinity = self.executor.read(v.tid).ok();
                     let within = bound.as_ref().unwrap_or(&all);

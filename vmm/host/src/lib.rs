@@ -11,6 +11,10 @@
 //! pin foreign VMMs' housekeeping threads to the active packages, and report. A daemon that
 //! dies leaves pvmm VMs to their lease: they place themselves again. One that is told to stop
 //! (SIGTERM, SIGINT) hands placement back and restores foreign threads' affinity first.
+//!
+//! This module holds the daemon ([`HostDaemon`]: its lock, its loop, its stop); the loop's
+//! members over every VM are `host_members`, each VM a [`members::Member`], each thread's
+//! bookkeeping a [`threads::ThreadRecord`], and each tick's snapshot [`status`].
 
 pub mod cgroup;
 pub mod cli;
