@@ -111,7 +111,7 @@ impl Member for PvmmMember {
 
     /// Its vCPUs now, from its latest tick (`GET /v1/placement`, the `--stats` snapshot: no
     /// `/proc` reading in pvmm per request, which `GET /v1/vcpus` does to list its threads).
-    /// None before pvmm's first tick.
+    /// No vCPUs before pvmm's first tick.
     fn read(&mut self, _now_ns: u64) -> Result<Vec<MemberVcpu>, MemberError> {
         let answer = self
             .conn
