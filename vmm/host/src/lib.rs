@@ -11,41 +11,40 @@
 //! pin foreign VMMs' housekeeping threads to the active packages, and report. A daemon that
 //! dies leaves pvmm VMs to their lease: they place themselves again. One that is told to stop
 //! (SIGTERM, SIGINT) hands placement back and restores foreign threads' affinity first.
+//!
+//! This module holds the daemon ([`HostDaemon`]: its lock, its loop, its stop); the loop's
+//! members over every VM are `host_members`, each VM a [`members::Member`], each thread's
+//! bookkeeping a [`threads::ThreadRecord`], and each tick's snapshot [`status`].
 
 pub mod cgroup;
 pub mod cli;
 pub mod command;
 pub mod discover;
 pub mod energy;
+mod host_members;
 pub mod members;
 pub mod metrics;
 pub mod names;
 pub mod operator;
 pub mod qmp;
+pub mod status;
+pub mod threads;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pvmm_api::stats::{
-    round3, round_watts, share, EnergySource, HostPackage, HostStatus, HostVcpu, HostVm, TickUs,
-    VmKind,
-};
+use pvmm_api::stats::TickUs;
 use pvmm_scheduler::{
-    Assignment, CpuSet, Decision, EngineConfig, Executor, HostTopology, LinuxExecutor, PlaceError,
-    PlacementPolicy, Policy, VcpuId, VcpuLoad,
+    EngineConfig, Executor, HostTopology, LinuxExecutor, PlacementPolicy, Policy,
 };
 use pvmm_tick::hotplug::OnlineCpus;
-use pvmm_tick::own_threads::OwnThreads;
-use pvmm_tick::{Applied, Members, PhaseClock, PhaseTimes, Tick, TickReport};
+use pvmm_tick::{PhaseClock, Tick};
 
-use self::cgroup::thread_cpuset;
-use self::discover::{foreign_vms_among, pvmm_sockets, Roots, ScanSchedule};
-use self::energy::{EnergyLedger, POWERCAP_ROOT};
-use self::members::{ForeignMember, MemberVcpu, PvmmMember, VcpuPlacement};
-use self::operator::OperatorPins;
+use self::discover::Roots;
+use self::host_members::HostMembers;
+use self::status::tick_us;
 
 /// The lock file in the runtime directory that keeps a second daemon out.
 pub const LOCK_FILE: &str = "pvmm-host.lock";
@@ -110,76 +109,13 @@ extern "C" fn on_stop(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
     STOP.store(true, Ordering::Relaxed);
 }
 
-/// A managed VM.
-enum Member {
-    Pvmm(PvmmMember),
-    Foreign(ForeignMember),
-}
-
-struct Managed {
-    /// The engine's VM number.
-    id: u32,
-    member: Member,
-    /// vCPUs read at this tick.
-    vcpus: Vec<MemberVcpu>,
-    /// A foreign VM's affinity (its main thread's) when it was adopted: what a thread it
-    /// creates while placed gets back at release, since such a thread inherits the affinity
-    /// the daemon gave its creator.
-    inherited: Option<CpuSet>,
-    /// Its vCPUs have been placed by this daemon. Until then, where they run now is told to
-    /// the engine first.
-    placed: bool,
-}
-
-/// Where one tick's time went, in microseconds (the stats schema's `tick_us`): finding VMs,
-/// reading their vCPUs' utilization, deciding, applying (sockets and affinity).
-fn tick_us(t: &PhaseTimes) -> TickUs {
-    let us = |ns: u64| ns / 1000;
-    TickUs {
-        discover: us(t.discover_ns),
-        read: us(t.read_ns),
-        decide: us(t.decide_ns),
-        apply: us(t.apply_ns),
-    }
-}
-
 /// The daemon: the placement loop ([`Tick`], the loop pvmm and `pvmm-sim` run) over every VM
 /// on the host.
 pub struct HostDaemon {
     tick: Tick,
     host: HostMembers,
     start: Instant,
-}
-
-/// Every VM on the host, as the loop's members.
-struct HostMembers {
-    config: HostConfig,
-    executor: Box<dyn Executor>,
-    /// By pid.
-    vms: BTreeMap<i32, Managed>,
-    next_id: u32,
-    stats: Option<Box<dyn Write>>,
-    /// Affinity each foreign thread had before the daemon touched it, restored at stop.
-    original: HashMap<i32, CpuSet>,
-    /// What the daemon last applied to each foreign thread.
-    applied: HashMap<i32, CpuSet>,
-    /// Threads whose affinity the host refused (reported once).
-    refused: HashSet<i32>,
-    /// The CPU the engine chose for each vCPU in its last decision: what a fresh engine is told
-    /// the vCPU runs on, also when its thread may run on its whole package (`share_package`).
-    homes: HashMap<VcpuId, u32>,
-    /// Affinity changes refused while applying this tick.
-    refusals: u64,
-    scan: ScanSchedule,
-    latest: metrics::Latest,
-    /// The daemon's own threads, kept on the lowest active package like pvmm's.
-    own: OwnThreads,
-    /// Energy by VM and package since start.
-    energy: EnergyLedger,
-    /// Operators' pins, and the limits the engine holds.
-    pins: OperatorPins,
-    /// Each vCPU thread's cgroup cpuset within the daemon's CPUs, where narrower.
-    bounds: HashMap<i32, CpuSet>,
+    /// The runtime directory's lock, held while the daemon lives.
     _lock: std::fs::File,
 }
 
@@ -233,26 +169,9 @@ impl HostDaemon {
         }
         Ok(Self {
             tick,
-            host: HostMembers {
-                config,
-                executor,
-                vms: BTreeMap::new(),
-                next_id: 0,
-                stats,
-                original: HashMap::new(),
-                homes: HashMap::new(),
-                applied: HashMap::new(),
-                refused: HashSet::new(),
-                refusals: 0,
-                scan: ScanSchedule::default(),
-                latest: Default::default(),
-                own: OwnThreads::new(Vec::new()),
-                energy: EnergyLedger::new(PathBuf::from(POWERCAP_ROOT)),
-                pins: OperatorPins::default(),
-                bounds: HashMap::new(),
-                _lock: lock,
-            },
+            host: HostMembers::new(config, stats, executor),
             start: Instant::now(),
+            _lock: lock,
         })
     }
 
@@ -263,10 +182,7 @@ impl HostDaemon {
 
     /// VMs and vCPUs managed at the last tick.
     pub fn managed(&self) -> (usize, usize) {
-        (
-            self.host.vms.len(),
-            self.host.vms.values().map(|m| m.vcpus.len()).sum(),
-        )
+        self.host.managed()
     }
 
     /// One tick of the placement loop over every VM: discover, read, decide, apply, report.
@@ -292,507 +208,17 @@ impl HostDaemon {
             vmm_sys_util::signal::register_signal_handler(signal, on_stop)
                 .map_err(|e| format!("signal handler: {e}"))?;
         }
-        self.host.start_servers()?;
+        self.host.serve()?;
         let mut next = Instant::now();
         while !STOP.load(Ordering::Relaxed) {
             self.tick()?;
-            next += self.host.config.tick;
+            next += self.host.config().tick;
             // std's sleep resumes after a signal; a stop waits out at most one tick.
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
         }
         self.release();
-        let _ = std::fs::remove_file(self.host.config.runtime_dir.join(STATUS_SOCKET));
+        let _ = std::fs::remove_file(self.host.config().runtime_dir.join(STATUS_SOCKET));
         Ok(())
-    }
-}
-
-impl Members for HostMembers {
-    type Error = PlaceError;
-
-    fn discover(&mut self) {
-        self.find_vms();
-    }
-
-    fn sample(&mut self, now_ns: u64, loads: &mut Vec<VcpuLoad>) {
-        self.read(now_ns);
-        self.observe_operators();
-        for m in self.vms.values() {
-            loads.extend(m.vcpus.iter().map(|v| VcpuLoad {
-                id: VcpuId {
-                    vm: m.id,
-                    vcpu: v.vcpu,
-                },
-                util: v.util,
-                busy: v.busy,
-                waited: v.waited,
-            }));
-        }
-    }
-
-    /// Tells the engine where each vCPU of a VM it has not placed yet runs now: the CPU this
-    /// daemon last chose for it, or else its thread's affinity when that is one CPU (where pvmm
-    /// placed it, or a foreign thread's). A fresh engine after CPU hotplug, or a restarted
-    /// daemon, then moves only the vCPUs it would put elsewhere.
-    fn assume(&mut self, fresh: bool, assume: &mut dyn FnMut(VcpuId, u32)) {
-        for m in self.vms.values_mut() {
-            m.placed &= !fresh;
-        }
-        for m in self.vms.values().filter(|m| !m.placed) {
-            for v in &m.vcpus {
-                let id = VcpuId {
-                    vm: m.id,
-                    vcpu: v.vcpu,
-                };
-                let home = self.homes.get(&id).copied().or_else(|| {
-                    let cpus = match &m.member {
-                        Member::Pvmm(_) => v.cpus.clone(),
-                        Member::Foreign(_) => self.executor.read(v.tid).ok(),
-                    };
-                    cpus.filter(|c| c.len() == 1).and_then(|c| c.first())
-                });
-                if let Some(cpu) = home {
-                    assume(id, cpu);
-                }
-            }
-        }
-    }
-
-    fn limits(&mut self, fresh: bool, limit: &mut dyn FnMut(VcpuId, Option<CpuSet>)) {
-        let all = self.config.topology.cpu_set();
-        let mut wanted = HashMap::new();
-        for m in self.vms.values() {
-            for v in &m.vcpus {
-                let bound = self.bounds.get(&v.tid).unwrap_or(&all);
-                if let Some(set) = self.pins.limit(v.tid, bound, &all) {
-                    let id = VcpuId {
-                        vm: m.id,
-                        vcpu: v.vcpu,
-                    };
-                    wanted.insert(id, set);
-                }
-            }
-        }
-        self.pins.tell(fresh, wanted, limit);
-    }
-
-    fn topology_changed(&mut self, topology: &HostTopology) {
-        self.config.topology = topology.clone();
-    }
-
-    fn apply(&mut self, decision: &Decision) -> Result<Applied, PlaceError> {
-        self.refusals = 0;
-        self.apply_decision(decision);
-        Ok(Applied {
-            moved: decision.migrations.len() as u64,
-            refused: std::mem::take(&mut self.refusals),
-        })
-    }
-
-    /// The daemon wakes every tick: on the lowest active package, not on one it empties.
-    fn pin_housekeeping(&mut self, cpus: &CpuSet) -> u64 {
-        self.own.pin(cpus, self.executor.as_mut())
-    }
-
-    fn report(&mut self, tick: &TickReport<'_>) {
-        if let Some(decision) = tick.decision {
-            self.report_line(tick, decision);
-        }
-    }
-}
-
-impl HostMembers {
-    fn log(&self, msg: impl AsRef<str>) {
-        if self.config.verbose {
-            eprintln!("pvmm-host: {}", msg.as_ref());
-        }
-    }
-
-    /// Finds the VMs now: joins new ones, forgets those that ended.
-    fn find_vms(&mut self) {
-        let mut seen: HashSet<i32> = HashSet::new();
-        for socket in pvmm_sockets(&self.config.runtime_dir) {
-            let known = self.vms.iter().find_map(|(pid, m)| match &m.member {
-                Member::Pvmm(p) if p.socket == socket => Some(*pid),
-                _ => None,
-            });
-            match known {
-                Some(pid) => {
-                    seen.insert(pid);
-                }
-                None => {
-                    // A socket nobody answers on is a VM that ended (or has not started).
-                    if let Ok(member) = PvmmMember::join(&socket) {
-                        seen.insert(member.pid);
-                        self.add(member.pid, Member::Pvmm(member));
-                    }
-                }
-            }
-        }
-        if self.config.adopt {
-            self.discover_foreign(&mut seen);
-        }
-        let gone: Vec<i32> = self
-            .vms
-            .keys()
-            .filter(|p| !seen.contains(p))
-            .copied()
-            .collect();
-        for pid in gone {
-            self.vms.remove(&pid);
-            self.log(format!("VM pid {pid} is gone"));
-        }
-    }
-
-    /// Adopts VMs of other VMMs among the processes the scan schedule says to examine; known
-    /// ones not examined this tick stay while their process lives.
-    fn discover_foreign(&mut self, seen: &mut HashSet<i32>) {
-        let proc = self.config.roots.proc.clone();
-        let alive = discover::pids(&proc);
-        let (_, mut examine) = self.scan.next(&alive);
-        // An adopted VM whose threads are those it had is the VM it was: its file descriptors
-        // need no second look (a vCPU added or gone comes with its thread).
-        examine.retain(|pid| match self.vms.get(pid).map(|m| &m.member) {
-            Some(Member::Foreign(f)) => !f.unchanged(&proc),
-            _ => true,
-        });
-        let mut skip: Vec<i32> = seen.iter().copied().collect();
-        // Linux pids are at most PID_MAX_LIMIT (2^22): the fallback is never taken.
-        skip.push(i32::try_from(std::process::id()).unwrap_or(i32::MAX));
-        let mut examined: HashSet<i32> = examine.iter().copied().collect();
-        for found in foreign_vms_among(&self.config.roots, &examine, &skip) {
-            let pid = found.pid;
-            seen.insert(pid);
-            examined.remove(&pid);
-            match self.vms.get_mut(&pid).map(|m| &mut m.member) {
-                Some(Member::Foreign(f)) => f.update(found, &proc),
-                _ => self.add(pid, Member::Foreign(ForeignMember::adopt(found, &proc))),
-            }
-        }
-        for (pid, m) in &self.vms {
-            let kept = matches!(m.member, Member::Foreign(_))
-                && !examined.contains(pid)
-                && alive.binary_search(pid).is_ok();
-            if kept {
-                seen.insert(*pid);
-            }
-        }
-    }
-
-    fn add(&mut self, pid: i32, member: Member) {
-        let what = match &member {
-            Member::Pvmm(p) => format!("pvmm VM {} pid {pid} ({})", p.name, p.socket.display()),
-            Member::Foreign(f) => format!(
-                "{} VM {} pid {pid} ({} vCPUs{})",
-                f.found.comm,
-                f.found.name,
-                f.found.vcpu_tids.len(),
-                if f.found.unmapped.is_empty() {
-                    String::new()
-                } else {
-                    format!(", vCPUs {:?} without a known thread", f.found.unmapped)
-                }
-            ),
-        };
-        self.log(format!("joined {what}"));
-        let inherited = match &member {
-            Member::Foreign(_) => self.executor.read(pid).ok(),
-            Member::Pvmm(_) => None,
-        };
-        let id = self.next_id;
-        self.next_id += 1;
-        self.vms.insert(
-            pid,
-            Managed {
-                id,
-                member,
-                vcpus: Vec::new(),
-                inherited,
-                placed: false,
-            },
-        );
-    }
-
-    /// Reads every VM's vCPUs; a pvmm that does not answer is dropped until it does.
-    fn read(&mut self, now_ns: u64) {
-        let mut lost = Vec::new();
-        for (pid, m) in &mut self.vms {
-            m.vcpus = match &mut m.member {
-                Member::Pvmm(p) => match p.read() {
-                    Ok(v) => v,
-                    Err(_) => {
-                        lost.push(*pid);
-                        Vec::new()
-                    }
-                },
-                Member::Foreign(f) => f.read(now_ns),
-            };
-        }
-        for pid in lost {
-            self.vms.remove(&pid);
-        }
-    }
-
-    /// Reads each vCPU thread's cgroup cpuset, and each foreign one's affinity, noting the
-    /// operators' pins among those ([`OperatorPins`]). A pvmm VM sets its threads' affinity
-    /// itself, as the daemon asks: its cpuset bounds it, and nothing else is an operator's pin.
-    fn observe_operators(&mut self) {
-        let all = self.config.topology.cpu_set();
-        let roots = &self.config.roots;
-        let mut live = HashSet::new();
-        self.bounds.clear();
-        for (pid, m) in &self.vms {
-            let foreign = matches!(m.member, Member::Foreign(_));
-            for v in &m.vcpus {
-                let cpuset = thread_cpuset(&roots.proc, &roots.cgroup, *pid, v.tid);
-                let bound = cpuset
-                    .map(|set| set.intersection(&all))
-                    .filter(|set| !set.is_empty() && *set != all);
-                if !foreign {
-                    self.bounds.extend(bound.map(|b| (v.tid, b)));
-                    continue;
-                }
-                live.insert(v.tid);
-                let affinity = self.executor.read(v.tid).ok();
-                let within = bound.as_ref().unwrap_or(&all);
-                self.pins
-                    .observe(v.tid, affinity.as_ref(), within, &mut self.applied);
-                if let Some(bound) = bound {
-                    self.bounds.insert(v.tid, bound);
-                }
-            }
-        }
-        self.pins.retain(|tid| live.contains(&tid));
-    }
-
-    /// Restricts foreign thread `tid` to `cpus` if it is not there, remembering its original
-    /// affinity (`inherited` when the thread was created while its VM was placed); a refusal
-    /// is reported once.
-    fn pin_foreign(&mut self, tid: i32, cpus: &CpuSet, inherited: Option<CpuSet>) {
-        if self.applied.get(&tid) == Some(cpus) || self.refused.contains(&tid) {
-            return;
-        }
-        if !self.original.contains_key(&tid) {
-            if let Some(before) = inherited.or_else(|| self.executor.read(tid).ok()) {
-                self.original.insert(tid, before);
-            }
-        }
-        match self.executor.apply(tid, cpus) {
-            Ok(()) => {
-                self.applied.insert(tid, cpus.clone());
-            }
-            Err(e) => {
-                eprintln!("pvmm-host: cannot place thread {tid}: {e} (not tried again)");
-                self.refused.insert(tid);
-                self.refusals += 1;
-            }
-        }
-    }
-
-    /// Applies `decision`, whose assignments follow the loads' order: the VMs in `self.vms`
-    /// order, each VM's vCPUs as read. Threads already where they belong cost nothing.
-    fn apply_decision(&mut self, decision: &Decision) {
-        self.homes.clear();
-        self.homes
-            .extend(decision.assignments.iter().map(|a| (a.id, a.cpu)));
-        let mut packages: Vec<u32> = decision.assignments.iter().map(|a| a.package).collect();
-        packages.sort_unstable();
-        packages.dedup();
-        let active: CpuSet = packages
-            .iter()
-            .map(|&p| self.config.topology.package_cpus(p))
-            .fold(CpuSet::default(), |acc, cpus| acc.union(&cpus));
-        let mut foreign_pins: Vec<(i32, CpuSet, Option<CpuSet>)> = Vec::new();
-        let mut failed = Vec::new();
-        let mut next = decision.assignments.iter();
-        for (pid, m) in &mut self.vms {
-            let mine: Vec<&Assignment> = next
-                .by_ref()
-                .take(m.vcpus.len())
-                .filter(|a| a.id.vm == m.id)
-                .collect();
-            match &mut m.member {
-                Member::Pvmm(p) => {
-                    let list: Vec<VcpuPlacement> = mine
-                        .iter()
-                        .map(|a| (a.id.vcpu, a.cpus.clone(), a.capacity))
-                        .collect();
-                    if !list.is_empty() && p.place(&list).is_err() {
-                        failed.push(*pid);
-                    }
-                }
-                Member::Foreign(f) => {
-                    let unplaced = |tid: &i32, cpus: &CpuSet| self.applied.get(tid) != Some(cpus);
-                    let inherited = m.inherited.clone().filter(|_| m.placed);
-                    for a in &mine {
-                        match f.found.vcpu_tids.get(&a.id.vcpu) {
-                            Some(tid) if unplaced(tid, &a.cpus) => {
-                                foreign_pins.push((*tid, a.cpus.clone(), inherited.clone()))
-                            }
-                            _ => {}
-                        }
-                    }
-                    if !active.is_empty() {
-                        for tid in f.housekeeping() {
-                            if unplaced(&tid, &active) {
-                                foreign_pins.push((tid, active.clone(), inherited.clone()));
-                            }
-                        }
-                    }
-                }
-            }
-            m.placed |= !mine.is_empty();
-        }
-        for (tid, cpus, inherited) in foreign_pins {
-            // An operator's pin is left alone; a cpuset is never stepped out of.
-            let outside = self.bounds.get(&tid).is_some_and(|b| !cpus.is_subset(b));
-            if !self.pins.is_pinned(tid) && !outside {
-                self.pin_foreign(tid, &cpus, inherited);
-            }
-        }
-        self.refusals += failed.len() as u64;
-        for pid in failed {
-            // Read again next tick if it still answers; gone otherwise.
-            self.vms.remove(&pid);
-        }
-    }
-
-    fn report_line(&mut self, tick: &TickReport<'_>, decision: &Decision) {
-        let mut line = self.snapshot(tick, decision);
-        self.energy
-            .account(tick.now_ns, &self.config.topology, &mut line);
-        if let Some(out) = self.stats.as_mut() {
-            let written = serde_json::to_writer(&mut *out, &line)
-                .map_err(std::io::Error::from)
-                .and_then(|_| writeln!(out))
-                .and_then(|_| out.flush());
-            if written.is_err() {
-                self.stats = None;
-            }
-        }
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
-    }
-
-    /// This tick's status: every VM's vCPUs (utilization, placement, capacity) and every
-    /// package (vCPUs, utilization, modelled power).
-    fn snapshot(&self, tick: &TickReport<'_>, decision: &Decision) -> HostStatus {
-        let by_id: HashMap<VcpuId, &pvmm_scheduler::Assignment> =
-            decision.assignments.iter().map(|a| (a.id, a)).collect();
-        let mut cpu_load: HashMap<u32, f64> = HashMap::new();
-        let vms = self
-            .vms
-            .iter()
-            .map(|(pid, m)| {
-                let vcpus = m
-                    .vcpus
-                    .iter()
-                    .map(|v| {
-                        let a = by_id.get(&VcpuId {
-                            vm: m.id,
-                            vcpu: v.vcpu,
-                        });
-                        if let Some(a) = a {
-                            *cpu_load.entry(a.cpu).or_default() += f64::from(v.util) / 1024.0;
-                        }
-                        HostVcpu {
-                            busy: v.busy,
-                            capacity: a.map(|a| a.capacity),
-                            cpus: a.map(|a| a.cpus.clone()),
-                            package: a.map(|a| a.package),
-                            pinned: self.pins.is_pinned(v.tid),
-                            tid: v.tid,
-                            util: share(v.util),
-                            vcpu: v.vcpu,
-                            waited: share(v.waited),
-                        }
-                    })
-                    .collect();
-                let (kind, name) = match &m.member {
-                    Member::Pvmm(p) => (VmKind::Pvmm, p.name.clone()),
-                    Member::Foreign(f) => (VmKind::Foreign, f.found.name.clone()),
-                };
-                HostVm {
-                    energy_joules: 0.0,
-                    id: m.id,
-                    kind,
-                    name,
-                    pid: *pid,
-                    vcpus,
-                }
-            })
-            .collect();
-        let topology = &self.config.topology;
-        let load = |cpu: u32| cpu_load.get(&cpu).copied().unwrap_or(0.0).min(1.0);
-        let power: HashMap<u32, f64> = metrics::package_power_model(topology, &load)
-            .into_iter()
-            .collect();
-        let packages = topology
-            .packages()
-            .iter()
-            .map(|p| {
-                let cpus = p.cpus();
-                let on = decision
-                    .assignments
-                    .iter()
-                    .filter(|a| a.package == p.id)
-                    .count();
-                let util: f64 = cpus.iter().map(load).sum::<f64>() / cpus.len().max(1) as f64;
-                HostPackage {
-                    active: on > 0,
-                    energy_joules: 0.0,
-                    id: p.id,
-                    idle_energy_joules: 0.0,
-                    power_w_model: round_watts(power.get(&p.id).copied().unwrap_or(0.0)),
-                    util: round3(util),
-                    vcpus: u32::try_from(on).unwrap_or(u32::MAX),
-                }
-            })
-            .collect();
-        HostStatus {
-            apply_errors: tick.totals.apply_errors,
-            energy_source: EnergySource::Model,
-            migrations: decision.migrations.len() as u64,
-            migrations_total: tick.totals.migrations,
-            packages,
-            policy: self.config.policy,
-            t_ms: tick.now_ns / 1_000_000,
-            tick_us: tick_us(&tick.totals.last),
-            vms,
-        }
-    }
-
-    /// Starts the status socket in the runtime directory and, with `--metrics`, the TCP
-    /// metrics endpoint.
-    fn start_servers(&self) -> Result<(), String> {
-        let path = self.config.runtime_dir.join(STATUS_SOCKET);
-        // The lock is held: a socket file left here is a dead daemon's.
-        let _ = std::fs::remove_file(&path);
-        let unix = std::os::unix::net::UnixListener::bind(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        metrics::spawn_server("pvmm-host-api", unix, self.latest.clone())
-            .map_err(|e| format!("status thread: {e}"))?;
-        if let Some(addr) = self.config.metrics {
-            let tcp =
-                std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
-            metrics::spawn_server("pvmm-host-metrics", tcp, self.latest.clone())
-                .map_err(|e| format!("metrics thread: {e}"))?;
-        }
-        Ok(())
-    }
-
-    /// Hands placement back: each pvmm VM to its own policy, each foreign thread to the
-    /// affinity it had before.
-    fn release(&mut self) {
-        for m in self.vms.values_mut() {
-            if let Member::Pvmm(p) = &mut m.member {
-                if let Err(e) = p.release() {
-                    eprintln!("pvmm-host: {e}");
-                }
-            }
-        }
-        for (tid, cpus) in std::mem::take(&mut self.original) {
-            // A thread that has ended needs nothing.
-            let _ = self.executor.apply(tid, &cpus);
-        }
     }
 }
 

@@ -115,21 +115,38 @@ fn energy_families(r: &Registry, status: &HostStatus) -> prometheus::Result<()> 
 /// units, counters ending in `_total`, each VM labelled with its stable name.
 pub fn prometheus_text(status: &HostStatus) -> prometheus::Result<String> {
     let r = Registry::new();
+    package_families(&r, status)?;
+    energy_families(&r, status)?;
+    vcpu_families(&r, status)?;
+    let moves = counters(&r, "pvmm_migrations_total", "vCPU moves between CPUs", &[])?;
+    moves
+        .with_label_values(&[] as &[&str])
+        .inc_by(status.migrations_total as f64);
+    let vms = gauges(&r, "pvmm_vms", "VMs managed", &[])?;
+    vms.with_label_values(&[] as &[&str])
+        .set(status.vms.len() as f64);
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&r.gather(), &mut out)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Each package's gauges: active, utilization, modelled power.
+fn package_families(r: &Registry, status: &HostStatus) -> prometheus::Result<()> {
     let pkg = ["package"];
     let active = gauges(
-        &r,
+        r,
         "pvmm_package_active",
         "1 when the placement puts vCPUs on the package",
         &pkg,
     )?;
     let util = gauges(
-        &r,
+        r,
         "pvmm_package_utilization_ratio",
         "Summed utilization of the vCPUs on the package over its CPUs",
         &pkg,
     )?;
     let power = gauges(
-        &r,
+        r,
         "pvmm_package_power_model_watts",
         "Modelled package power for the current placement (a model, not a measurement)",
         &pkg,
@@ -142,33 +159,37 @@ pub fn prometheus_text(status: &HostStatus) -> prometheus::Result<String> {
         util.with_label_values(&[&id]).set(p.util);
         power.with_label_values(&[&id]).set(p.power_w_model);
     }
-    energy_families(&r, status)?;
+    Ok(())
+}
+
+/// Each vCPU's gauges (utilization, package, capacity, operator's pin) and each VM's vCPUs.
+fn vcpu_families(r: &Registry, status: &HostStatus) -> prometheus::Result<()> {
     let vcpu = ["vm", "vcpu"];
     let vcpu_util = gauges(
-        &r,
+        r,
         "pvmm_vcpu_utilization_ratio",
         "Decayed vCPU utilization, in CPUs",
         &vcpu,
     )?;
     let vcpu_package = gauges(
-        &r,
+        r,
         "pvmm_vcpu_package",
         "The package the vCPU is placed on",
         &vcpu,
     )?;
     let vcpu_capacity = gauges(
-        &r,
+        r,
         "pvmm_vcpu_capacity",
         "The capacity the placement gives the vCPU, 1..1024",
         &vcpu,
     )?;
     let pinned = gauges(
-        &r,
+        r,
         "pvmm_vcpu_operator_pinned",
         "1 when an operator pinned the vCPU's thread and the daemon leaves it alone",
         &vcpu,
     )?;
-    let vm_vcpus = gauges(&r, "pvmm_vm_vcpus", "vCPUs of the VM", &["vm"])?;
+    let vm_vcpus = gauges(r, "pvmm_vm_vcpus", "vCPUs of the VM", &["vm"])?;
     for vm in &status.vms {
         vm_vcpus
             .with_label_values(&[&vm.name])
@@ -188,16 +209,7 @@ pub fn prometheus_text(status: &HostStatus) -> prometheus::Result<String> {
             }
         }
     }
-    let moves = counters(&r, "pvmm_migrations_total", "vCPU moves between CPUs", &[])?;
-    moves
-        .with_label_values(&[] as &[&str])
-        .inc_by(status.migrations_total as f64);
-    let vms = gauges(&r, "pvmm_vms", "VMs managed", &[])?;
-    vms.with_label_values(&[] as &[&str])
-        .set(status.vms.len() as f64);
-    let mut out = Vec::new();
-    TextEncoder::new().encode(&r.gather(), &mut out)?;
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    Ok(())
 }
 
 /// Answers one request on `stream`: `GET /v1/host` (JSON) or `GET /metrics` (text).

@@ -12,67 +12,70 @@ use std::collections::HashMap;
 
 use pvmm_scheduler::{CpuSet, VcpuId};
 
-/// The operators' pins the daemon has seen, and the limits the engine has been told.
-#[derive(Debug, Default)]
-pub struct OperatorPins {
-    /// Pinned threads, with the CPUs the operator left them.
-    pinned: HashMap<i32, CpuSet>,
-    /// The limit the engine holds for each vCPU that has one.
-    told: HashMap<VcpuId, CpuSet>,
-    /// Each thread's bound when first seen: every CPU it may use while nobody pins it.
-    home: HashMap<i32, CpuSet>,
-    /// Each thread's bound at the last look.
-    last_bound: HashMap<i32, CpuSet>,
+/// What the daemon knows of one foreign vCPU thread's pinning (kept in its
+/// [`crate::threads::ThreadRecord`]).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct OperatorPin {
+    /// The CPUs the operator left it, while pinned.
+    pinned: Option<CpuSet>,
+    /// Its bound when first seen: every CPU it may use while nobody pins it.
+    home: Option<CpuSet>,
+    /// Its bound at the last look.
+    last_bound: Option<CpuSet>,
 }
 
-impl OperatorPins {
-    /// Looks at foreign vCPU thread `tid` as it is now: `affinity`, within `bound` (its
-    /// cpuset within the daemon's CPUs). A pin is an affinity other than the one the daemon
-    /// last set (`applied`), or a cpuset narrowed from what the thread had when first seen
-    /// (`virsh vcpupin` narrows both, and may pin to the CPU the daemon chose). A pin forgets
-    /// `applied`, so that the daemon's next setting is compared afresh after an unpin; it
-    /// ends when both the affinity and the cpuset cover the first-seen bound again.
+impl OperatorPin {
+    /// Looks at the thread as it is now: `affinity`, within `bound` (its cpuset within the
+    /// daemon's CPUs). A pin is an affinity other than the one the daemon last set
+    /// (`applied`), or a cpuset narrowed from what the thread had when first seen (`virsh
+    /// vcpupin` narrows both, and may pin to the CPU the daemon chose). A pin forgets
+    /// `applied`, so that the daemon's next setting is compared afresh after an unpin; it ends
+    /// when both the affinity and the cpuset cover the first-seen bound again.
     pub fn observe(
         &mut self,
-        tid: i32,
         affinity: Option<&CpuSet>,
         bound: &CpuSet,
-        applied: &mut HashMap<i32, CpuSet>,
+        applied: &mut Option<CpuSet>,
     ) {
         let Some(affinity) = affinity else {
             return;
         };
-        let home = self
-            .home
-            .entry(tid)
-            .or_insert_with(|| bound.clone())
-            .clone();
-        let last = self.last_bound.insert(tid, bound.clone());
+        let home = self.home.get_or_insert_with(|| bound.clone()).clone();
+        let last = self.last_bound.replace(bound.clone());
         let widened = home.is_subset(affinity) && home.is_subset(bound);
-        let moved_by_others = applied.get(&tid).is_some_and(|set| set != affinity);
+        let moved_by_others = applied.as_ref().is_some_and(|set| set != affinity);
         let narrowed = last.is_some_and(|l| l != *bound) && !home.is_subset(bound);
         if widened {
-            self.pinned.remove(&tid);
-        } else if self.pinned.contains_key(&tid) || moved_by_others || narrowed {
-            applied.remove(&tid);
-            self.pinned.insert(tid, affinity.intersection(bound));
+            self.pinned = None;
+        } else if self.pinned.is_some() || moved_by_others || narrowed {
+            *applied = None;
+            self.pinned = Some(affinity.intersection(bound));
         }
     }
 
-    /// Whether an operator has pinned thread `tid`.
-    pub fn is_pinned(&self, tid: i32) -> bool {
-        self.pinned.contains_key(&tid)
+    /// Whether an operator has pinned the thread.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.is_some()
     }
 
-    /// The CPUs the engine must keep vCPU thread `tid` to: its pin, or `bound` where that is
+    /// The CPUs the engine must keep the thread to: its pin, or `bound` where that is
     /// narrower than `all`, the daemon's CPUs.
-    pub fn limit(&self, tid: i32, bound: &CpuSet, all: &CpuSet) -> Option<CpuSet> {
-        match self.pinned.get(&tid) {
+    pub fn limit(&self, bound: &CpuSet, all: &CpuSet) -> Option<CpuSet> {
+        match &self.pinned {
             Some(pin) if !pin.is_empty() => Some(pin.clone()),
             _ => (bound != all).then(|| bound.clone()),
         }
     }
+}
 
+/// The limits (pins, cpusets) the engine has been told, by vCPU.
+#[derive(Debug, Default)]
+pub struct EngineLimits {
+    /// The limit the engine holds for each vCPU that has one.
+    told: HashMap<VcpuId, CpuSet>,
+}
+
+impl EngineLimits {
     /// Tells the engine (through `tell`) the limits in `wanted` that it does not hold yet, and
     /// lifts those it holds that are no longer wanted; with `fresh`, the engine holds none.
     pub fn tell(
@@ -96,13 +99,6 @@ impl OperatorPins {
         }
         self.told = wanted;
     }
-
-    /// Forgets threads that are gone.
-    pub fn retain(&mut self, live: impl Fn(i32) -> bool) {
-        self.pinned.retain(|tid, _| live(*tid));
-        self.home.retain(|tid, _| live(*tid));
-        self.last_bound.retain(|tid, _| live(*tid));
-    }
 }
 
 #[cfg(test)]
@@ -116,59 +112,60 @@ mod tests {
     #[test]
     fn a_change_the_daemon_did_not_make_is_a_pin_until_widened() {
         let all = set(&[0, 1, 2, 3]);
-        let mut pins = OperatorPins::default();
-        let mut applied = HashMap::from([(7, set(&[0]))]);
+        let mut pins = OperatorPin::default();
+        let mut applied = Some(set(&[0]));
         // As the daemon left it: nothing to see.
-        pins.observe(7, Some(&set(&[0])), &all, &mut applied);
-        assert!(!pins.is_pinned(7));
+        pins.observe(Some(&set(&[0])), &all, &mut applied);
+        assert!(!pins.is_pinned());
         // virsh vcpupin ... 0 2
-        pins.observe(7, Some(&set(&[2])), &all, &mut applied);
-        assert!(pins.is_pinned(7));
-        assert_eq!(pins.limit(7, &all, &all), Some(set(&[2])));
-        assert!(applied.is_empty(), "the daemon's setting is forgotten");
+        pins.observe(Some(&set(&[2])), &all, &mut applied);
+        assert!(pins.is_pinned());
+        assert_eq!(pins.limit(&all, &all), Some(set(&[2])));
+        assert!(applied.is_none(), "the daemon's setting is forgotten");
         // Pinned again, elsewhere.
-        pins.observe(7, Some(&set(&[1, 2])), &all, &mut applied);
-        assert_eq!(pins.limit(7, &all, &all), Some(set(&[1, 2])));
+        pins.observe(Some(&set(&[1, 2])), &all, &mut applied);
+        assert_eq!(pins.limit(&all, &all), Some(set(&[1, 2])));
         // Widened to every CPU: taken back.
-        pins.observe(7, Some(&all), &all, &mut applied);
-        assert!(!pins.is_pinned(7));
-        assert_eq!(pins.limit(7, &all, &all), None);
+        pins.observe(Some(&all), &all, &mut applied);
+        assert!(!pins.is_pinned());
+        assert_eq!(pins.limit(&all, &all), None);
         // A thread the daemon never set is nobody's pin.
-        pins.observe(8, Some(&set(&[3])), &all, &mut applied);
-        assert!(!pins.is_pinned(8));
+        let mut other = OperatorPin::default();
+        other.observe(Some(&set(&[3])), &all, &mut None);
+        assert!(!other.is_pinned());
     }
 
     #[test]
     fn a_cpuset_bounds_without_pinning() {
         let all = set(&[0, 1, 2, 3]);
         let bound = set(&[2, 3]);
-        let mut pins = OperatorPins::default();
-        let mut applied = HashMap::from([(7, set(&[2]))]);
-        pins.observe(7, Some(&bound), &bound, &mut applied);
-        assert!(!pins.is_pinned(7), "widened to its whole cpuset");
-        assert_eq!(pins.limit(7, &bound, &all), Some(bound));
+        let mut pins = OperatorPin::default();
+        let mut applied = Some(set(&[2]));
+        pins.observe(Some(&bound), &bound, &mut applied);
+        assert!(!pins.is_pinned(), "widened to its whole cpuset");
+        assert_eq!(pins.limit(&bound, &all), Some(bound));
     }
 
     #[test]
     fn a_narrowed_cpuset_is_a_pin_even_onto_the_daemons_own_choice() {
         let all = set(&[0, 1]);
-        let mut pins = OperatorPins::default();
-        let mut applied = HashMap::from([(7, set(&[1]))]);
-        pins.observe(7, Some(&set(&[1])), &all, &mut applied);
-        assert!(!pins.is_pinned(7));
+        let mut pins = OperatorPin::default();
+        let mut applied = Some(set(&[1]));
+        pins.observe(Some(&set(&[1])), &all, &mut applied);
+        assert!(!pins.is_pinned());
         // virsh vcpupin ... 0 1: the cgroup's cpuset becomes {1}, the affinity stays {1}.
-        pins.observe(7, Some(&set(&[1])), &set(&[1]), &mut applied);
-        assert!(pins.is_pinned(7));
-        assert_eq!(pins.limit(7, &set(&[1]), &all), Some(set(&[1])));
+        pins.observe(Some(&set(&[1])), &set(&[1]), &mut applied);
+        assert!(pins.is_pinned());
+        assert_eq!(pins.limit(&set(&[1]), &all), Some(set(&[1])));
         // virsh vcpupin ... 0 0-1: both widen again.
-        pins.observe(7, Some(&all), &all, &mut applied);
-        assert!(!pins.is_pinned(7));
+        pins.observe(Some(&all), &all, &mut applied);
+        assert!(!pins.is_pinned());
     }
 
     #[test]
     fn the_engine_is_told_each_change_once_and_everything_when_fresh() {
         let id = |vcpu| VcpuId { vm: 0, vcpu };
-        let mut pins = OperatorPins::default();
+        let mut pins = EngineLimits::default();
         let mut told = Vec::new();
         let mut tell = |id: VcpuId, set: Option<CpuSet>| told.push((id.vcpu, set));
         pins.tell(false, HashMap::from([(id(0), set(&[1]))]), &mut tell);

@@ -2,7 +2,7 @@
 
 use super::discover::fake::FakeHost;
 use super::*;
-use pvmm_scheduler::RecordingExecutor;
+use pvmm_scheduler::{CpuSet, RecordingExecutor, VcpuId};
 
 fn daemon(host: &FakeHost, policy: &str) -> HostDaemon {
     daemon_with(host, policy, RecordingExecutor::new())
@@ -55,8 +55,8 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
     for tid in [110, 111, 210, 211, 100, 101, 200, 201] {
         let cpus = d
             .host
-            .applied
-            .get(&tid)
+            .threads
+            .applied(tid)
             .unwrap_or_else(|| panic!("thread {tid} not placed"));
         assert!(cpus.is_subset(&package0), "thread {tid} on {cpus}");
     }
@@ -75,8 +75,8 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
     assert_eq!(d.managed(), (2, 3));
     assert!(d
         .host
-        .applied
-        .get(&310)
+        .threads
+        .applied(310)
         .is_some_and(|c| c.is_subset(&package0)));
     // A vCPU added to a running VM (a new thread and file descriptor) is found by the
     // next full scan; the unchanged VM is not examined again.
@@ -95,7 +95,7 @@ fn foreign_vms_are_packed_with_their_housekeeping_and_gone_ones_dropped() {
         d.tick().unwrap();
     }
     assert_eq!(d.managed(), (2, 4));
-    assert!(d.host.applied.contains_key(&112));
+    assert!(d.host.threads.applied(112).is_some());
 }
 
 /// With `--share-package` every packed vCPU thread may run on all the CPUs its package uses;
@@ -123,8 +123,8 @@ fn shared_packages_are_applied_to_adopted_vcpu_threads() {
         [110, 111]
             .map(|tid| {
                 d.host
-                    .applied
-                    .get(&tid)
+                    .threads
+                    .applied(tid)
                     .unwrap_or_else(|| panic!("thread {tid} not placed"))
                     .clone()
             })
@@ -165,7 +165,7 @@ fn an_adopted_vm_whose_vcpus_sit_where_the_engine_would_put_them_is_not_moved() 
     assert_eq!(d.tick.totals().migrations, 0);
     for tid in [110, 111] {
         assert_eq!(
-            d.host.applied.get(&tid),
+            d.host.threads.applied(tid),
             Some(&CpuSet::single(1)),
             "thread {tid}"
         );
@@ -196,7 +196,7 @@ fn a_thread_created_while_placed_gets_its_process_affinity_back() {
         d.tick().unwrap();
     }
     assert!(
-        d.host.applied.contains_key(&120),
+        d.host.threads.applied(120).is_some(),
         "the new thread is housekeeping"
     );
     d.release();
@@ -218,19 +218,19 @@ fn placement_follows_host_cpus_going_offline_and_coming_back() {
     let on = |d: &HostDaemon| -> CpuSet {
         [100, 110, 111]
             .iter()
-            .flat_map(|tid| d.host.applied.get(tid).unwrap().iter())
+            .flat_map(|tid| d.host.threads.applied(*tid).unwrap().iter())
             .collect()
     };
     assert!(on(&d).contains(0), "{}", on(&d));
     // CPU 0 goes offline: nothing stays on it, and package 0 keeps CPU 1.
     std::fs::write(&host.roots.cpu_online, "1-3\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.host.config.topology.cpu_set().to_string(), "1-3");
+    assert_eq!(d.host.config().topology.cpu_set().to_string(), "1-3");
     assert_eq!(on(&d).to_string(), "1", "{}", on(&d));
     // It comes back: the placement may use it again.
     std::fs::write(&host.roots.cpu_online, "0-3\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.host.config.topology.cpu_set().to_string(), "0-3");
+    assert_eq!(d.host.config().topology.cpu_set().to_string(), "0-3");
 }
 
 /// With `--share-package`, CPUs going offline move only the vCPUs the engine had chosen them
@@ -261,11 +261,11 @@ fn sharing_vcpus_keep_their_cpus_when_other_cpus_go_offline() {
         h.into_iter().map(|(_, cpu)| cpu).collect()
     };
     assert_eq!(homes(&d), [1, 0]);
-    assert_eq!(d.host.applied.get(&110), Some(&CpuSet::range(0, 1)));
+    assert_eq!(d.host.threads.applied(110), Some(&CpuSet::range(0, 1)));
     // Package 1 goes offline: no vCPU was there, none moves.
     std::fs::write(&host.roots.cpu_online, "0-1\n").unwrap();
     d.tick().unwrap();
-    assert_eq!(d.host.config.topology.cpu_set().to_string(), "0-1");
+    assert_eq!(d.host.config().topology.cpu_set().to_string(), "0-1");
     assert_eq!(homes(&d), [1, 0]);
 }
 
@@ -298,7 +298,7 @@ impl Shared {
 
 /// The latest status's vCPU `vcpu` of the only VM.
 fn vcpu_status(d: &HostDaemon, vcpu: u32) -> pvmm_api::stats::HostVcpu {
-    let status = d.host.latest.lock().unwrap().clone().unwrap();
+    let status = d.host.status.latest().lock().unwrap().clone().unwrap();
     status.vms[0].vcpus[vcpu as usize].clone()
 }
 
