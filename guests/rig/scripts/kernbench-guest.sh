@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench-kernbench's guest: mounts the kernbench disk /dev/vda read-only at /kb, a tmpfs on its
-# /tmp for the build, and reads the toolchain once so that every case builds from a warm page
-# cache. Settles SETTLE_SECS, builds the tree TREE with `make -jJOBS` (MYCFLAGS appended to the
+# /tmp for the build, and, with WARM=1, reads the toolchain once so that every case builds from
+# a warm page cache. Settles SETTLE_SECS, builds the tree TREE with `make -jJOBS` (MYCFLAGS appended to the
 # tree's own CFLAGS) between the marks
 # load-beginMARK and load-endMARK (then `KB built <uptime before> <uptime after>` when the
 # result runs, `KB error <step>` when a step fails), and idles IDLE_TAIL_SECS.
@@ -20,7 +20,10 @@ mount -t ext4 -o ro /dev/vda $kb || fail mount
 mount -t tmpfs -o size=256m tmpfs $kb/tmp || fail tmpfs
 mount -t proc proc $kb/proc || fail proc
 mount -t devtmpfs devtmpfs $kb/dev || fail dev
-find $kb/usr/bin $kb/usr/lib/gcc $kb/usr/include $kb/usr/lib/x86_64-linux-gnu -type f -exec cat {} + > /dev/null
+if [ "$WARM" = 1 ]; then
+    find $kb/usr/bin $kb/usr/lib/gcc $kb/usr/include $kb/usr/lib/x86_64-linux-gnu -type f \
+        -exec cat {} + > /dev/null
+fi
 cp -a "$kb/usr/src/$TREE" $kb/tmp/build || fail copy
 sleep "$SETTLE_SECS"
 read -r a _ < /proc/uptime

@@ -164,10 +164,14 @@ impl HostCase {
 /// second through a `pvmm-mark:` line that L1 timestamps.
 pub fn guest_command(options: &HostBenchOptions, n: usize) -> String {
     if let Some(jobs) = options.build_jobs {
+        let pace = crate::kernbench::Pace {
+            settle_secs: LEAD_SECS,
+            ..crate::kernbench::Pace::BENCH
+        };
         return crate::kernbench::guest_command_with(
             jobs,
             &options.mycflags,
-            LEAD_SECS,
+            pace,
             &format!("-{n}"),
         );
     }

@@ -83,6 +83,39 @@ pub struct KernbenchOptions {
     pub topology: Topology,
     /// Print every rig line.
     pub echo: bool,
+    /// How each build is paced around its marks.
+    pub pace: Pace,
+}
+
+/// How a build is paced around its marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// The guest reads the toolchain once before its build, so that every case builds from a
+    /// warm page cache (a case's figures then do not depend on which case ran first).
+    pub warm: bool,
+    /// Seconds idle before the build.
+    pub settle_secs: u32,
+    /// Seconds idle after it.
+    pub idle_tail_secs: u32,
+}
+
+impl Pace {
+    /// The benchmark's: a warm page cache, [`SETTLE_SECS`] before the build and
+    /// [`IDLE_TAIL_SECS`] after it, so that every policy starts from its steady idle placement
+    /// and may put a package to sleep after the build.
+    pub const BENCH: Pace = Pace {
+        warm: true,
+        settle_secs: SETTLE_SECS,
+        idle_tail_secs: IDLE_TAIL_SECS,
+    };
+    /// The build alone, with nothing around it: the toolchain is read as the build needs it.
+    /// A real build, measured the same way, whose figures do not compare with the
+    /// benchmark's: the rig test's check that a build runs and is measured.
+    pub const BUILD_ONLY: Pace = Pace {
+        warm: false,
+        settle_secs: 0,
+        idle_tail_secs: 0,
+    };
 }
 
 /// One measured build.
@@ -130,16 +163,17 @@ pub fn mycflags_note(mycflags: &str) -> String {
 }
 
 /// The guest command of a build with `make -jJOBS` and `mycflags` after the tree's own
-/// CFLAGS, that settles `settle_secs` before it and suffixes its marks with `mark` (several
-/// VMs' marks in one L1).
-pub fn guest_command_with(jobs: u32, mycflags: &str, settle_secs: u32, mark: &str) -> String {
+/// CFLAGS, paced by `pace`, that suffixes its marks with `mark` (several VMs' marks in one
+/// L1).
+pub fn guest_command_with(jobs: u32, mycflags: &str, pace: Pace, mark: &str) -> String {
     scripts::guest_command(
         &[
             ("TREE", TREE),
             ("JOBS", &jobs.to_string()),
             ("MYCFLAGS", mycflags),
-            ("SETTLE_SECS", &settle_secs.to_string()),
-            ("IDLE_TAIL_SECS", &IDLE_TAIL_SECS.to_string()),
+            ("WARM", if pace.warm { "1" } else { "0" }),
+            ("SETTLE_SECS", &pace.settle_secs.to_string()),
+            ("IDLE_TAIL_SECS", &pace.idle_tail_secs.to_string()),
             ("MARK", mark),
         ],
         &[scripts::KERNBENCH_GUEST],
@@ -147,8 +181,8 @@ pub fn guest_command_with(jobs: u32, mycflags: &str, settle_secs: u32, mark: &st
 }
 
 /// The guest command of a build with `make -jJOBS` and `mycflags`, alone in its L1.
-pub fn guest_command(jobs: u32, mycflags: &str) -> String {
-    guest_command_with(jobs, mycflags, SETTLE_SECS, "")
+pub fn guest_command(jobs: u32, mycflags: &str, pace: Pace) -> String {
+    guest_command_with(jobs, mycflags, pace, "")
 }
 
 /// The kernbench disk as a `--disk` argument, shared read-only by every VM.
@@ -275,7 +309,7 @@ impl Benchmark for Kernbench<'_> {
                 PvmmRun {
                     label: run.label.clone(),
                     pvmm_args: pvmm_args(o, policy),
-                    guest_command: guest_command(jobs, &o.mycflags),
+                    guest_command: guest_command(jobs, &o.mycflags, o.pace),
                 }
             })
             .collect();
@@ -527,6 +561,7 @@ mod tests {
             memory_mib: DEFAULT_MEMORY_MIB,
             topology: Topology::default(),
             echo: false,
+            pace: Pace::BENCH,
         };
         let sections = vec![options.policies.len(); options.jobs.len()];
         let runs: Vec<_> = runner::plan(&sections, options.rounds)
@@ -547,14 +582,14 @@ mod tests {
         let args = runs[4].1.join(" ");
         assert!(args.contains("--disk /guest/kernbench.ext4,readonly=on"));
         assert!(args.contains("--policy none"));
-        assert!(guest_command(runs[2].2, "").contains("JOBS=8"));
+        assert!(guest_command(runs[2].2, "", Pace::BENCH).contains("JOBS=8"));
     }
 
     /// The guest command fits the kernel command line and, with stubs for the programs it
     /// runs, marks the build's span and reports it.
     #[test]
     fn the_guest_command_marks_and_reports_the_build() {
-        let command = guest_command(4, "-O0");
+        let command = guest_command(4, "-O0", Pace::BENCH);
         assert!(command.contains("\nMYCFLAGS=-O0\n"), "{command}");
         assert!(command.len() < 1400, "{} bytes", command.len());
         let stubs = "mount() { :; }\nfind() { :; }\ncp() { :; }\nsleep() { :; }\n\

@@ -106,6 +106,7 @@ pub fn run(ws: &Workspace, started: Instant, args: KernbenchArgs) -> ExitCode {
         memory_mib: args.memory,
         topology: args.topology,
         echo: args.verbose,
+        pace: pvmm_rig::kernbench::Pace::BENCH,
     };
     let bench = match Kernbench::new(ws, &images, options.clone()) {
         Ok(bench) => bench,
