@@ -183,10 +183,7 @@ impl Members for HostMembers {
                     vcpu: v.vcpu,
                 };
                 let home = self.homes.get(&id).copied().or_else(|| {
-                    let cpus = match m.member.placer() {
-                        Placer::Vmm => v.cpus.clone(),
-                        Placer::Daemon => self.executor.read(v.tid).ok(),
-                    };
+                    let cpus = self.executor.read(v.tid).ok();
                     cpus.filter(|c| c.len() == 1).and_then(|c| c.first())
                 });
                 if let Some(cpu) = home {
@@ -259,7 +256,7 @@ impl HostMembers {
                 }
                 None => {
                     // A socket nobody answers on is a VM that ended (or has not started).
-                    if let Ok(member) = PvmmMember::join(&socket) {
+                    if let Ok(member) = PvmmMember::join(&socket, &self.config.roots.proc) {
                         seen.insert(member.pid);
                         self.add(member.pid, Box::new(member));
                     }
@@ -338,7 +335,7 @@ impl HostMembers {
         );
     }
 
-    /// Reads every VM's vCPUs; a pvmm that does not answer is dropped until it does.
+    /// Reads every VM's vCPUs; a pvmm whose process is gone is dropped.
     fn read(&mut self, now_ns: u64) {
         let mut lost = Vec::new();
         for (pid, m) in &mut self.vms {

@@ -4,9 +4,9 @@
 //! loads, and places what the engine decided, without knowing whose VM it is. What differs is
 //! who sets the threads' affinity ([`Placer`]):
 //!
-//! - A pvmm VM ([`PvmmMember`]) is read through its control socket (`GET /v1/placement`: each
-//!   vCPU's utilization from pvmm's own idle signal, which includes KVM's halt statistics) and
-//!   placed through it (`PUT /v1/placement/external`, which also publishes the capacities to
+//! - A pvmm VM ([`PvmmMember`]) is read from `/proc` ([`ThreadSampler`], its vCPU threads
+//!   learnt once at join from `GET /v1/vcpus`), with no request per tick, and placed through
+//!   its control socket (`PUT /v1/placement/external`, which also publishes the capacities to
 //!   the guest through CPPC and renews the lease), sent when the assignments change and,
 //!   unchanged, once a third of the lease has passed. pvmm keeps its own threads with its
 //!   vCPUs.
@@ -17,8 +17,7 @@
 //!   it has no CPPC registers pvmm could serve.
 //!
 //! Reading is kept apart from placing: [`ThreadSampler`] reads any process's vCPU threads
-//! from `/proc`, given their ids, so a member that knows its threads can be sampled there
-//! whoever places it.
+//! from `/proc`, given their ids, so every member is sampled there whoever places it.
 
 mod foreign;
 mod pvmm;
@@ -46,9 +45,6 @@ pub struct MemberVcpu {
     pub busy: bool,
     /// The part of `util` spent waiting for a host CPU, 0..=1024.
     pub waited: u32,
-    /// The CPUs its VMM reports it placed on (VMs whose VMM places them; None for others,
-    /// whose threads' affinity is read from `/proc`).
-    pub cpus: Option<CpuSet>,
 }
 
 /// One vCPU's placement as sent: (vCPU, CPUs, capacity).
@@ -64,6 +60,12 @@ pub enum MemberError {
         socket: PathBuf,
         /// What failed.
         why: String,
+    },
+    /// The VM's process (or its vCPU thread) is gone.
+    #[error("process {pid} is gone")]
+    Gone {
+        /// Its pid.
+        pid: i32,
     },
 }
 
