@@ -20,7 +20,9 @@ use pvmm_tick::{Applied, Members, TickReport};
 
 use crate::cgroup::thread_cpuset;
 use crate::discover::{self, foreign_vms_among, pvmm_sockets, ScanSchedule};
-use crate::members::{ForeignMember, Member, MemberVcpu, Placer, PvmmMember, VcpuPlacement};
+use crate::members::{
+    ForeignMember, Member, MemberError, MemberVcpu, Placer, PvmmMember, VcpuPlacement,
+};
 use crate::status::{self, StatusOutput, VmView};
 use crate::threads::Threads;
 use crate::HostConfig;
@@ -410,8 +412,16 @@ impl HostMembers {
                         .iter()
                         .map(|a| (a.id.vcpu, a.cpus.clone(), a.capacity))
                         .collect();
-                    if !list.is_empty() && m.member.place(&list).is_err() {
-                        failed.push(*pid);
+                    let placed = if list.is_empty() {
+                        Ok(())
+                    } else {
+                        m.member.place(&list)
+                    };
+                    match placed {
+                        Ok(()) => {}
+                        // Still there: asked again next tick, its sampling kept.
+                        Err(MemberError::Refused { .. }) => self.refusals += 1,
+                        Err(_) => failed.push(*pid),
                     }
                 }
                 Placer::Daemon => m.thread_pins(&mine, &active, &self.threads, &mut pins),
@@ -432,7 +442,7 @@ impl HostMembers {
         }
         self.refusals += failed.len() as u64;
         for pid in failed {
-            // Read again next tick if it still answers; gone otherwise.
+            // Joined again by discovery while its socket answers.
             self.vms.remove(&pid);
         }
     }

@@ -61,6 +61,15 @@ pub enum MemberError {
         /// What failed.
         why: String,
     },
+    /// The pvmm answered but did not do what was asked (an error status, or a placement it
+    /// did not take): it is still there, and is asked again at the next tick.
+    #[error("{socket}: refused: {why}")]
+    Refused {
+        /// The socket.
+        socket: PathBuf,
+        /// What was refused, and pvmm's answer.
+        why: String,
+    },
     /// The VM's process (or its vCPU thread) is gone.
     #[error("process {pid} is gone")]
     Gone {
@@ -104,14 +113,15 @@ pub trait Member: std::fmt::Debug {
     }
 
     /// Reads its vCPUs at `now_ns` (the daemon's clock). An error is a VM that cannot be read
-    /// (a pvmm VM that does not answer): the daemon drops it until discovery finds it again.
+    /// (a pvmm VM whose process is gone): the daemon drops it until discovery finds it again.
     fn read(&mut self, now_ns: u64) -> Result<Vec<MemberVcpu>, MemberError>;
 
     /// Who sets its threads' affinity.
     fn placer(&self) -> Placer;
 
     /// Hands the engine's `assignments` for its vCPUs to its VMM ([`Placer::Vmm`]); a member
-    /// the daemon places by affinity has nothing to send.
+    /// the daemon places by affinity has nothing to send. [`MemberError::Refused`] leaves the
+    /// member in place; any other error drops it until discovery joins it again.
     fn place(&mut self, _assignments: &[VcpuPlacement]) -> Result<(), MemberError> {
         Ok(())
     }

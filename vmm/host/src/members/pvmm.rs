@@ -13,8 +13,9 @@
 //! placement is known from those answers and from the lease's arithmetic, not from pvmm's
 //! stats: a renewal is due at the latest a third of the lease after the last placement taken,
 //! so a lease can only lapse when the daemon stopped ticking, and the next tick then sends the
-//! placement again whatever it is; a placement refused or unanswered drops the member, which
-//! discovery joins again while its socket answers.
+//! placement again whatever it is. A placement refused ([`MemberError::Refused`]) is sent again
+//! at the next tick, the member kept and its sampling with it; one unanswered drops the member,
+//! which discovery joins again while its socket answers.
 //!
 //! What `/proc` gives differs from pvmm's own tick in two ways, both accepted for a request-free
 //! tick. A vCPU's demand is its thread's schedstat: time KVM spends polling before a halt
@@ -22,7 +23,9 @@
 //! idle, so a vCPU that halt-polls reads somewhat busier. And an operator who hands a pvmm's
 //! placement back (`DELETE /v1/placement/external`) behind the daemon's back is seen at the
 //! next renewal, not at the next tick. The CPUs pvmm placed a vCPU on before the daemon did
-//! are its thread's affinity, read like any thread's.
+//! are its thread's affinity, read like any thread's. The rest of pvmm's stats (its own
+//! threads' load, its CPPC counters) is nothing the engine takes from any VM: pvmm keeps its
+//! own threads with its vCPUs, and the capacities it publishes are the daemon's own.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -74,18 +77,17 @@ fn call(
     path: &str,
     body: Option<&str>,
 ) -> Result<Value, MemberError> {
-    let err = |why: String| MemberError::Socket {
-        socket: socket.to_path_buf(),
-        why,
-    };
     let answer = conn
         .request(method, path, body)
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| MemberError::Socket {
+            socket: socket.to_path_buf(),
+            why: e.to_string(),
+        })?;
     if answer.status >= 300 {
-        return Err(err(format!(
-            "{method} {path}: {} {}",
-            answer.status, answer.body
-        )));
+        return Err(MemberError::Refused {
+            socket: socket.to_path_buf(),
+            why: format!("{method} {path}: {} {}", answer.status, answer.body),
+        });
     }
     Ok(answer.body)
 }
@@ -205,7 +207,7 @@ impl Member for PvmmMember {
             Some(&body),
         )?;
         if !answer.external {
-            return Err(MemberError::Socket {
+            return Err(MemberError::Refused {
                 socket: self.socket.clone(),
                 why: "PUT /v1/placement/external: placement not taken".into(),
             });
@@ -240,14 +242,17 @@ mod tests {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::sync::mpsc;
 
+    /// A placement on a CPU the fake pvmm does not have, which it refuses (409) as pvmm does.
+    const REFUSED: &str = r#""cpus":"9""#;
+
     /// The pid of the process the fake pvmm says it is, and its vCPU threads' ids.
     const PID: i32 = 40;
     const VCPU_TIDS: [i32; 2] = [41, 42];
 
     /// A pvmm in `host`'s `/proc` (process [`PID`], vCPU threads [`VCPU_TIDS`]) and its
     /// control socket, which answers `GET /v1/vm` with `lease_ms`, `GET /v1/vcpus` with those
-    /// threads, `PUT` and `DELETE /v1/placement/external` as pvmm does, and any other request
-    /// with `{}`, sending each request's method and path to the test.
+    /// threads, `PUT` and `DELETE /v1/placement/external` as pvmm does (refusing [`REFUSED`]),
+    /// and any other request with `{}`, sending each request's method and path to the test.
     fn fake_pvmm(host: &FakeHost, lease_ms: u64) -> (PathBuf, mpsc::Receiver<String>) {
         let threads: Vec<(i32, &str)> = std::iter::once((PID, "pvmm"))
             .chain(VCPU_TIDS.iter().map(|&t| (t, "vcpu")))
@@ -314,15 +319,18 @@ mod tests {
                             length = v.trim().parse().unwrap();
                         }
                     }
-                    reader.read_exact(&mut vec![0; length]).unwrap();
+                    let mut sent = vec![0; length];
+                    reader.read_exact(&mut sent).unwrap();
                     // Sent before the answer, so the client has it once answered.
                     let _ = tx.send(request.clone());
-                    let body = answers
-                        .iter()
-                        .find(|(r, _)| *r == request)
-                        .map_or("{}", |(_, body)| body.as_str());
+                    let (status, body) = if String::from_utf8_lossy(&sent).contains(REFUSED) {
+                        ("409 Conflict", r#"{"error":"no such CPU"}"#)
+                    } else {
+                        let known = answers.iter().find(|(r, _)| *r == request);
+                        ("200 OK", known.map_or("{}", |(_, body)| body.as_str()))
+                    };
                     let answer = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n{body}",
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n{body}",
                         body.len()
                     );
                     reader.get_mut().write_all(answer.as_bytes()).unwrap();
@@ -372,6 +380,20 @@ mod tests {
             1,
             "placed again after a release"
         );
+    }
+
+    #[test]
+    fn a_refused_placement_is_an_error_that_sends_the_next_one_whatever_it_is() {
+        let host = FakeHost::new("pvmm-refused");
+        let (mut member, requests) = joined(&host, Duration::from_millis(600));
+        member.place(&placed("0")).unwrap();
+        assert!(matches!(
+            member.place(&placed("9")),
+            Err(MemberError::Refused { .. })
+        ));
+        member.place(&placed("0")).unwrap();
+        assert_eq!(requests.try_iter().count(), 3, "the last one sent again");
+        assert_eq!(member.read(0).unwrap().len(), VCPU_TIDS.len());
     }
 
     /// Ticks read and placed over this many leases in the request-count test.
