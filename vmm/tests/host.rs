@@ -200,33 +200,94 @@ fn idle_vms_are_packed_and_sigterm_hands_placement_back() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Each vCPU of VM `name` in the daemon's latest status, by vCPU index: its utilization and
+/// the CPUs the daemon gave it; empty while the daemon does not report the VM.
+fn daemon_view(dir: &Path, name: &str) -> Vec<(f64, String)> {
+    host_status(&dir.join("run")).map_or_else(Vec::new, |status| {
+        status
+            .vms
+            .iter()
+            .filter(|vm| vm.name == name)
+            .flat_map(|vm| {
+                vm.vcpus.iter().map(|v| {
+                    let cpus = v
+                        .cpus
+                        .as_ref()
+                        .map_or_else(String::new, ToString::to_string);
+                    (v.util, cpus)
+                })
+            })
+            .collect()
+    })
+}
+
+/// Whether the VM on `socket`, named `name`, is placed where the daemon says: pvmm reports an
+/// outside balancer, and each vCPU thread's affinity in `/proc` is the daemon's CPUs for it.
+fn placed_as_the_daemon_says(dir: &Path, socket: &Path, name: &str) -> bool {
+    let cpus: Vec<String> = daemon_view(dir, name).into_iter().map(|v| v.1).collect();
+    external(socket) == Some(true) && !cpus.is_empty() && cpus == allowed(socket)
+}
+
 #[test]
-fn a_killed_daemon_leaves_each_vm_to_its_lease() {
+fn joined_vms_are_read_from_proc_placed_and_left_to_their_lease_by_a_killed_daemon() {
     let _serial = serial();
     if !kvm_available("host-kill") {
         return;
     }
     let dir = scratch("host-kill");
-    let (_a, sa) = start_vm(&dir, "a", &HALT_LOOP, "1");
+    let (_a, sa) = start_vm(&dir, "a", &SPIN, "1");
+    let (_b, sb) = start_vm(&dir, "b", &HALT_LOOP, "2");
     let mut daemon = start_daemon(&dir, &[]);
+    // The daemon reads each vCPU's load from its thread (a's spins, b's halt) and each pvmm
+    // puts its vCPU threads on the CPUs the daemon chose.
+    let loads = |name: &str| -> Vec<f64> { daemon_view(&dir, name).iter().map(|v| v.0).collect() };
     wait_for(
-        "adopted",
-        || external(&sa) == Some(true),
-        || format!("{:?}", placement(&sa)),
+        "joined VMs placed",
+        || {
+            placed_as_the_daemon_says(&dir, &sa, "a")
+                && placed_as_the_daemon_says(&dir, &sb, "b")
+                && loads("a").iter().all(|&u| u > 0.5)
+                && loads("b").iter().all(|&u| u < 0.2)
+        },
+        || {
+            format!(
+                "a {:?} on {:?}, b {:?} on {:?}",
+                daemon_view(&dir, "a"),
+                allowed(&sa),
+                daemon_view(&dir, "b"),
+                allowed(&sb)
+            )
+        },
     );
+    // A pvmm that exits is dropped, though its socket stays behind.
+    let (c, sc) = start_vm(&dir, "c", &HALT_LOOP, "1");
+    wait_for(
+        "a third VM joined",
+        || placed_as_the_daemon_says(&dir, &sc, "c"),
+        || format!("{:?} on {:?}", daemon_view(&dir, "c"), allowed(&sc)),
+    );
+    drop(c);
+    assert!(sc.exists());
+    wait_for(
+        "the exited VM dropped",
+        || daemon_view(&dir, "c").is_empty() && daemon_view(&dir, "a").len() == 1,
+        || format!("{:?}", host_status(&dir.join("run"))),
+    );
+    // Killed outright, the daemon hands nothing back: each pvmm places itself again once its
+    // lease ends without a renewal.
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
     wait_for(
-        "the VM places itself after its lease",
-        || external(&sa) == Some(false),
-        || format!("{:?}", placement(&sa)),
+        "each VM places itself after its lease",
+        || external(&sa) == Some(false) && external(&sb) == Some(false),
+        || format!("{:?} {:?}", placement(&sa), placement(&sb)),
     );
-    // A restarted daemon adopts it again.
+    // A restarted daemon adopts them again.
     let _again = start_daemon(&dir, &[]);
     wait_for(
         "adopted again",
-        || external(&sa) == Some(true),
-        || format!("{:?}", placement(&sa)),
+        || external(&sa) == Some(true) && external(&sb) == Some(true),
+        || format!("{:?} {:?}", placement(&sa), placement(&sb)),
     );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -284,10 +284,14 @@ pub fn pvmm_sockets(dir: &Path) -> Vec<PathBuf> {
 /// [`pvmm_tick::procfs::parse_schedstat`]). Works for any thread on the host, not only this
 /// process's.
 pub fn schedstat_path(proc: &Path, pid: i32, tid: i32) -> PathBuf {
+    task_path(proc, pid, tid).join("schedstat")
+}
+
+/// Thread `tid` of process `pid`'s directory: present while that thread lives.
+pub fn task_path(proc: &Path, pid: i32, tid: i32) -> PathBuf {
     proc.join(pid.to_string())
         .join("task")
         .join(tid.to_string())
-        .join("schedstat")
 }
 
 /// The kernel's clock tick for `/proc` CPU times (`USER_HZ`, from `sysconf(_SC_CLK_TCK)`).

@@ -20,7 +20,9 @@ use pvmm_tick::{Applied, Members, TickReport};
 
 use crate::cgroup::thread_cpuset;
 use crate::discover::{self, foreign_vms_among, pvmm_sockets, ScanSchedule};
-use crate::members::{ForeignMember, Member, MemberVcpu, Placer, PvmmMember, VcpuPlacement};
+use crate::members::{
+    ForeignMember, Member, MemberError, MemberVcpu, Placer, PvmmMember, VcpuPlacement,
+};
 use crate::status::{self, StatusOutput, VmView};
 use crate::threads::Threads;
 use crate::HostConfig;
@@ -183,10 +185,7 @@ impl Members for HostMembers {
                     vcpu: v.vcpu,
                 };
                 let home = self.homes.get(&id).copied().or_else(|| {
-                    let cpus = match m.member.placer() {
-                        Placer::Vmm => v.cpus.clone(),
-                        Placer::Daemon => self.executor.read(v.tid).ok(),
-                    };
+                    let cpus = self.executor.read(v.tid).ok();
                     cpus.filter(|c| c.len() == 1).and_then(|c| c.first())
                 });
                 if let Some(cpu) = home {
@@ -259,7 +258,7 @@ impl HostMembers {
                 }
                 None => {
                     // A socket nobody answers on is a VM that ended (or has not started).
-                    if let Ok(member) = PvmmMember::join(&socket) {
+                    if let Ok(member) = PvmmMember::join(&socket, &self.config.roots.proc) {
                         seen.insert(member.pid);
                         self.add(member.pid, Box::new(member));
                     }
@@ -338,7 +337,7 @@ impl HostMembers {
         );
     }
 
-    /// Reads every VM's vCPUs; a pvmm that does not answer is dropped until it does.
+    /// Reads every VM's vCPUs; a pvmm whose process is gone is dropped.
     fn read(&mut self, now_ns: u64) {
         let mut lost = Vec::new();
         for (pid, m) in &mut self.vms {
@@ -413,8 +412,16 @@ impl HostMembers {
                         .iter()
                         .map(|a| (a.id.vcpu, a.cpus.clone(), a.capacity))
                         .collect();
-                    if !list.is_empty() && m.member.place(&list).is_err() {
-                        failed.push(*pid);
+                    let placed = if list.is_empty() {
+                        Ok(())
+                    } else {
+                        m.member.place(&list)
+                    };
+                    match placed {
+                        Ok(()) => {}
+                        // Still there: asked again next tick, its sampling kept.
+                        Err(MemberError::Refused { .. }) => self.refusals += 1,
+                        Err(_) => failed.push(*pid),
                     }
                 }
                 Placer::Daemon => m.thread_pins(&mine, &active, &self.threads, &mut pins),
@@ -435,7 +442,7 @@ impl HostMembers {
         }
         self.refusals += failed.len() as u64;
         for pid in failed {
-            // Read again next tick if it still answers; gone otherwise.
+            // Joined again by discovery while its socket answers.
             self.vms.remove(&pid);
         }
     }

@@ -6,7 +6,8 @@
 //! found by their control sockets in the runtime directory, and (with `--adopt auto`) VMs of
 //! other VMMs found by their KVM vCPU file descriptors ([`discover`], [`members`]).
 //!
-//! Every tick: discover, read each vCPU's utilization, decide, apply (pvmm VMs through
+//! Every tick: discover, read each vCPU's utilization (every VM's vCPU threads from `/proc`;
+//! a pvmm VM is asked for its threads once, when it joins), decide, apply (pvmm VMs through
 //! `PUT /v1/placement/external`, which renews their lease; foreign VMs by thread affinity),
 //! pin foreign VMMs' housekeeping threads to the active packages, and report. A daemon that
 //! dies leaves pvmm VMs to their lease: they place themselves again. One that is told to stop

@@ -4,9 +4,9 @@
 //! loads, and places what the engine decided, without knowing whose VM it is. What differs is
 //! who sets the threads' affinity ([`Placer`]):
 //!
-//! - A pvmm VM ([`PvmmMember`]) is read through its control socket (`GET /v1/placement`: each
-//!   vCPU's utilization from pvmm's own idle signal, which includes KVM's halt statistics) and
-//!   placed through it (`PUT /v1/placement/external`, which also publishes the capacities to
+//! - A pvmm VM ([`PvmmMember`]) is read from `/proc` ([`ThreadSampler`], its vCPU threads
+//!   learnt once at join from `GET /v1/vcpus`), with no request per tick, and placed through
+//!   its control socket (`PUT /v1/placement/external`, which also publishes the capacities to
 //!   the guest through CPPC and renews the lease), sent when the assignments change and,
 //!   unchanged, once a third of the lease has passed. pvmm keeps its own threads with its
 //!   vCPUs.
@@ -17,8 +17,7 @@
 //!   it has no CPPC registers pvmm could serve.
 //!
 //! Reading is kept apart from placing: [`ThreadSampler`] reads any process's vCPU threads
-//! from `/proc`, given their ids, so a member that knows its threads can be sampled there
-//! whoever places it.
+//! from `/proc`, given their ids, so every member is sampled there whoever places it.
 
 mod foreign;
 mod pvmm;
@@ -46,9 +45,6 @@ pub struct MemberVcpu {
     pub busy: bool,
     /// The part of `util` spent waiting for a host CPU, 0..=1024.
     pub waited: u32,
-    /// The CPUs its VMM reports it placed on (VMs whose VMM places them; None for others,
-    /// whose threads' affinity is read from `/proc`).
-    pub cpus: Option<CpuSet>,
 }
 
 /// One vCPU's placement as sent: (vCPU, CPUs, capacity).
@@ -64,6 +60,21 @@ pub enum MemberError {
         socket: PathBuf,
         /// What failed.
         why: String,
+    },
+    /// The pvmm answered but did not do what was asked (an error status, or a placement it
+    /// did not take): it is still there, and is asked again at the next tick.
+    #[error("{socket}: refused: {why}")]
+    Refused {
+        /// The socket.
+        socket: PathBuf,
+        /// What was refused, and pvmm's answer.
+        why: String,
+    },
+    /// The VM's process (or its vCPU thread) is gone.
+    #[error("process {pid} is gone")]
+    Gone {
+        /// Its pid.
+        pid: i32,
     },
 }
 
@@ -102,14 +113,15 @@ pub trait Member: std::fmt::Debug {
     }
 
     /// Reads its vCPUs at `now_ns` (the daemon's clock). An error is a VM that cannot be read
-    /// (a pvmm VM that does not answer): the daemon drops it until discovery finds it again.
+    /// (a pvmm VM whose process is gone): the daemon drops it until discovery finds it again.
     fn read(&mut self, now_ns: u64) -> Result<Vec<MemberVcpu>, MemberError>;
 
     /// Who sets its threads' affinity.
     fn placer(&self) -> Placer;
 
     /// Hands the engine's `assignments` for its vCPUs to its VMM ([`Placer::Vmm`]); a member
-    /// the daemon places by affinity has nothing to send.
+    /// the daemon places by affinity has nothing to send. [`MemberError::Refused`] leaves the
+    /// member in place; any other error drops it until discovery joins it again.
     fn place(&mut self, _assignments: &[VcpuPlacement]) -> Result<(), MemberError> {
         Ok(())
     }

@@ -227,7 +227,6 @@ impl ThreadSampler {
                 util: v.tracker.util().util(),
                 busy: v.tracker.util().is_busy(),
                 waited: v.tracker.waited(),
-                cpus: None,
             })
             .collect()
     }
