@@ -12,22 +12,7 @@ secs=${1:?usage: own-thread-wakeups.sh SECONDS [PVMM ARGS...]}; shift
 cd "$(dirname "$0")/../.."
 cargo build -q --release -p pvmm
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
-cat > "$dir/halt.s" <<'ASM'
-    .section .note.Xen, "a"
-    .align 4
-    .long 4, 4, 18          /* namesz, descsz, XEN_ELFNOTE_PHYS32_ENTRY */
-    .asciz "Xen"
-    .long _start
-    .text
-    .code32
-    .globl _start
-_start:
-1:  hlt
-    jmp 1b
-ASM
-as --64 "$dir/halt.s" -o "$dir/halt.o"
-# -N: one segment from 1 MiB, no ELF headers loaded below it (pvmm refuses segments under 1 MiB).
-ld -m elf_x86_64 -N --no-warn-rwx-segments -Ttext=0x100000 "$dir/halt.o" -o "$dir/halt.elf"
+vmm/scripts/halt-guest.sh "$dir"
 ./target/release/pvmm -v --vcpus "${VCPUS:-4}" --memory 64 --api-socket "$dir/s.sock" "$@" \
     "$dir/halt.elf" </dev/null >/dev/null 2>"$dir/err" &
 pid=$!
