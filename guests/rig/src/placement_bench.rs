@@ -16,7 +16,8 @@
 //!   assumed to overlap, the same assumption as the simulator's `thread_overlap`);
 //! - **Work**: pvmm-load's total iterations;
 //! - **Migrations**: pvmm's `migrations_total` over the window, from its `--stats` lines, which
-//!   the probe prints whole and the benchmark reads as the stats schema's type;
+//!   the probe prints whole and the benchmark reads as the stats schema's type, each timed by
+//!   its `boot_ms` (L1's clock, the marks' own);
 //! - **L1 migrations**: the same window counted by L1's kernel: the sum of the vCPU threads'
 //!   `se.nr_migrations` (`/proc/<pid>/task/<tid>/sched`), every move of a vCPU thread from one
 //!   L1 CPU to another, whoever made it (pvmm's pinning, or L1's scheduler within a set of
@@ -460,21 +461,21 @@ fn measure_case(
 /// Measures a run of [`bench_probe`] between its guest's `load-begin` and `load-end` marks
 /// (and its idle tail up to `idle-end`).
 pub(crate) fn measure_window(run: &RunLines, model: &PowerModel) -> Result<LoadWindow, String> {
-    let mut start = None;
     let mut activity = Activity::default();
     let mut marks: BTreeMap<String, f64> = BTreeMap::new();
-    let mut stats: Vec<(u64, u64)> = Vec::new();
+    let mut stats: Vec<(f64, u64)> = Vec::new();
     let mut kernel_counts: Vec<(f64, u64)> = Vec::new();
     for line in run.probe {
         if activity.parse_line(line) {
             continue;
         }
         if let Some(tick) = read_stats(line) {
-            stats.push((tick.t_ms, tick.migrations_total));
+            // The tick's instant on L1's clock (its boot clock, as the marks' `/proc/uptime`).
+            let up = std::time::Duration::from_millis(tick.boot_ms).as_secs_f64();
+            stats.push((up, tick.migrations_total));
             continue;
         }
         match ProbeLine::parse(line) {
-            Ok(Some(ProbeLine::Start(t))) => start = Some(t),
             Ok(Some(ProbeLine::Mark(t, text))) => {
                 marks.insert(text, t);
             }
@@ -482,16 +483,14 @@ pub(crate) fn measure_window(run: &RunLines, model: &PowerModel) -> Result<LoadW
             _ => {}
         }
     }
-    let start = start.ok_or("the probe did not start")?;
     let (Some(&begin), Some(&end)) = (marks.get("load-begin"), marks.get("load-end")) else {
         return Err(format!("missing load marks (got {marks:?})"));
     };
     let window = activity.window(begin, end, model)?;
     let at = |t: f64| {
-        let ms = (t - start) * 1000.0;
         stats
             .iter()
-            .filter(|&&(t_ms, _)| (t_ms as f64) <= ms)
+            .filter(|&&(up, _)| up <= t)
             .map(|&(_, m)| m)
             .next_back()
             .unwrap_or(0)
@@ -634,10 +633,11 @@ mod tests {
         assert!(lines[4].contains("relative to performance"));
     }
 
-    /// A whole `--stats` line of one 1-vCPU tick.
+    /// A whole `--stats` line of one 1-vCPU tick; pvmm's clock started at L1 uptime 9.4 s.
     fn stats_line(t_ms: u64, migrations_total: u64) -> String {
+        let boot_ms = 9400 + t_ms;
         format!(
-            r#"{{"capacity_notifications":0,"cppc_enabled":0,"external":false,"guest_register_errors":0,"migrations":0,"migrations_total":{migrations_total},"packages":[],"policy":"powersaving:1","policy_changes":0,"t_ms":{t_ms},"vcpus":[{{"busy":true,"capacity":1024,"cpus":"1","desired":null,"package":0,"tid":1,"util":0.5,"vcpu":0,"waited":0.0}}]}}"#
+            r#"{{"boot_ms":{boot_ms},"capacity_notifications":0,"cppc_enabled":0,"external":false,"guest_register_errors":0,"migrations":0,"migrations_total":{migrations_total},"packages":[],"policy":"powersaving:1","policy_changes":0,"t_ms":{t_ms},"vcpus":[{{"busy":true,"capacity":1024,"cpus":"1","desired":null,"package":0,"tid":1,"util":0.5,"vcpu":0,"waited":0.0}}]}}"#
         )
     }
 
@@ -660,7 +660,8 @@ mod tests {
             ]
             .map(String::from),
         );
-        // pvmm's clock starts with the probe (9.0 s): the window is 1000-4000 ms.
+        // pvmm's clock starts 0.4 s after the probe (9.0 s): the window (L1 10.0-13.0 s) is
+        // 600-3600 ms on it, read through each line's boot clock, not through START.
         for (t_ms, total) in [(500, 2), (1000, 3), (2500, 7), (4000, 10), (4500, 12)] {
             probe.push(stats_line(t_ms, total));
         }
@@ -671,7 +672,7 @@ mod tests {
             status: Some(0),
         };
         let measured = measure_window(&run, &PowerModel::default()).expect("a window");
-        assert_eq!(measured.migrations, 7);
+        assert_eq!(measured.migrations, 5);
         assert_eq!(measured.kernel_migrations, Some(4));
         assert!((measured.window_s - 3.0).abs() < 1e-9);
     }
