@@ -1,10 +1,10 @@
 #!/bin/sh
 # rig_host's L1 probe of each VM, its beginning (then the placement probe, then
 # host-probe-end.sh). The first probe to start launches the daemon (`pvmm host`, the static
-# pvmm's daemon, its pid in /tmp/pvmm-host.pid), the job that starts the guests' loads together
-# and, when $L1_JOB is `restart`, the kill-and-restart job in the background (its output discarded: the rig reads the probe's
-# output until every writer has closed it). Each probe samples its own VM into its own file and
-# keeps the marks file shared with the other probes.
+# pvmm's daemon, its pid in /tmp/pvmm-host.pid), the job that says `go` to the guests and,
+# when $L1_JOB is `restart`, the kill-and-restart job, in the background (their output
+# discarded: the rig reads the probe's output until every writer has closed it). Each probe
+# samples its own VM into its own file and keeps the marks file shared with the other probes.
 
 # start_daemon: starts the daemon and records its pid.
 start_daemon() {
@@ -13,7 +13,7 @@ start_daemon() {
 }
 
 # start_loads: once each of the boot's $VMS guests has marked `ready-N`, writes `go` to every
-# guest's console (rig_send's fifo; the VMs run with console input), which starts their loads.
+# guest's console (each run's fifo: the VMs run with console input), which starts their loads.
 # Gives up waiting after 10 minutes and sends `go` to whoever is there.
 start_loads() {
     n=0

@@ -29,7 +29,7 @@ rig_tag() {
 # the same time (`rig_run a 0 ... & rig_run b 0 ... &`): each has its own pipes.
 # The VMM's stdin (its guest's serial console input) is /dev/null, or, when $RIG_CONSOLE_INPUT
 # is set, the fifo /tmp/rig-run-LABEL/in, held open for writing for the run's life so that
-# the VMM never reads its end: a line written there (rig_send) reaches the guest's console.
+# the VMM never reads its end: a line an L1 probe writes there reaches the guest's console.
 rig_run() {
     RIG_LABEL=$1
     rig_limit=$2
@@ -92,12 +92,6 @@ rig_run() {
         wait $rig_probe_pid
     fi
     echo "@@rig@@ vmm-exit $RIG_LABEL $rig_status"
-}
-
-# rig_send LABEL TEXT: writes the line TEXT to the guest console of run LABEL (started with
-# $RIG_CONSOLE_INPUT set). Probes, which run in shells of their own, write to the same fifo.
-rig_send() {
-    echo "$2" > "/tmp/rig-run-$1/in"
 }
 
 # rig_tap NAME ADDRESS/PREFIX: creates the tap NAME (loading L1's tap driver the first time)

@@ -221,9 +221,9 @@ impl Rig {
         self
     }
 
-    /// Give each VM's guest console an input from L1: the fifo `/tmp/rig-run-LABEL/in`, which a
-    /// probe writes lines to (`rig_send` in the L1 scripts), e.g. to start the guests' loads at
-    /// once when all of them are up. Without it the VMMs' stdin is `/dev/null`.
+    /// Give each VM's guest console an input from L1: the fifo `/tmp/rig-run-LABEL/in`
+    /// (`rig_run` in the L1 scripts), which a probe writes lines to, e.g. to start the guests'
+    /// loads at set times once all of them are up. Without it the VMMs' stdin is `/dev/null`.
     pub fn console_input(mut self, console_input: bool) -> Rig {
         self.console_input = console_input;
         self
