@@ -74,9 +74,9 @@ enum L1Job {
 }
 
 /// The probe of each VM: the first to start launches the daemon, the job that says `go` to
-/// every guest once all `vms` are ready, and `l1_job`, in the background; each samples its own VM with the placement probe (its own sample file; the
-/// shared marks file kept for the other probe); the last to end stops the daemon and prints
-/// its log.
+/// every guest once all `vms` are ready, and `l1_job`, in the background; each samples its own
+/// VM with the placement probe (its own sample file; the shared marks file kept for the other
+/// probe); the last to end stops the daemon and prints its log.
 fn probe(l1_job: L1Job, vms: usize) -> String {
     let job = if l1_job == L1Job::KillAndRestart {
         "restart"
