@@ -1,6 +1,8 @@
 //! Booting the rig again when it fails by itself, and keeping a boot's whole log: shared by
 //! the rig tests and the benchmarks of `cargo xtask`.
 
+use std::io::Write;
+
 use crate::rig::RigOutcome;
 use crate::soak::{l1_kind, BootKind};
 
@@ -38,23 +40,25 @@ pub fn retry_boots<T, E>(
         let (found, what) = kind(&outcome);
         if !found.is_known_rig_failure() {
             if found == BootKind::Other {
-                eprintln!("!!! {name}: not a known rig failure, not run again: {what}");
+                shout(&format!(
+                    "!!! {name}: not a known rig failure, not run again: {what}"
+                ));
             }
             return Ok(outcome);
         }
         if attempt == RIG_ATTEMPTS {
-            eprintln!(
+            shout(&format!(
                 "!!! rig retry: {name}: {} in boot {attempt} of {RIG_ATTEMPTS}, the last: {what}",
                 found.name()
-            );
+            ));
             return Ok(outcome);
         }
         attempt += 1;
-        eprintln!(
+        shout(&format!(
             "!!! rig retry: {name}: {} ({RELIABILITY_DOC}): {what}; booting again \
              (attempt {attempt} of {RIG_ATTEMPTS})",
             found.name()
-        );
+        ));
     }
 }
 
@@ -91,10 +95,10 @@ pub fn resume_boots<T, E>(
         let (found, what) = l1_failure_kind(&outcome);
         if !found.is_known_rig_failure() || attempt == RIG_ATTEMPTS {
             if found.is_known_rig_failure() {
-                eprintln!(
+                shout(&format!(
                     "!!! rig retry: {name}: {} in boot {attempt} of {RIG_ATTEMPTS}, the last: {what}",
                     found.name()
-                );
+                ));
             }
             boots.push(ResumedBoot {
                 runs: pending,
@@ -113,13 +117,26 @@ pub fn resume_boots<T, E>(
             return Ok(boots);
         }
         attempt += 1;
-        eprintln!(
+        shout(&format!(
             "!!! rig retry: {name}: {} ({RELIABILITY_DOC}): {what}; {kept} run(s) ended before \
              it and are kept, booting again for the {} left (attempt {attempt} of {RIG_ATTEMPTS})",
             found.name(),
             left.len()
-        );
+        ));
         pending = left;
+    }
+}
+
+/// Writes `line` straight to the process's standard error, past a test harness's capture of
+/// `eprintln!` (which shows a passing test's output only on request): a rig test that passed
+/// after booting again still says so in CI's log, so the rig's failure rate stays in sight.
+/// This crate's own unit tests fake such failures: theirs stay in the capture.
+fn shout(line: &str) {
+    if cfg!(test) {
+        eprintln!("{line}");
+    } else {
+        // Nothing is left to tell if standard error itself cannot be written.
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
     }
 }
 
