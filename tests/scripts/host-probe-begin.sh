@@ -14,12 +14,13 @@ start_daemon() {
 
 # start_loads: once each of the boot's $VMS guests has marked `ready-N`, writes `go` to every
 # guest's console (each run's fifo: the VMs run with console input), which starts their loads.
-# Gives up waiting after 10 minutes and sends `go` to whoever is there.
+# Gives up after $GO_WAIT_SECS (the guests stop waiting then too) and sends `go` to whoever is
+# there.
 start_loads() {
     n=0
     until [ "$(grep -c ' ready-' /tmp/rig-marks 2>/dev/null)" -ge "$VMS" ]; do
         n=$((n + 1))
-        [ $n -gt 3000 ] && break
+        [ $n -gt $((GO_WAIT_SECS * 5)) ] && break
         sleep 0.2
     done
     for fifo in /tmp/rig-run-*/in; do

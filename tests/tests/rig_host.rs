@@ -21,6 +21,11 @@ const RUNTIME_DIR: &str = "/tmp";
 /// up to 40 s in a loaded CI-like run) and VM `n`'s load: `n` times this. One VM's vCPU is busy
 /// before the other's, so the daemon places them in turn, each time with one busy vCPU more.
 const STAGGER_SECS: u32 = 6;
+/// Seconds a guest waits for L1's `go`, and L1 for every guest to be ready: past the 40 s two
+/// guests' boots may lie apart on a loaded host, and short of the boot's limit, so that a guest
+/// that crashed in its boot (never ready) leaves the others to go on alone, and the boot ends
+/// as the rig failure it is, not as a timeout.
+const GO_WAIT_SECS: u32 = 120;
 /// Seconds of each VM's load: they overlap for this less [`STAGGER_SECS`]; the window judged is
 /// the overlap less [`SETTLE_SECS`] and the loads' ending edges ([`BUSY_SPAN_SECS`] and a
 /// second), and must last 10 s: 28 s leaves 5 s for a loaded L1's delays.
@@ -52,6 +57,7 @@ fn guest(n: usize) -> String {
     pvmm_rig::scripts::guest_command(
         &[
             ("VM", &n.to_string()),
+            ("GO_WAIT_SECS", &GO_WAIT_SECS.to_string()),
             (
                 "START_SECS",
                 &(STAGGER_SECS * u32::try_from(n).unwrap_or(0)).to_string(),
@@ -87,6 +93,7 @@ fn probe(l1_job: L1Job, vms: usize) -> String {
         &[
             ("RUNTIME_DIR", RUNTIME_DIR),
             ("VMS", &vms.to_string()),
+            ("GO_WAIT_SECS", &GO_WAIT_SECS.to_string()),
             ("L1_JOB", job),
             ("KILL_AFTER_FALL_SECS", &KILL_AFTER_FALL_SECS.to_string()),
             (
@@ -368,6 +375,7 @@ const RESTART_AFTER_KILL_SECS: u32 = 5;
 fn rise_and_fall_vm() -> VmSpec {
     let command = pvmm_rig::scripts::guest_command(
         &[
+            ("GO_WAIT_SECS", &GO_WAIT_SECS.to_string()),
             ("RISE_SECS", &RISE_SECS.to_string()),
             ("FALL_SECS", &FALL_SECS.to_string()),
         ],
