@@ -56,10 +56,8 @@ impl Serialize for Vcpus<'_> {
 impl VmMembers {
     /// `at` on the loop's clock: ns since its start (0 for an instant before it).
     pub(super) fn since_start_ns(&self, at: Instant) -> u64 {
-        // u64 nanoseconds last 584 years: the cast cannot truncate a VM's lifetime.
-        #[allow(clippy::cast_possible_truncation)]
-        let ns = at.saturating_duration_since(self.start).as_nanos() as u64;
-        ns
+        // u64 nanoseconds last 584 years: saturating is never reached in a VM's lifetime.
+        u64::try_from(at.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn vcpu_view<'a>(&'a self, v: &'a LiveVcpu, all_cpus: &'a CpuSet) -> VcpuStats<&'a CpuSet> {
