@@ -3,15 +3,14 @@
 //! VM runs (a managed policy, `--stats`, a control socket, CPPC publishing, pvmm's own threads,
 //! the host's online CPUs watched), with loads that keep the engine moving vCPUs.
 //!
-//! The counter is per thread, so the test harness's other threads do not disturb it; this file
-//! holds one test, so the process's thread list (which the tick reads) stays the same too.
+//! The counter ([`pvmm_testutil::alloc_count`]) is per thread, so the test harness's other
+//! threads do not disturb it; this file holds one test, so the process's thread list (which
+//! the tick reads) stays the same too.
 
 // Every cast here is on a value the test itself chooses or bounds (counts, indices,
 // sizes, pids), far inside the target type.
 #![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,54 +28,13 @@ use pvmm_devices::ged::GedShared;
 use pvmm_scheduler::{
     CpuSet, EngineConfig, Executor, ExecutorError, HostTopology, IdleSample, Policy,
 };
+use pvmm_testutil::alloc_count::{thread_allocations, CountingAllocator};
 use pvmm_tick::hotplug::OnlineCpus;
 use pvmm_tick::own_threads::OwnThreads;
 use vmm_sys_util::eventfd::EventFd;
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    // A thread being torn down has no counter left; its allocations are not the tick's.
-    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-// SAFETY: every call is passed on unchanged to the system allocator; counting touches only a
-// thread-local integer, which needs no allocation.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 /// A vCPU busy `permille` / 1000 of the time, changed by the test between ticks.
 struct Scripted {
@@ -236,13 +194,13 @@ fn run(policy: PlacementPolicy, outside: Option<&[ExternalAssignment]>, dir: &Pa
         tick(WARM);
     }
     let changes_before = calls.lock().unwrap().len();
-    let before = allocations();
+    let before = thread_allocations();
     for t in WARM..WARM + MEASURED {
         // The test's own steps (sleeping, the loads) allocate nothing: what is counted is the
         // tick's.
         tick(t);
     }
-    let allocations = allocations() - before;
+    let allocations = thread_allocations() - before;
     let affinity_changes = calls.lock().unwrap().len() - changes_before;
 
     let text = String::from_utf8(line.lock().unwrap().clone()).unwrap();

@@ -41,6 +41,23 @@ pub(super) struct Draft {
 }
 
 impl Draft {
+    /// Room for every vector at `sizes`.
+    pub(super) fn reserve(&mut self, sizes: ScratchSizes) {
+        reserve_len(&mut self.weight, sizes.vcpus);
+        reserve_len(&mut self.order, sizes.vcpus);
+        reserve_len(&mut self.buckets, CAPACITY_SCALE as usize + 2);
+        reserve_len(&mut self.new_cpu, sizes.vcpus);
+        reserve_len(&mut self.out_of_tokens, sizes.vcpus);
+        reserve_len(&mut self.cpu_load, sizes.cpus);
+        reserve_len(&mut self.core_load, sizes.cores);
+        reserve_len(&mut self.pkg_load, sizes.pkgs);
+        reserve_len(&mut self.cpu_count, sizes.cpus);
+        reserve_len(&mut self.cpu_busy, sizes.cpus);
+        reserve_len(&mut self.core_busy, sizes.cores);
+        reserve_len(&mut self.cpu_offer, sizes.cpus);
+        reserve_len(&mut self.pkg_cpus, sizes.pkgs);
+    }
+
     /// Empties the draft on `layout`: nothing placed, and the vCPUs ordered
     /// by the weights already set.
     pub(super) fn begin(&mut self, layout: &Layout) {
@@ -88,6 +105,25 @@ impl Draft {
     pub(super) fn placed(&self, i: usize) -> bool {
         !self.new_cpu[i].is_none()
     }
+}
+
+/// The largest length each scratch vector takes in a decision over these vCPUs, VMs and
+/// host: reserving that much when the vCPU list or the layout changes means that no
+/// decision path allocates the first time it runs (spread mode first used after minutes of
+/// packing, a first migration).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ScratchSizes {
+    pub(super) vcpus: usize,
+    pub(super) vms: usize,
+    pub(super) cpus: usize,
+    pub(super) cores: usize,
+    pub(super) pkgs: usize,
+}
+
+/// Gives `v` room for `len` items, so that a later [`reset`] to at most `len` keeps its
+/// memory.
+pub(super) fn reserve_len<T>(v: &mut Vec<T>, len: usize) {
+    v.reserve(len.saturating_sub(v.len()));
 }
 
 /// Clears `v` and fills it with `len` copies of `value`, keeping its memory.

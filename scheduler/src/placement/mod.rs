@@ -101,7 +101,7 @@ mod tokens;
 mod vcpus;
 
 pub use demand::{DEFAULT_DEMAND_HALF_LIFE_MS, DEMAND_FLAT_OUT_UTIL};
-use draft::{reset, Draft};
+use draft::{reset, Draft, ScratchSizes};
 use housekeeping::Housekeeping;
 pub use housekeeping::MIN_HOUSEKEEPING_UTIL;
 use index::{dense, CpuIndex};
@@ -406,7 +406,26 @@ impl Engine {
         if policy != self.policy {
             self.policy = policy;
             self.layout = Layout::new(&self.topology, policy);
+            self.reserve_scratch();
         }
+    }
+
+    /// Gives every scratch vector room for the largest length a decision over the current
+    /// vCPUs and layout can take: called when either changes, so that the first decision to
+    /// take a path the earlier ones did not (spread mode, a first migration) allocates
+    /// nothing.
+    fn reserve_scratch(&mut self) {
+        let l = &self.layout;
+        let sizes = ScratchSizes {
+            vcpus: self.vcpus.len(),
+            vms: self.num_vms,
+            cpus: l.num_cpus(),
+            cores: l.num_cores(),
+            pkgs: l.num_pkgs(),
+        };
+        self.draft.reserve(sizes);
+        self.spread.reserve(sizes);
+        self.pack.reserve(sizes);
     }
 
     /// One decision for all vCPUs of all VMs, at time `now_ms` (any monotonic
@@ -525,13 +544,9 @@ impl Engine {
         let assignments = &mut out.assignments;
         let migrations = &mut out.migrations;
         assignments.reserve(loads.len());
-        let changed = (0..loads.len())
-            .filter(|i| {
-                let prev = self.vcpus[*i].cpu;
-                !prev.is_none() && prev != d.new_cpu[*i]
-            })
-            .count();
-        migrations.reserve(changed);
+        // Room for every vCPU to move: a first migration after ticks without any (a
+        // warm VM's) allocates nothing.
+        migrations.reserve(loads.len());
         if share {
             d.pkg_cpus.resize(l.num_pkgs(), CpuSet::new());
             for set in &mut d.pkg_cpus {

@@ -9,7 +9,7 @@
 
 use crate::capacity::{capacity_greater, CAPACITY_GREATER_MARGIN, CAPACITY_SCALE, FIT_MARGIN};
 
-use super::draft::reset;
+use super::draft::{reserve_len, reset, ScratchSizes};
 use super::index::{dense, CpuIndex, PkgIndex};
 use super::layout::{fit_demand, ratio_less, slot_fits};
 use super::{Engine, VcpuLoad, BUSY_CPU_UTIL, MIN_VCPU_WEIGHT};
@@ -67,6 +67,25 @@ pub(super) struct PackScratch {
     vm_members: Vec<u32>,
     /// Pull: VMs already considered.
     vm_done: Vec<bool>,
+}
+
+impl PackScratch {
+    /// Room for every vector at `sizes`.
+    pub(super) fn reserve(&mut self, sizes: ScratchSizes) {
+        reserve_len(&mut self.cpu_fit, sizes.cpus);
+        reserve_len(&mut self.pkg_fit, sizes.pkgs);
+        reserve_len(&mut self.pkg_cursor, sizes.pkgs);
+        reserve_len(&mut self.active, sizes.pkgs);
+        reserve_len(&mut self.pkg_left, sizes.pkgs);
+        reserve_len(&mut self.vm_home, sizes.vms);
+        reserve_len(&mut self.vm_remaining, sizes.vms);
+        reserve_len(&mut self.vm_order, sizes.vms);
+        reserve_len(&mut self.vm_offset, sizes.vms + 1);
+        reserve_len(&mut self.rest, sizes.vcpus);
+        reserve_len(&mut self.vm_start, sizes.vms + 1);
+        reserve_len(&mut self.vm_members, sizes.vcpus);
+        reserve_len(&mut self.vm_done, sizes.vms);
+    }
 }
 
 /// The two rounds of the stay step, for the busy and then the other vCPUs.

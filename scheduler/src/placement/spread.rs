@@ -10,7 +10,7 @@
 //! Spread mode has no slots and no fit test: it tracks loads only
 //! ([`super::draft::Draft::assign`]).
 
-use super::draft::reset;
+use super::draft::{reserve_len, reset, ScratchSizes};
 use super::index::{dense, CpuIndex, PkgIndex};
 use super::layout::ratio_less;
 use super::{Engine, VcpuLoad};
@@ -35,6 +35,14 @@ impl Default for SpreadScratch {
             min_pkg: [PkgIndex::NONE; 2],
             pkg_min_core: Vec::new(),
         }
+    }
+}
+
+impl SpreadScratch {
+    /// Room for every vector at `sizes`.
+    pub(super) fn reserve(&mut self, sizes: ScratchSizes) {
+        reserve_len(&mut self.stay, sizes.vcpus);
+        reserve_len(&mut self.pkg_min_core, sizes.pkgs);
     }
 }
 

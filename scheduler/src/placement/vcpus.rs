@@ -146,6 +146,7 @@ impl Engine {
         self.vcpus = vcpus;
         self.adopted_packages = adopted_packages;
         self.num_vms = vm_index.len();
+        self.reserve_scratch();
         Ok(())
     }
 }

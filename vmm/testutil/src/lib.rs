@@ -7,7 +7,10 @@
 //! need names its variable once, here.
 //!
 //! A dev-dependency of every test crate (and a dependency of `pvmm-tests`' helpers); it
-//! depends on nothing.
+//! depends on nothing. [`alloc_count`] holds the allocation counter of the tests of code
+//! that must allocate nothing once warm.
+
+pub mod alloc_count;
 
 /// Something of the machine a test needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
