@@ -33,4 +33,4 @@ pub use policy::{PlacementPolicy, Policy, DEFAULT_POLICY};
 pub use topology::{
     parse_host_topology_arg, parse_spec, HostCpu, HostTopology, SpecCounts, TopologyError,
 };
-pub use util::{IdleSample, LoadTracker, UtilConfig, UtilTracker};
+pub use util::{IdleAccumulator, IdleSample, LoadTracker, UtilConfig, UtilTracker};

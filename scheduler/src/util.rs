@@ -251,6 +251,38 @@ impl LoadTracker {
     }
 }
 
+/// Turns a cumulative idle estimate, which may jump (KVM credits a halt only when it ends),
+/// into the monotonic busy/idle counters [`UtilTracker`] expects: each interval gets
+/// at most its own length of idle time, the rest is busy, and both counters only grow.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdleAccumulator {
+    last: Option<(u64, u64)>,
+    busy: u64,
+    idle: u64,
+}
+
+impl IdleAccumulator {
+    /// Folds in the idle estimate `idle_estimate_ns` read at `now_ns`.
+    pub fn update(&mut self, now_ns: u64, idle_estimate_ns: u64) -> IdleSample {
+        if let Some((t, est)) = self.last {
+            let dt = now_ns.saturating_sub(t);
+            let didle = idle_estimate_ns.saturating_sub(est).min(dt);
+            self.idle += didle;
+            self.busy += dt - didle;
+        }
+        self.last = Some(match self.last {
+            // Time and the estimate only move forward.
+            Some((t, est)) => (now_ns.max(t), idle_estimate_ns.max(est)),
+            None => (now_ns, idle_estimate_ns),
+        });
+        IdleSample {
+            t_ns: now_ns,
+            busy_ns: self.busy,
+            idle_ns: self.idle,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,5 +421,22 @@ mod tests {
         };
         assert_eq!(t.update(back), SampleOutcome::ClockJump);
         assert!(t.util() > 1000);
+    }
+
+    #[test]
+    fn accumulator_is_monotonic_and_caps_idle_per_interval() {
+        let mut a = IdleAccumulator::default();
+        assert_eq!(a.update(0, 0), IdleSample::default());
+        // 100 ms, 30 ms idle.
+        let s = a.update(100, 30);
+        assert_eq!((s.busy_ns, s.idle_ns), (70, 30));
+        // A late halt credit of 500 ms in a 100 ms interval counts as 100 ms idle.
+        let s = a.update(200, 530);
+        assert_eq!((s.busy_ns, s.idle_ns), (70, 130));
+        // An estimate that goes backwards adds no idle, and nothing goes backwards.
+        let s = a.update(300, 400);
+        assert_eq!((s.busy_ns, s.idle_ns), (170, 130));
+        let s = a.update(400, 570);
+        assert_eq!((s.busy_ns, s.idle_ns), (230, 170));
     }
 }

@@ -232,6 +232,7 @@ impl Members for HostMembers {
 
     fn report(&mut self, tick: &TickReport<'_>) {
         if let Some(decision) = tick.decision {
+            self.log_migrations(decision);
             self.report_line(tick, decision);
         }
     }
@@ -445,6 +446,43 @@ impl HostMembers {
             // Joined again by discovery while its socket answers.
             self.vms.remove(&pid);
         }
+    }
+
+    /// With `-v`, one line per decision that moved vCPUs: each move, and the load of every
+    /// vCPU of the VMs it moved, as the engine was given it (what an operator needs to tell a
+    /// load change from a placement that moves vCPUs for nothing).
+    fn log_migrations(&self, decision: &Decision) {
+        if !self.config.verbose || decision.migrations.is_empty() {
+            return;
+        }
+        let moves: Vec<String> = decision
+            .migrations
+            .iter()
+            .map(|m| format!("{}/{} {}->{}", m.id.vm, m.id.vcpu, m.from, m.to))
+            .collect();
+        let moved_vms: HashSet<u32> = decision.migrations.iter().map(|m| m.id.vm).collect();
+        let loads: Vec<String> = self
+            .vms
+            .values()
+            .filter(|m| moved_vms.contains(&m.id))
+            .flat_map(|m| {
+                m.vcpus.iter().map(move |v| {
+                    let busy = if v.busy { " busy" } else { "" };
+                    format!("{}/{} {}{busy} waited {}", m.id, v.vcpu, v.util, v.waited)
+                })
+            })
+            .collect();
+        self.log(format!(
+            "moved {} ({} packages{}); loads {}",
+            moves.join(", "),
+            decision.target_packages,
+            if decision.overutilized {
+                ", overutilized"
+            } else {
+                ""
+            },
+            loads.join(", ")
+        ));
     }
 
     /// Reports the tick's status ([`status`]).

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pvmm_scheduler::{IdleSample, LoadTracker, UtilConfig};
+use pvmm_scheduler::{IdleAccumulator, LoadTracker, UtilConfig};
 use pvmm_tick::procfs::{parse_schedstat, ProcFile};
 
 use super::MemberVcpu;
@@ -43,6 +43,8 @@ struct SampledVcpu {
     tid: i32,
     /// Its thread's `schedstat`, kept open.
     schedstat: ProcFile,
+    /// Its blocked time as the monotonic busy/idle counters the tracker takes.
+    counters: IdleAccumulator,
     tracker: LoadTracker,
     /// The counters when first read.
     origin: Option<Origin>,
@@ -68,8 +70,8 @@ struct LastRead {
     read: u64,
     /// When.
     t_ns: u64,
-    /// Demand since the origin, as fed to the tracker.
-    busy_ns: u64,
+    /// Time wanted since the origin.
+    wanted_ns: u64,
     /// The part of it spent waiting for a CPU.
     waited_ns: u64,
     /// Run time (schedstat's first field).
@@ -79,6 +81,15 @@ struct LastRead {
 impl SampledVcpu {
     /// Reads the thread at `now_ns` (the member's read number `read`); its run time since the
     /// previous read when that was the member's read `read - 1`.
+    ///
+    /// What the tracker is fed is the thread's blocked time (elapsed time it did not want a
+    /// CPU) through an [`IdleAccumulator`], as pvmm feeds its own: a thread running on another
+    /// CPU has its `schedstat` brought up to date only at that CPU's scheduler events, so a
+    /// reading can lag and the next catch up. Taken as cumulative totals, the lag would read
+    /// as idle time that the catch-up then takes back, which the tracker can only treat as
+    /// counters that restarted, losing the interval's busy time; on a loaded host (a nested
+    /// rig's L1) a busy vCPU read as 60 % busy that way. The accumulator counts each
+    /// interval's idle time at most once and lets no counter go back.
     ///
     /// After reads it was skipped in, the vCPU was idle as far as its process's CPU time could
     /// tell, so the demand it shows now is placed at the end of the interval: idle first, then
@@ -93,34 +104,22 @@ impl SampledVcpu {
             t_ns: now_ns,
         });
         let elapsed = now_ns.saturating_sub(origin.t_ns);
-        let busy_ns = wanted.saturating_sub(origin.wanted).min(elapsed);
-        let waited_ns = waiting.saturating_sub(origin.waited).min(busy_ns);
+        let wanted_ns = wanted.saturating_sub(origin.wanted);
+        let blocked = elapsed.saturating_sub(wanted_ns);
+        let waited_ns = waiting.saturating_sub(origin.waited);
         if let Some(last) = self.last.filter(|l| l.read + 1 < read && l.t_ns < now_ns) {
-            let recent = busy_ns.saturating_sub(last.busy_ns).min(now_ns - last.t_ns);
-            let idle_until = now_ns - recent;
-            self.tracker.update(
-                IdleSample {
-                    t_ns: idle_until,
-                    busy_ns: last.busy_ns,
-                    idle_ns: idle_until
-                        .saturating_sub(origin.t_ns)
-                        .saturating_sub(last.busy_ns),
-                },
-                last.waited_ns,
-            );
+            let recent = wanted_ns
+                .saturating_sub(last.wanted_ns)
+                .min(now_ns - last.t_ns);
+            let idle_until = self.counters.update(now_ns - recent, blocked);
+            self.tracker.update(idle_until, last.waited_ns);
         }
-        self.tracker.update(
-            IdleSample {
-                t_ns: now_ns,
-                busy_ns,
-                idle_ns: elapsed - busy_ns,
-            },
-            waited_ns,
-        );
+        let sample = self.counters.update(now_ns, blocked);
+        self.tracker.update(sample, waited_ns);
         let previous = self.last.replace(LastRead {
             read,
             t_ns: now_ns,
-            busy_ns,
+            wanted_ns,
             waited_ns,
             ran_ns,
         });
@@ -171,6 +170,7 @@ impl ThreadSampler {
             self.vcpus.entry(n).or_insert_with(|| SampledVcpu {
                 tid,
                 schedstat: ProcFile::new(schedstat_path(proc, self.pid, tid)),
+                counters: IdleAccumulator::default(),
                 tracker: LoadTracker::new(UtilConfig::default()),
                 origin: None,
                 last: None,
@@ -229,5 +229,44 @@ impl ThreadSampler {
                 waited: v.tracker.waited(),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A busy thread whose `schedstat` lags one reading and catches up at the next (what a
+    /// remote CPU's late accounting looks like on a loaded host) still reads as busy.
+    #[test]
+    fn a_busy_vcpu_whose_accounting_lags_reads_busy() {
+        let proc = std::env::temp_dir().join(format!("pvmm-sampler-{}", std::process::id()));
+        let (pid, tid) = (7, 8);
+        let task = proc.join("7/task/8");
+        std::fs::create_dir_all(&task).unwrap();
+        let schedstat = task.join("schedstat");
+        std::fs::write(&schedstat, "0 0 0\n").unwrap();
+        let mut sampler = ThreadSampler::new(&proc, pid);
+        sampler.follow(&BTreeMap::from([(0, tid)]), &proc);
+        let tick = 100_000_000u64;
+        let mut ran = 0u64;
+        let mut util = 0;
+        for k in 0..40u64 {
+            // Wall time advances a tick each reading; the run time shows 60 % of it, then the
+            // other 140 %: busy throughout.
+            ran += if k % 2 == 1 {
+                tick * 6 / 10
+            } else {
+                tick * 14 / 10
+            };
+            if k == 0 {
+                ran = 0;
+            }
+            std::fs::write(&schedstat, format!("{ran} 0 1\n")).unwrap();
+            let vcpus = sampler.sample(k * tick);
+            util = vcpus[0].util;
+        }
+        std::fs::remove_dir_all(&proc).unwrap();
+        assert!(util >= 900, "a busy vCPU read as {util} of 1024");
     }
 }
