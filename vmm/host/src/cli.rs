@@ -93,7 +93,8 @@ pub struct HostCli {
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_METRICS_ADDR)]
     pub metrics: Option<std::net::SocketAddr>,
 
-    /// Log each VM that joins or leaves on stderr.
+    /// Log on stderr each VM that joins or leaves, and each decision that moves vCPUs (the
+    /// moves and the loads they were decided on).
     #[arg(short, long)]
     pub verbose: bool,
 

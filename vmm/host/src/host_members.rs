@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
+use std::path::PathBuf;
 
 use pvmm_scheduler::{
     Assignment, CpuSet, Decision, Executor, HostTopology, PlaceError, VcpuId, VcpuLoad,
@@ -18,7 +19,7 @@ use pvmm_scheduler::{
 use pvmm_tick::own_threads::OwnThreads;
 use pvmm_tick::{Applied, Members, TickReport};
 
-use crate::cgroup::thread_cpuset;
+use crate::cgroup::CpusetWatch;
 use crate::discover::{self, foreign_vms_among, pvmm_sockets, ScanSchedule};
 use crate::members::{
     ForeignMember, Member, MemberError, MemberVcpu, Placer, PvmmMember, VcpuPlacement,
@@ -95,6 +96,8 @@ pub(crate) struct HostMembers {
     /// Each thread's bookkeeping: its affinity before, what was applied, refusals, bounds and
     /// operators' pins.
     pub(crate) threads: Threads,
+    /// Each vCPU thread's cgroup cpuset, read each tick.
+    cpusets: CpusetWatch,
     /// The CPU the engine chose for each vCPU in its last decision: what a fresh engine is told
     /// the vCPU runs on, also when its thread may run on its whole package (`share_package`).
     pub(crate) homes: HashMap<VcpuId, u32>,
@@ -113,9 +116,11 @@ impl HostMembers {
         stats: Option<Box<dyn Write>>,
         executor: Box<dyn Executor>,
     ) -> Self {
+        let cpusets = CpusetWatch::new(&config.roots.proc, &config.roots.cgroup);
         Self {
             config,
             executor,
+            cpusets,
             vms: BTreeMap::new(),
             next_id: 0,
             status: StatusOutput::new(stats),
@@ -248,12 +253,14 @@ impl HostMembers {
     /// Finds the VMs now: joins new ones, forgets those that ended.
     fn find_vms(&mut self) {
         let mut seen: HashSet<i32> = HashSet::new();
+        // By socket: one lookup per socket, not a scan of every VM (hundreds of VMs).
+        let by_socket: HashMap<PathBuf, i32> = self
+            .vms
+            .iter()
+            .filter_map(|(pid, m)| m.member.socket().map(|s| (s.to_path_buf(), *pid)))
+            .collect();
         for socket in pvmm_sockets(&self.config.runtime_dir) {
-            let known = self
-                .vms
-                .iter()
-                .find_map(|(pid, m)| (m.member.socket() == Some(&socket)).then_some(*pid));
-            match known {
+            match by_socket.get(&socket).copied() {
                 Some(pid) => {
                     seen.insert(pid);
                 }
@@ -361,13 +368,13 @@ impl HostMembers {
     /// else is an operator's pin.
     fn observe_operators(&mut self) {
         let all = self.config.topology.cpu_set();
-        let roots = &self.config.roots;
         let mut live = HashSet::new();
         self.threads.clear_bounds();
+        self.cpusets.begin_tick();
         for (pid, m) in &self.vms {
             let by_daemon = m.member.placer() == Placer::Daemon;
             for v in &m.vcpus {
-                let cpuset = thread_cpuset(&roots.proc, &roots.cgroup, *pid, v.tid);
+                let cpuset = self.cpusets.cpuset(*pid, v.tid);
                 let bound = cpuset
                     .map(|set| set.intersection(&all))
                     .filter(|set| !set.is_empty() && *set != all);

@@ -71,7 +71,7 @@ pub struct HostConfig {
     pub adopt: bool,
     /// Where `/proc` and debugfs are.
     pub roots: Roots,
-    /// Log each VM that joins or leaves on stderr.
+    /// Log on stderr each VM that joins or leaves, and each decision that moves vCPUs.
     pub verbose: bool,
     /// Serve `GET /metrics` (Prometheus text) over TCP here.
     pub metrics: Option<std::net::SocketAddr>,
