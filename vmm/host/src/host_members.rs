@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 
 use pvmm_scheduler::{
     Assignment, CpuSet, Decision, Executor, HostTopology, PlaceError, VcpuId, VcpuLoad,
@@ -254,23 +254,25 @@ impl HostMembers {
     fn find_vms(&mut self) {
         let mut seen: HashSet<i32> = HashSet::new();
         // By socket: one lookup per socket, not a scan of every VM (hundreds of VMs).
-        let by_socket: HashMap<PathBuf, i32> = self
+        let by_socket: HashMap<&Path, i32> = self
             .vms
             .iter()
-            .filter_map(|(pid, m)| m.member.socket().map(|s| (s.to_path_buf(), *pid)))
+            .filter_map(|(pid, m)| m.member.socket().map(|s| (s, *pid)))
             .collect();
+        let mut fresh = Vec::new();
         for socket in pvmm_sockets(&self.config.runtime_dir) {
-            match by_socket.get(&socket).copied() {
+            match by_socket.get(socket.as_path()) {
                 Some(pid) => {
-                    seen.insert(pid);
+                    seen.insert(*pid);
                 }
-                None => {
-                    // A socket nobody answers on is a VM that ended (or has not started).
-                    if let Ok(member) = PvmmMember::join(&socket, &self.config.roots.proc) {
-                        seen.insert(member.pid);
-                        self.add(member.pid, Box::new(member));
-                    }
-                }
+                None => fresh.push(socket),
+            }
+        }
+        for socket in fresh {
+            // A socket nobody answers on is a VM that ended (or has not started).
+            if let Ok(member) = PvmmMember::join(&socket, &self.config.roots.proc) {
+                seen.insert(member.pid);
+                self.add(member.pid, Box::new(member));
             }
         }
         if self.config.adopt {
