@@ -48,7 +48,7 @@ const CGROUP_RECHECK_TICKS: u64 = 10;
 /// The effective cpusets of the threads the daemon places, read each tick at the cost of one
 /// `pread` per distinct cgroup: each cgroup's cpuset file and each thread's `/proc` cgroup
 /// listing are kept open ([`ProcFile`]), and the listing is read again only every
-/// [`CGROUP_RECHECK_TICKS`]. Opening two files per vCPU thread per tick was most of an idle
+/// `CGROUP_RECHECK_TICKS` ticks. Opening two files per vCPU thread per tick was most of an idle
 /// host's cost.
 #[derive(Debug)]
 pub struct CpusetWatch {
