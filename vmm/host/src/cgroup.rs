@@ -56,7 +56,8 @@ pub struct CpusetWatch {
     cgroups: PathBuf,
     /// Ticks so far ([`CpusetWatch::begin_tick`]).
     tick: u64,
-    threads: HashMap<i32, ThreadCgroup>,
+    /// By (pid, tid): a thread id taken again by another process is another thread.
+    threads: HashMap<(i32, i32), ThreadCgroup>,
     /// Each cgroup's cpuset file, with the set read from it this tick.
     files: HashMap<PathBuf, CpusetFile>,
 }
@@ -111,12 +112,15 @@ impl CpusetWatch {
     /// read and is not empty (an empty set bounds nothing).
     pub fn cpuset(&mut self, pid: i32, tid: i32) -> Option<CpuSet> {
         let tick = self.tick;
-        let thread = self.threads.entry(tid).or_insert_with(|| ThreadCgroup {
-            listing: ProcFile::new(task_path(&self.proc, pid, tid).join("cgroup")),
-            file: None,
-            read_at: 0,
-            seen_at: 0,
-        });
+        let thread = self
+            .threads
+            .entry((pid, tid))
+            .or_insert_with(|| ThreadCgroup {
+                listing: ProcFile::new(task_path(&self.proc, pid, tid).join("cgroup")),
+                file: None,
+                read_at: 0,
+                seen_at: 0,
+            });
         thread.seen_at = tick;
         let due = thread.read_at == 0
             || (tick + u64::from(tid.unsigned_abs())).is_multiple_of(CGROUP_RECHECK_TICKS);
