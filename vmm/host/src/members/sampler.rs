@@ -87,9 +87,9 @@ impl SampledVcpu {
     /// CPU has its `schedstat` brought up to date only at that CPU's scheduler events, so a
     /// reading can lag and the next catch up. Taken as cumulative totals, the lag would read
     /// as idle time that the catch-up then takes back, which the tracker can only treat as
-    /// counters that restarted, losing the interval's busy time; on a loaded host (a nested
-    /// rig's L1) a busy vCPU read as 60 % busy that way. The accumulator counts each
-    /// interval's idle time at most once and lets no counter go back.
+    /// counters that restarted, losing the interval's busy time, and a busy vCPU on a loaded
+    /// host would read well under what it runs. The accumulator counts each interval's idle
+    /// time at most once and lets no counter go back.
     ///
     /// After reads it was skipped in, the vCPU was idle as far as its process's CPU time could
     /// tell, so the demand it shows now is placed at the end of the interval: idle first, then
